@@ -1,0 +1,155 @@
+"""Every typed error nokvfs raises, in one place.
+
+The filesystem maps these to errnos in one place (nokvfs.fs) and the CLI maps them to exit codes in
+one place (nokvfs.cli). Each class says what went wrong; the message says where.
+"""
+
+from __future__ import annotations
+
+
+class NokvError(Exception):
+    """Base of every nokvfs error."""
+
+
+# --- user input -----------------------------------------------------------------------------
+
+
+class InvalidInput(NokvError):
+    """The caller supplied a malformed value (path, name, id, option)."""
+
+
+class PathInvalid(InvalidInput):
+    """A path breaks a rule of the one shared normalizer."""
+
+
+class NameInvalid(InvalidInput):
+    """A workbench id, tag name or snapshot alias breaks its naming rule."""
+
+
+class IdInvalid(InvalidInput):
+    """An id has the wrong width or a malformed hex form."""
+
+
+class IndexValueInvalid(InvalidInput):
+    """A secondary-index value cannot be encoded (NaN, infinity, out of range, wrong type)."""
+
+
+class CanonicalJsonError(InvalidInput):
+    """A value cannot be represented in canonical JSON (RFC 8785 with exact integers)."""
+
+
+# --- durable format -------------------------------------------------------------------------
+
+
+class FormatError(NokvError):
+    """Durable bytes do not decode under this contract. Fails closed."""
+
+
+class CorruptRecord(FormatError):
+    """A record's bytes are truncated, over-long or otherwise malformed."""
+
+
+class UnknownVersion(FormatError):
+    """A record carries a value version this build does not know."""
+
+
+class UnknownDiscriminant(FormatError):
+    """An enum field carries a discriminant outside the registry."""
+
+
+class SchemaMismatch(FormatError):
+    """The store's schema marker or tree registry differs from this contract."""
+
+
+class OutboxCorrupt(FormatError):
+    """The recovery outbox is broken: a gap, a bad chain digest, a missing or orphan chunk."""
+
+
+class IntegrityError(NokvError):
+    """Stored bytes do not match their recorded digest (state digest, block SHA-256, pack)."""
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+class CommandRejected(NokvError):
+    """A metadata command was refused before any mutation was applied."""
+
+
+class FenceError(CommandRejected):
+    """The root fence, placement generation or logical shard does not admit this command."""
+
+
+class OwnerFenced(FenceError):
+    """The command's owner epoch is not the shard's current owner epoch."""
+
+
+class ReadVersionStale(CommandRejected):
+    """The command or cursor was built at a read version the shard has moved past."""
+
+    def __init__(self, message: str, *, expected: int, current: int):
+        super().__init__(message)
+        self.expected = expected
+        self.current = current
+
+
+class RequestMismatch(CommandRejected):
+    """A request id was reused with different inputs."""
+
+
+class PredicateFailed(CommandRejected):
+    """A command predicate did not hold; nothing was applied."""
+
+    def __init__(self, message: str, *, index: int | None = None):
+        super().__init__(message)
+        self.index = index
+
+
+class GenerationConflict(PredicateFailed):
+    """An expected generation (path, alias, head, tag) did not match: somebody else won."""
+
+
+class CommandTooLarge(CommandRejected):
+    """A command exceeds the engine's bound on predicates, mutations or events."""
+
+
+class HistoryNotRetained(NokvError):
+    """A read asked for a version older than the retained history floor."""
+
+
+# --- namespace ------------------------------------------------------------------------------
+
+
+class NotFound(NokvError):
+    """The named workbench, path, snapshot, commit or tag does not exist."""
+
+
+class AlreadyExists(NokvError):
+    """The name is taken."""
+
+
+class ReservedPath(InvalidInput):
+    """The path is reserved (a section, a run/restore manifest) and refuses this operation."""
+
+
+# --- storage --------------------------------------------------------------------------------
+
+
+class StoreError(NokvError):
+    """The object store or the local disk failed."""
+
+
+class StoreFull(StoreError):
+    """No space left in the object store or on the local disk."""
+
+
+class ObjectMissing(StoreError):
+    """An object the metadata names is absent from the store."""
+
+
+class AmbiguousResult(StoreError):
+    """A request was sent and its outcome is unknown (timeout, reset): recorded, never guessed."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost its race (HTTP 412): If-None-Match or If-Match did not hold."""

@@ -1,0 +1,369 @@
+"""One declarative codec for every durable record and key.
+
+A record is a frozen dataclass whose fields are annotated with a field codec:
+
+    @record(version=2)
+    class PathEntry:
+        generation: U64
+        artifact_revision_id: Id16
+        content_type: Str
+
+Encoding is the u8 value version, then each field in declared order: unsigned integers big-endian
+of fixed width, fixed-width ids raw, variable byte strings with a u32 big-endian length (u16 where
+the seed says two bytes), enums as a u8 discriminant, optionals as a u8 presence flag, lists as a
+u32 count. `@record(version=None)` declares a key layout: the same fields without a version byte.
+Decoding fails closed: an unknown version, an unknown discriminant, a truncated or over-long value
+each raise a typed FormatError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import sys
+import typing
+from enum import IntEnum
+from typing import Annotated, Any
+
+from nokvfs.errors import CorruptRecord, UnknownDiscriminant, UnknownVersion
+from nokvfs.schema.enums import decode_enum
+from nokvfs.schema.paths import ordered_path, unordered_path
+
+
+class FieldCodec:
+    """Encodes one field value onto a bytearray and decodes it from a buffer at an offset."""
+
+    name = "field"
+
+    def encode(self, value: Any, out: bytearray) -> None:
+        raise NotImplementedError
+
+    def decode(self, buf: bytes, pos: int) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def _need(self, buf: bytes, pos: int, n: int) -> None:
+        if pos + n > len(buf):
+            raise CorruptRecord(f"{self.name}: truncated, need {n} bytes at offset {pos}")
+
+
+class UInt(FieldCodec):
+    _FORMATS = {1: ">B", 2: ">H", 4: ">I", 8: ">Q"}
+
+    def __init__(self, width: int):
+        self.width = width
+        self._struct = struct.Struct(self._FORMATS[width])
+        self.max = (1 << (8 * width)) - 1
+        self.name = f"u{8 * width}"
+
+    def encode(self, value, out):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= self.max:
+            raise CorruptRecord(f"{self.name}: {value!r} is not an integer in 0..{self.max}")
+        out += self._struct.pack(value)
+
+    def decode(self, buf, pos):
+        self._need(buf, pos, self.width)
+        return self._struct.unpack_from(buf, pos)[0], pos + self.width
+
+
+class Bool(FieldCodec):
+    name = "bool"
+
+    def encode(self, value, out):
+        if not isinstance(value, bool):
+            raise CorruptRecord(f"bool: {value!r} is not a bool")
+        out.append(1 if value else 0)
+
+    def decode(self, buf, pos):
+        self._need(buf, pos, 1)
+        b = buf[pos]
+        if b > 1:
+            raise CorruptRecord(f"bool: byte {b} at offset {pos} is neither 0 nor 1")
+        return b == 1, pos + 1
+
+
+class FixedBytes(FieldCodec):
+    def __init__(self, length: int):
+        self.length = length
+        self.name = f"bytes[{length}]"
+
+    def encode(self, value, out):
+        if not isinstance(value, (bytes, bytearray)) or len(value) != self.length:
+            raise CorruptRecord(f"{self.name}: value is not exactly {self.length} bytes")
+        out += value
+
+    def decode(self, buf, pos):
+        self._need(buf, pos, self.length)
+        return bytes(buf[pos : pos + self.length]), pos + self.length
+
+
+class LenBytes(FieldCodec):
+    def __init__(self, len_width: int = 4):
+        self.len_codec = UInt(len_width)
+        self.name = f"bytes/u{8 * len_width}"
+
+    def encode(self, value, out):
+        if not isinstance(value, (bytes, bytearray)):
+            raise CorruptRecord(f"{self.name}: {type(value).__name__} is not bytes")
+        if len(value) > self.len_codec.max:
+            raise CorruptRecord(f"{self.name}: {len(value)} bytes do not fit the length prefix")
+        self.len_codec.encode(len(value), out)
+        out += value
+
+    def decode(self, buf, pos):
+        n, pos = self.len_codec.decode(buf, pos)
+        self._need(buf, pos, n)
+        return bytes(buf[pos : pos + n]), pos + n
+
+
+class LenStr(LenBytes):
+    """UTF-8 text with a length prefix; decoding rejects invalid UTF-8."""
+
+    def __init__(self, len_width: int = 4):
+        super().__init__(len_width)
+        self.name = f"str/u{8 * len_width}"
+
+    def encode(self, value, out):
+        if not isinstance(value, str):
+            raise CorruptRecord(f"{self.name}: {type(value).__name__} is not str")
+        super().encode(value.encode("utf-8"), out)
+
+    def decode(self, buf, pos):
+        raw, pos = super().decode(buf, pos)
+        try:
+            return raw.decode("utf-8"), pos
+        except UnicodeDecodeError:
+            raise CorruptRecord(f"{self.name}: invalid UTF-8 before offset {pos}") from None
+
+
+class EnumField(FieldCodec):
+    def __init__(self, enum_type: type[IntEnum]):
+        self.enum_type = enum_type
+        self.name = enum_type.__name__
+
+    def encode(self, value, out):
+        if not isinstance(value, self.enum_type):
+            if isinstance(value, IntEnum) or not isinstance(value, int):
+                raise CorruptRecord(f"{self.name}: {value!r} is not a {self.name}")
+            try:
+                value = self.enum_type(value)
+            except ValueError:
+                raise UnknownDiscriminant(f"{self.name} has no discriminant {value}") from None
+        out.append(int(value))
+
+    def decode(self, buf, pos):
+        self._need(buf, pos, 1)
+        return decode_enum(self.enum_type, buf[pos]), pos + 1
+
+
+class Optional(FieldCodec):
+    def __init__(self, inner: FieldCodec):
+        self.inner = inner
+        self.name = f"optional[{inner.name}]"
+
+    def encode(self, value, out):
+        if value is None:
+            out.append(0)
+        else:
+            out.append(1)
+            self.inner.encode(value, out)
+
+    def decode(self, buf, pos):
+        self._need(buf, pos, 1)
+        flag = buf[pos]
+        if flag == 0:
+            return None, pos + 1
+        if flag != 1:
+            raise CorruptRecord(f"{self.name}: presence byte {flag} at offset {pos}")
+        return self.inner.decode(buf, pos + 1)
+
+
+class ListOf(FieldCodec):
+    def __init__(self, inner: FieldCodec, count_width: int = 4):
+        self.inner = inner
+        self.count_codec = UInt(count_width)
+        self.name = f"list[{inner.name}]"
+
+    def encode(self, value, out):
+        if not isinstance(value, (tuple, list)):
+            raise CorruptRecord(f"{self.name}: {type(value).__name__} is not a tuple")
+        self.count_codec.encode(len(value), out)
+        for item in value:
+            self.inner.encode(item, out)
+
+    def decode(self, buf, pos):
+        n, pos = self.count_codec.decode(buf, pos)
+        # Each item takes at least one byte: a count larger than the rest is corrupt, not a
+        # reason to allocate.
+        if n > len(buf) - pos:
+            raise CorruptRecord(f"{self.name}: count {n} exceeds the remaining bytes")
+        items = []
+        for _ in range(n):
+            item, pos = self.inner.decode(buf, pos)
+            items.append(item)
+        return tuple(items), pos
+
+
+class Nested(FieldCodec):
+    """A record (or key layout) embedded inline, without its own version byte."""
+
+    def __init__(self, record_type: type):
+        self.record_type = record_type
+        self.name = record_type.__name__
+
+    def encode(self, value, out):
+        if not isinstance(value, self.record_type):
+            raise CorruptRecord(f"{self.name}: {type(value).__name__} is not a {self.name}")
+        _encode_fields(value, out)
+
+    def decode(self, buf, pos):
+        return _decode_fields(self.record_type, buf, pos)
+
+
+class OrderedPathField(FieldCodec):
+    """A normalized path as its ordered key bytes, self-delimited by the 0x01 terminator.
+
+    Values are component tuples. Only valid at the end of a key or before fixed-width fields,
+    since 0x01 can occur nowhere else in an ordered path.
+    """
+
+    name = "ordered_path"
+
+    def encode(self, value, out):
+        if not isinstance(value, tuple) or not value:
+            raise CorruptRecord("ordered_path: value is not a non-empty component tuple")
+        out += ordered_path(value)
+
+    def decode(self, buf, pos):
+        end = bytes(buf).find(b"\x01", pos)
+        if end < 0:
+            raise CorruptRecord(f"ordered_path: no 0x01 terminator after offset {pos}")
+        try:
+            return unordered_path(bytes(buf[pos : end + 1])), end + 1
+        except Exception as exc:  # PathInvalid: a key that is not a valid path is corrupt
+            raise CorruptRecord(f"ordered_path: {exc}") from None
+
+
+class Rest(FieldCodec):
+    """All remaining bytes. Only as the last field of a key layout."""
+
+    name = "rest"
+
+    def encode(self, value, out):
+        if not isinstance(value, (bytes, bytearray)):
+            raise CorruptRecord("rest: value is not bytes")
+        out += value
+
+    def decode(self, buf, pos):
+        return bytes(buf[pos:]), len(buf)
+
+
+# --- the field vocabulary records are declared with -----------------------------------------
+
+U8 = Annotated[int, UInt(1)]
+U16 = Annotated[int, UInt(2)]
+U32 = Annotated[int, UInt(4)]
+U64 = Annotated[int, UInt(8)]
+Flag = Annotated[bool, Bool()]
+Id16 = Annotated[bytes, FixedBytes(16)]
+Id32 = Annotated[bytes, FixedBytes(32)]  # CommitId and raw SHA-256 digests
+Bytes = Annotated[bytes, LenBytes(4)]
+Str = Annotated[str, LenStr(4)]
+Label = Annotated[str, LenStr(2)]  # tag names and snapshot aliases: two-byte length
+OrderedPath = Annotated[tuple, OrderedPathField()]
+RestBytes = Annotated[bytes, Rest()]
+
+
+def Enum(enum_type: type[IntEnum]):  # noqa: N802 - reads as a type in declarations
+    return Annotated[enum_type, EnumField(enum_type)]
+
+
+def Opt(field_type):  # noqa: N802
+    return Annotated[typing.Optional[typing.get_args(field_type)[0]], Optional(_codec_of(field_type))]
+
+
+def List(field_type):  # noqa: N802
+    return Annotated[tuple, ListOf(_codec_of(field_type))]
+
+
+def Struct(record_type: type):  # noqa: N802
+    return Annotated[record_type, Nested(record_type)]
+
+
+def _codec_of(annotation) -> FieldCodec:
+    for extra in getattr(annotation, "__metadata__", ()):
+        if isinstance(extra, FieldCodec):
+            return extra
+    raise TypeError(f"annotation {annotation!r} carries no field codec")
+
+
+# --- records ---------------------------------------------------------------------------------
+
+ALL_RECORDS: list[type] = []
+
+
+def record(version: int | None):
+    """Declare a record with value version `version`, or a key layout when `version` is None."""
+    if version is not None and not 0 <= version <= 255:
+        raise ValueError("value version must fit in a u8")
+
+    def wrap(cls):
+        cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        module = sys.modules[cls.__module__]
+        hints = typing.get_type_hints(cls, globalns=vars(module), include_extras=True)
+        cls.__codec_fields__ = tuple(
+            (f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls)
+        )
+        cls.VERSION = version
+        cls.encode = _encode
+        cls.decode = classmethod(_decode)
+        ALL_RECORDS.append(cls)
+        return cls
+
+    return wrap
+
+
+def _encode_fields(obj, out: bytearray) -> None:
+    for name, codec in obj.__codec_fields__:
+        try:
+            codec.encode(getattr(obj, name), out)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"{type(obj).__name__}.{name}: {exc}") from None
+
+
+def _decode_fields(cls, buf, pos):
+    values = {}
+    for name, codec in cls.__codec_fields__:
+        try:
+            values[name], pos = codec.decode(buf, pos)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"{cls.__name__}.{name}: {exc}") from None
+        except UnknownDiscriminant as exc:
+            raise UnknownDiscriminant(f"{cls.__name__}.{name}: {exc}") from None
+    return cls(**values), pos
+
+
+def _encode(self) -> bytes:
+    out = bytearray()
+    if self.VERSION is not None:
+        out.append(self.VERSION)
+    _encode_fields(self, out)
+    return bytes(out)
+
+
+def _decode(cls, data: bytes):
+    buf = bytes(data)
+    pos = 0
+    if cls.VERSION is not None:
+        if not buf:
+            raise CorruptRecord(f"{cls.__name__}: empty value has no version byte")
+        if buf[0] != cls.VERSION:
+            raise UnknownVersion(
+                f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}"
+            )
+        pos = 1
+    obj, pos = _decode_fields(cls, buf, pos)
+    if pos != len(buf):
+        raise CorruptRecord(f"{cls.__name__}: {len(buf) - pos} trailing bytes after offset {pos}")
+    return obj
+
+
