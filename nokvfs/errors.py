@@ -153,3 +153,11 @@ class AmbiguousResult(StoreError):
 
 class PreconditionFailed(StoreError):
     """A conditional write lost its race (HTTP 412): If-None-Match or If-Match did not hold."""
+
+
+class NotADirectory(InvalidInput):
+    """A directory operation named a file."""
+
+
+class IsADirectory(InvalidInput):
+    """A file operation named a directory."""

@@ -25,9 +25,9 @@ import typing
 from enum import IntEnum
 from typing import Annotated, Any
 
-from nokvfs.errors import CorruptRecord, UnknownDiscriminant, UnknownVersion
+from nokvfs.errors import CorruptRecord, PathInvalid, UnknownDiscriminant, UnknownVersion
 from nokvfs.schema.enums import decode_enum
-from nokvfs.schema.paths import ordered_path, unordered_path
+from nokvfs.schema.paths import check_component, ordered_path, unordered_path
 
 
 class FieldCodec:
@@ -125,7 +125,11 @@ class LenStr(LenBytes):
     def encode(self, value, out):
         if not isinstance(value, str):
             raise CorruptRecord(f"{self.name}: {type(value).__name__} is not str")
-        super().encode(value.encode("utf-8"), out)
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: fail typed, like every other bad field
+            raise CorruptRecord(f"{self.name}: text is not encodable as UTF-8") from None
+        super().encode(raw, out)
 
     def decode(self, buf, pos):
         raw, pos = super().decode(buf, pos)
@@ -231,6 +235,14 @@ class OrderedPathField(FieldCodec):
     def encode(self, value, out):
         if not isinstance(value, tuple) or not value:
             raise CorruptRecord("ordered_path: value is not a non-empty component tuple")
+        for index, component in enumerate(value):
+            # Never write a key the decoder would refuse ("a/b", "..", "", NUL, ...).
+            if not isinstance(component, str):
+                raise CorruptRecord(f"ordered_path: component {index} is not str")
+            try:
+                check_component(component, index)
+            except PathInvalid as exc:
+                raise CorruptRecord(f"ordered_path: {exc}") from None
         out += ordered_path(value)
 
     def decode(self, buf, pos):

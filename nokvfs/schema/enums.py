@@ -217,6 +217,8 @@ class PredicateKind(IntEnum):
     Absent = 2
     ValueEquals = 3
     FieldEquals = 4
+    Generation = 5
+    State = 6
 
 
 class MutationKind(IntEnum):

@@ -67,7 +67,7 @@ def snapshot_id_bytes(snapshot_id: int) -> bytes:
 
 def object_index_hex(index: int) -> str:
     """object_index in object keys: exactly 16 lowercase hex characters."""
-    if not isinstance(index, int) or not 0 <= index <= U64_MAX:
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= U64_MAX:
         raise IdInvalid(f"object index must be an unsigned 64-bit integer, got {index!r}")
     return f"{index:016x}"
 

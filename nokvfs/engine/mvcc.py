@@ -1,0 +1,160 @@
+"""Reads at the current version or at any retained earlier version.
+
+Every mutation writes History(tag | u32 len(key) | key | inverted(commit_version)) holding the
+value before it. A read of key K at version V is the previous value stored by the earliest change
+after V if there is one, else the current row. Rows with inverted(C) < inverted(V) are the changes
+after V, so that change is the row just before `set_range(K-prefix | inverted(V))`.
+
+Seeking at an old version merges the current tree with the keys its History knows. History keys
+are grouped by user-key length, so the merge visits each length group present for the family;
+reads at the current version never touch History.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from nokvfs.engine.records import HistoryValue
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_U64_MAX = (1 << 64) - 1
+_AFTER_ALL_VERSIONS = b"\xff" * 8  # inverted(0); commit versions start at 1
+
+
+def inverted(version: int) -> bytes:
+    return _U64.pack(_U64_MAX - version)
+
+
+class ReadView:
+    """One consistent LMDB read transaction, read at `version`. Not thread-safe; cheap to open."""
+
+    def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int):
+        self._txn = txn
+        self._dbs = dbs
+        self._tags = tags
+        self._history = history_db
+        self.version = version
+        self.current_version = current
+        self.ops = 0  # cursor operations (seeks and steps), reported by benchmarks
+        self._cursors: dict = {}
+        self._groups: dict = {}
+
+    @property
+    def is_current(self) -> bool:
+        return self.version == self.current_version
+
+    def _cursor(self, name: str):
+        cursor = self._cursors.get(name)
+        if cursor is None:
+            db = self._history if name == "\0history" else self._dbs[name]
+            cursor = self._cursors[name] = self._txn.cursor(db)
+        return cursor
+
+    # --- point reads ---------------------------------------------------------------------
+
+    def get(self, tree: str, key: bytes) -> bytes | None:
+        self.ops += 1
+        if not self.is_current:
+            changed, previous = self._previous_after(self._tags[tree], key)
+            if changed:
+                return previous
+        return self._txn.get(key, db=self._dbs[tree])
+
+    def _previous_after(self, tag: int, key: bytes):
+        """(True, value-before) for the earliest change of key after self.version, else (False, None)."""
+        prefix = bytes([tag]) + _U32.pack(len(key)) + key
+        cursor = self._cursor("\0history")
+        self.ops += 1
+        found = cursor.set_range(prefix + inverted(self.version))
+        moved = cursor.prev() if found else cursor.last()
+        if moved:
+            hkey = cursor.key()
+            if len(hkey) == len(prefix) + 8 and hkey.startswith(prefix):
+                return True, HistoryValue.decode(cursor.value()).previous
+        return False, None
+
+    # --- ordered reads -------------------------------------------------------------------
+
+    def seek(self, tree: str, key: bytes, within: bytes = b""):
+        """The first (key, value) with key >= `key` that exists at self.version, or None.
+
+        `within` bounds the search to keys starting with it (None once past it).
+        """
+        cursor = self._cursor(tree)
+        if self.is_current:
+            self.ops += 1
+            if not cursor.set_range(key):
+                return None
+            found = cursor.key()
+            if not found.startswith(within):
+                return None
+            return found, cursor.value()
+        probe = key
+        while True:
+            candidates = []
+            self.ops += 1
+            if cursor.set_range(probe):
+                candidates.append(cursor.key())
+            historic = self._history_min_ge(self._tags[tree], probe, len(within))
+            if historic is not None:
+                candidates.append(historic)
+            if not candidates:
+                return None
+            candidate = min(candidates)
+            if not candidate.startswith(within):
+                return None
+            value = self.get(tree, candidate)
+            if value is not None:
+                return candidate, value
+            probe = candidate + b"\x00"
+
+    def _length_groups(self, tag: int) -> tuple[int, ...]:
+        groups = self._groups.get(tag)
+        if groups is None:
+            cursor = self._cursor("\0history")
+            lengths = []
+            position = bytes([tag]) + _U32.pack(0)
+            while True:
+                self.ops += 1
+                if not cursor.set_range(position) or cursor.key()[0] != tag:
+                    break
+                length = _U32.unpack_from(cursor.key(), 1)[0]
+                lengths.append(length)
+                if length == 0xFFFFFFFF:
+                    break
+                position = bytes([tag]) + _U32.pack(length + 1)
+            groups = self._groups[tag] = tuple(lengths)
+        return groups
+
+    def _history_min_ge(self, tag: int, key: bytes, min_length: int) -> bytes | None:
+        """The smallest user key >= `key` that has any History row in family `tag`."""
+        cursor = self._cursor("\0history")
+        best = None
+        for length in self._length_groups(tag):
+            if length < min_length:
+                continue
+            group = bytes([tag]) + _U32.pack(length)
+            self.ops += 1
+            if not cursor.set_range(group + key):
+                continue
+            hkey = cursor.key()
+            if not hkey.startswith(group):
+                continue
+            user = hkey[5:-8]
+            if user < key:
+                # A shorter key equal to key's prefix: step past all of its versions.
+                self.ops += 1
+                if not cursor.set_range(group + user + _AFTER_ALL_VERSIONS):
+                    continue
+                if cursor.key() == group + user + _AFTER_ALL_VERSIONS:
+                    self.ops += 1
+                    if not cursor.next():
+                        continue
+                hkey = cursor.key()
+                if not hkey.startswith(group):
+                    continue
+                user = hkey[5:-8]
+            if best is None or user < best:
+                best = user
+        return best

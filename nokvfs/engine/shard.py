@@ -1,0 +1,662 @@
+"""One logical shard: an LMDB environment holding the NoKV workspace schema.
+
+Opening is fail-closed. An empty environment is initialised with the exact schema marker, tree
+registry, commit clock, recovery tail, owner epoch and state digest; any other environment opens
+only if its named databases are exactly the registry's trees, its marker and registry decode and
+match, its recovery outbox verifies end to end against the System tail, and (with verify=True) the
+state digest of every tree recomputes to the stored one. Each check names what differs.
+
+The three write entrypoints the recovery outbox covers are `apply` (a MetadataCommand),
+`observe_lease_clock` and `advance_owner_epoch`. Each is one LMDB write transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import time
+
+import blake3
+import lmdb
+
+from nokvfs.engine import outbox
+from nokvfs.engine.command import (
+    FORMAT_VERSION,
+    SCHEMA_ID,
+    VALUE_FORMAT_VERSION,
+    Absent,
+    CommandOutcome,
+    Delete,
+    Exists,
+    FieldEquals,
+    Generation,
+    MetadataCommand,
+    Put,
+    State,
+    ValueEquals,
+)
+from nokvfs.engine.mvcc import ReadView, inverted
+from nokvfs.engine.records import (
+    SYS_CLOCK,
+    SYS_HISTORY_FLOOR,
+    SYS_LEASE_CLOCK,
+    SYS_OWNER,
+    SYS_RECOVERY,
+    SYS_SCHEMA,
+    SYS_SHARD,
+    SYS_STATE_DIGEST,
+    SYS_TREES,
+    SYSTEM_KEYS,
+    CommandRecord,
+    CommitClock,
+    HistoryFloor,
+    HistoryValue,
+    LeaseClock,
+    LeaseClockRecord,
+    MutationRow,
+    OwnerEpochRecord,
+    OwnerRecord,
+    PredicateRow,
+    RecoveryTail,
+    SchemaMarker,
+    ShardIdentity,
+    StateDigest,
+    TreeDigest,
+    TreeEntry,
+    TreeRegistry,
+)
+from nokvfs.errors import (
+    FenceError,
+    FormatError,
+    GenerationConflict,
+    HistoryNotRetained,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    OwnerFenced,
+    PredicateFailed,
+    ReadVersionStale,
+    RequestMismatch,
+    SchemaMismatch,
+    StoreError,
+    StoreFull,
+)
+from nokvfs.schema import keys as family_keys
+from nokvfs.schema import records as family_records
+from nokvfs.schema.enums import (
+    MutationKind,
+    OutboxRecordKind,
+    PredicateKind,
+    RootActivationState,
+)
+from nokvfs.schema.ids import check_id16
+
+SYSTEM_TREE = "system"
+HISTORY_TREE = "history"
+OUTBOX_TREE = "recovery_outbox"
+RESERVED_TREES = (SYSTEM_TREE, HISTORY_TREE, OUTBOX_TREE)
+
+DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as it is used
+_DIGEST_MOD = 1 << 256
+_U32 = struct.Struct(">I")
+
+
+def _expected_registry() -> TreeRegistry:
+    entries = [TreeEntry(f.name, f.tag) for f in family_keys.FAMILIES]
+    entries += [TreeEntry(name, 0) for name in RESERVED_TREES]
+    return TreeRegistry(tuple(entries))
+
+
+def _row_hash(key: bytes, value: bytes) -> int:
+    return int.from_bytes(blake3.blake3(_U32.pack(len(key)) + key + value).digest(), "big")
+
+
+def _lmdb_errors(func):
+    """Translate LMDB failures into typed errors: a full map or disk is StoreFull."""
+
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except lmdb.MapFullError as exc:
+            raise StoreFull(f"the shard's LMDB map is full: {exc}") from None
+        except lmdb.DiskError as exc:
+            raise StoreFull(f"the shard's disk is full: {exc}") from None
+        except lmdb.Error as exc:
+            if "No space left" in str(exc):
+                raise StoreFull(f"the shard's disk is full: {exc}") from None
+            raise StoreError(f"LMDB failed: {exc}") from None
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
+class _Digests:
+    """Per-tree row count and additive multiset hash, updated row by row inside one write txn."""
+
+    def __init__(self, record: StateDigest):
+        self.trees = {t.name: [t.row_count, int.from_bytes(t.digest, "big")] for t in record.trees}
+
+    def change(self, tree: str, key: bytes, old: bytes | None, new: bytes | None) -> None:
+        entry = self.trees[tree]
+        if old is not None:
+            entry[0] -= 1
+            entry[1] = (entry[1] - _row_hash(key, old)) % _DIGEST_MOD
+        if new is not None:
+            entry[0] += 1
+            entry[1] = (entry[1] + _row_hash(key, new)) % _DIGEST_MOD
+
+    def record(self) -> StateDigest:
+        return StateDigest(
+            tuple(TreeDigest(name, c, d.to_bytes(32, "big")) for name, (c, d) in self.trees.items())
+        )
+
+
+def _digested_trees() -> list[str]:
+    return [f.name for f in family_keys.FAMILIES] + [HISTORY_TREE]
+
+
+class Shard:
+    """The LMDB environment of one logical shard. One instance per process and path."""
+
+    def __init__(self, path: str, env: lmdb.Environment, dbs: dict):
+        self.path = path
+        self._env = env
+        self._dbs = dbs
+        self._family_dbs = {f.name: dbs[f.name] for f in family_keys.FAMILIES}
+        self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
+        with env.begin() as txn:
+            identity = ShardIdentity.decode(txn.get(SYS_SHARD, db=dbs[SYSTEM_TREE]))
+        self.logical_shard_id = identity.logical_shard_id
+        self._genesis = outbox.genesis_digest(self.logical_shard_id)
+
+    # --- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: str, logical_shard_id: bytes, **options) -> "Shard":
+        """Initialise an empty store at `path` (created if missing). Refuses a non-empty store."""
+        check_id16(logical_shard_id, "logical shard id")
+        os.makedirs(path, exist_ok=True)
+        env = cls._open_env(path, **options)
+        try:
+            with env.begin() as txn:
+                if txn.cursor().first():
+                    raise SchemaMismatch(f"{path} already holds a store; open it instead")
+            dbs = cls._initialise(env, logical_shard_id)
+        except BaseException:
+            env.close()
+            raise
+        return cls(path, env, dbs)
+
+    @classmethod
+    def open(cls, path: str, *, verify: bool = True, **options) -> "Shard":
+        """Open an existing store, failing closed on any difference from the contract."""
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise NotFound(f"no shard at {path}")
+        env = cls._open_env(path, **options)
+        try:
+            dbs = cls._gate(env, path)
+            shard = cls(path, env, dbs)
+            shard._verify(full=verify)
+        except BaseException:
+            env.close()
+            raise
+        return shard
+
+    @staticmethod
+    @_lmdb_errors
+    def _open_env(path: str, *, map_size: int = DEFAULT_MAP_SIZE, readonly: bool = False):
+        return lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=len(family_keys.TREE_NAMES) + 4,
+            subdir=True,
+            readonly=readonly,
+            sync=True,
+            metasync=True,
+            readahead=False,
+            max_readers=256,
+        )
+
+    @staticmethod
+    def _initialise(env, logical_shard_id: bytes) -> dict:
+        with env.begin(write=True) as txn:
+            dbs = {name: env.open_db(name.encode(), txn=txn, create=True) for name in family_keys.TREE_NAMES}
+            system = dbs[SYSTEM_TREE]
+            marker = SchemaMarker(VALUE_FORMAT_VERSION, SCHEMA_ID, FORMAT_VERSION)
+            rows = {
+                SYS_SCHEMA: marker,
+                SYS_TREES: _expected_registry(),
+                SYS_SHARD: ShardIdentity(logical_shard_id, time.time_ns() // 1_000_000),
+                SYS_CLOCK: CommitClock(0),
+                SYS_RECOVERY: RecoveryTail(0, outbox.genesis_digest(logical_shard_id)),
+                SYS_OWNER: OwnerRecord(1),
+                SYS_LEASE_CLOCK: LeaseClock(0),
+                SYS_HISTORY_FLOOR: HistoryFloor(0),
+                SYS_STATE_DIGEST: StateDigest(
+                    tuple(TreeDigest(name, 0, bytes(32)) for name in _digested_trees())
+                ),
+            }
+            for key, value in rows.items():
+                txn.put(key, value.encode(), db=system)
+        return dbs
+
+    @staticmethod
+    def _gate(env, path: str) -> dict:
+        """The schema gate: exact tree set, marker and registry, or SchemaMismatch."""
+        with env.begin() as txn:
+            names = set()
+            cursor = txn.cursor()
+            for key in cursor.iternext(keys=True, values=False):
+                try:
+                    names.add(key.decode("utf-8"))
+                except UnicodeDecodeError:
+                    names.add(repr(key))
+        if not names:
+            raise SchemaMismatch(f"{path} is an empty store: create it first")
+        expected = set(family_keys.TREE_NAMES)
+        missing, extra = sorted(expected - names), sorted(names - expected)
+        if missing or extra:
+            raise SchemaMismatch(f"{path}: tree registry differs: missing {missing}, extra {extra}")
+        dbs = {name: env.open_db(name.encode(), create=False) for name in family_keys.TREE_NAMES}
+        with env.begin() as txn:
+            system = dbs[SYSTEM_TREE]
+            raw = txn.get(SYS_SCHEMA, db=system)
+            if raw is None:
+                raise SchemaMismatch(f"{path}: the schema marker is missing")
+            try:
+                marker = SchemaMarker.decode(raw)
+            except FormatError as exc:
+                raise SchemaMismatch(f"{path}: the schema marker is malformed: {exc}") from None
+            differences = []
+            if marker.schema_id != SCHEMA_ID:
+                differences.append(f"schema_id {marker.schema_id!r} != {SCHEMA_ID!r}")
+            if marker.format_version != FORMAT_VERSION:
+                differences.append(f"format_version {marker.format_version} != {FORMAT_VERSION}")
+            if marker.value_format_version != VALUE_FORMAT_VERSION:
+                differences.append(
+                    f"value_format_version {marker.value_format_version} != {VALUE_FORMAT_VERSION}"
+                )
+            if differences:
+                raise SchemaMismatch(f"{path}: schema marker differs: " + "; ".join(differences))
+            raw = txn.get(SYS_TREES, db=system)
+            if raw is None:
+                raise SchemaMismatch(f"{path}: the tree registry record is missing")
+            try:
+                registry = TreeRegistry.decode(raw)
+            except FormatError as exc:
+                raise SchemaMismatch(f"{path}: the tree registry is malformed: {exc}") from None
+            if registry != _expected_registry():
+                stored = {(t.name, t.tag) for t in registry.trees}
+                wanted = {(t.name, t.tag) for t in _expected_registry().trees}
+                raise SchemaMismatch(
+                    f"{path}: tree registry record differs: missing {sorted(wanted - stored)}, "
+                    f"extra {sorted(stored - wanted)}"
+                )
+            for key in txn.cursor(system).iternext(keys=True, values=False):
+                if key not in SYSTEM_KEYS:
+                    raise SchemaMismatch(f"{path}: unknown System row {key!r}")
+            for key in SYSTEM_KEYS:
+                if txn.get(key, db=system) is None:
+                    raise SchemaMismatch(f"{path}: System row {key.decode()} is missing")
+        return dbs
+
+    def _verify(self, *, full: bool) -> None:
+        """Outbox chain against the System tail, then (full) every tree's state digest."""
+        with self._env.begin() as txn:
+            system = self._dbs[SYSTEM_TREE]
+            try:
+                tail = RecoveryTail.decode(txn.get(SYS_RECOVERY, db=system))
+                clock = CommitClock.decode(txn.get(SYS_CLOCK, db=system)).commit_version
+                digests = StateDigest.decode(txn.get(SYS_STATE_DIGEST, db=system))
+                for key, rec in ((SYS_OWNER, OwnerRecord), (SYS_LEASE_CLOCK, LeaseClock), (SYS_HISTORY_FLOOR, HistoryFloor)):
+                    rec.decode(txn.get(key, db=system))
+            except FormatError as exc:
+                raise SchemaMismatch(f"{self.path}: a System record is malformed: {exc}") from None
+            summary = outbox.verify(txn, self._dbs[OUTBOX_TREE], self._genesis)
+            if summary.last_lsn != tail.applied_lsn or summary.chain_digest != tail.chain_digest:
+                raise IntegrityError(
+                    f"{self.path}: recovery outbox ends at LSN {summary.last_lsn}, System tail says "
+                    f"{tail.applied_lsn}" + ("" if summary.last_lsn != tail.applied_lsn else " with another chain digest")
+                )
+            if summary.last_commit_version != clock:
+                raise IntegrityError(
+                    f"{self.path}: commit clock {clock} differs from the outbox's last commit "
+                    f"version {summary.last_commit_version}"
+                )
+            if [t.name for t in digests.trees] != _digested_trees():
+                raise SchemaMismatch(f"{self.path}: state digest lists other trees")
+            if not full:
+                return
+            for stored in digests.trees:
+                count, total = 0, 0
+                for key, value in txn.cursor(self._dbs[stored.name]).iternext():
+                    count += 1
+                    total = (total + _row_hash(key, value)) % _DIGEST_MOD
+                if count != stored.row_count or total.to_bytes(32, "big") != stored.digest:
+                    raise IntegrityError(
+                        f"{self.path}: tree {stored.name} does not match its state digest "
+                        f"({count} rows, digest recorded for {stored.row_count}): a row was changed "
+                        "outside the engine"
+                    )
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- System state --------------------------------------------------------------------------
+
+    def _system(self, txn, key: bytes, record):
+        return record.decode(txn.get(key, db=self._dbs[SYSTEM_TREE]))
+
+    def _put_system(self, txn, key: bytes, value) -> None:
+        txn.put(key, value.encode(), db=self._dbs[SYSTEM_TREE])
+
+    @property
+    def commit_version(self) -> int:
+        with self._env.begin() as txn:
+            return self._system(txn, SYS_CLOCK, CommitClock).commit_version
+
+    @property
+    def owner_epoch(self) -> int:
+        with self._env.begin() as txn:
+            return self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
+
+    @property
+    def lease_clock_ms(self) -> int:
+        with self._env.begin() as txn:
+            return self._system(txn, SYS_LEASE_CLOCK, LeaseClock).high_water_unix_ms
+
+    @property
+    def history_floor(self) -> int:
+        with self._env.begin() as txn:
+            return self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+
+    @property
+    def recovery_tail(self) -> RecoveryTail:
+        with self._env.begin() as txn:
+            return self._system(txn, SYS_RECOVERY, RecoveryTail)
+
+    # --- reads -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def read(self, version: int | None = None):
+        """A ReadView at `version` (default: the current commit version)."""
+        with self._env.begin(buffers=False) as txn:
+            current = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+            if version is None:
+                version = current
+            elif version > current:
+                raise ReadVersionStale(
+                    f"read version {version} is newer than the shard's {current}",
+                    expected=version,
+                    current=current,
+                )
+            else:
+                floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+                if version < floor:
+                    raise HistoryNotRetained(
+                        f"version {version} is older than the retained history floor {floor}"
+                    )
+            yield ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], version, current)
+
+    def outbox_entries(self):
+        """Every verified recovery-outbox entry in LSN order (for replication and tests)."""
+        with self._env.begin() as txn:
+            yield from outbox.iterate(txn, self._dbs[OUTBOX_TREE], self._genesis)
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    @_lmdb_errors
+    def apply(self, command: MetadataCommand) -> CommandOutcome:
+        """Validate and apply one MetadataCommand atomically, or raise and apply nothing."""
+        if command.schema_id != SCHEMA_ID:
+            raise SchemaMismatch(f"command schema {command.schema_id!r} is not {SCHEMA_ID!r}")
+        if command.logical_shard_id != self.logical_shard_id:
+            raise FenceError("command is addressed to another logical shard")
+        with self._env.begin(write=True) as txn:
+            return self._apply(txn, command)
+
+    def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
+        dedupe_key = family_keys.CommandDedupeKey(command.root_id, command.request_id).encode()
+        stored = txn.get(dedupe_key, db=self._dbs["command_dedupe"])
+        if stored is not None:
+            # Exact replay precedes the read-version fence and returns the stored result.
+            dedupe = family_records.CommandDedupe.decode(stored)
+            if dedupe.command_digest != command.command_digest:
+                raise RequestMismatch(
+                    f"request id {command.request_id.hex()} was used for a different command"
+                )
+            return CommandOutcome(dedupe.commit_version, dedupe.recovery_lsn, dedupe.result, replayed=True)
+        self._check_fences(txn, command)
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        if command.read_version != clock:
+            raise ReadVersionStale(
+                f"command built at version {command.read_version}, shard is at {clock}",
+                expected=command.read_version,
+                current=clock,
+            )
+        for index, predicate in enumerate(command.predicates):
+            self._check(txn, index, predicate)
+        commit_version = clock + 1
+        tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+        lsn = tail.applied_lsn + 1
+        digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
+        written_history: set = set()
+        mutated = []
+
+        def write(tree: str, key: bytes, value: bytes | None) -> None:
+            db = self._family_dbs[tree]
+            old = txn.get(key, db=db)
+            history_key = family_keys.history_key(self._tags[tree], key, commit_version)
+            if history_key not in written_history:
+                # The first write of a key in a command records the value before the command.
+                written_history.add(history_key)
+                hvalue = HistoryValue(old).encode()
+                prior = txn.get(history_key, db=self._dbs[HISTORY_TREE])
+                txn.put(history_key, hvalue, db=self._dbs[HISTORY_TREE])
+                digests.change(HISTORY_TREE, history_key, prior, hvalue)
+            if value is None:
+                if old is not None:
+                    txn.delete(key, db=db)
+            else:
+                txn.put(key, value, db=db)
+            digests.change(tree, key, old, value)
+            mutated.append((tree, key))
+
+        for mutation in command.mutations:
+            if mutation.tree not in self._family_dbs:
+                raise InvalidInput(f"no metadata family tree {mutation.tree!r}")
+            write(mutation.tree, mutation.key, mutation.value if isinstance(mutation, Put) else None)
+        for sequence, event in enumerate(command.events):
+            key = family_keys.change_event_key(command.root_id, commit_version, sequence)
+            write("change_event", key, event)
+        write(
+            "command_dedupe",
+            dedupe_key,
+            family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn).encode(),
+        )
+        payload = _command_record(command, commit_version).encode()
+        chain = self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)
+        self._put_system(txn, SYS_CLOCK, CommitClock(commit_version))
+        self._put_system(txn, SYS_STATE_DIGEST, digests.record())
+        del chain
+        return CommandOutcome(commit_version, lsn, command.result, mutated=tuple(mutated))
+
+    def _append_outbox(self, txn, lsn, kind, commit_version, payload, tail) -> bytes:
+        rows, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
+        db = self._dbs[OUTBOX_TREE]
+        for key, value in rows:
+            if not txn.put(key, value, db=db, overwrite=False):
+                raise IntegrityError(f"recovery outbox already holds {key.hex()}")
+        self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
+        return chain
+
+    def _check_fences(self, txn, command: MetadataCommand) -> None:
+        raw = txn.get(family_keys.RootFenceKey(command.root_id).encode(), db=self._dbs["root_fence"])
+        if not command.fence_install:
+            if raw is None:
+                raise FenceError(f"root {command.root_id.hex()} has no fence on this shard")
+            fence = family_records.RootFence.decode(raw)
+            if fence.activation_state != RootActivationState.Active:
+                raise FenceError(f"root {command.root_id.hex()} fence is {fence.activation_state.name}")
+            if fence.logical_shard_id != self.logical_shard_id:
+                raise FenceError(f"root {command.root_id.hex()} is fenced to another logical shard")
+            if fence.placement_generation != command.placement_generation:
+                raise FenceError(
+                    f"placement generation {command.placement_generation} is not the fence's "
+                    f"{fence.placement_generation}"
+                )
+        epoch = self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
+        if command.owner_epoch != epoch:
+            raise OwnerFenced(f"owner epoch {command.owner_epoch} is not the shard's current {epoch}")
+
+    def _check(self, txn, index: int, predicate) -> None:
+        db = self._family_dbs.get(predicate.tree)
+        if db is None:
+            raise InvalidInput(f"predicate {index} names no metadata family tree {predicate.tree!r}")
+        raw = txn.get(predicate.key, db=db)
+        where = f"predicate {index} on {predicate.tree}"
+        if isinstance(predicate, Exists):
+            if raw is None:
+                raise PredicateFailed(f"{where}: the row does not exist", index=index)
+        elif isinstance(predicate, Absent):
+            if raw is not None:
+                raise PredicateFailed(f"{where}: the row exists", index=index)
+        elif isinstance(predicate, ValueEquals):
+            if raw != predicate.value:
+                raise PredicateFailed(f"{where}: the row differs", index=index)
+        elif isinstance(predicate, FieldEquals):
+            error = GenerationConflict if isinstance(predicate, Generation) else PredicateFailed
+            if raw is None:
+                raise error(f"{where}: the row does not exist", index=index)
+            actual = getattr(predicate.record.decode(raw), predicate.field)
+            if actual != predicate.expected:
+                raise error(
+                    f"{where}: {predicate.record.__name__}.{predicate.field} is {actual!r}, "
+                    f"expected {predicate.expected!r}",
+                    index=index,
+                )
+
+    @_lmdb_errors
+    def observe_lease_clock(self, unix_ms: int) -> int:
+        """Persist a lease-clock observation; the clock only moves forward. Returns the high water."""
+        with self._env.begin(write=True) as txn:
+            current = self._system(txn, SYS_LEASE_CLOCK, LeaseClock).high_water_unix_ms
+            if unix_ms <= current:
+                return current
+            tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+            clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+            payload = LeaseClockRecord(unix_ms).encode()
+            self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.LeaseClockObservation, clock, payload, tail)
+            self._put_system(txn, SYS_LEASE_CLOCK, LeaseClock(unix_ms))
+            return unix_ms
+
+    @_lmdb_errors
+    def advance_owner_epoch(self, new_epoch: int) -> int:
+        """Move physical ownership to `new_epoch` (strictly greater): older owners are fenced."""
+        with self._env.begin(write=True) as txn:
+            current = self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
+            if new_epoch <= current:
+                raise OwnerFenced(f"owner epoch {new_epoch} does not advance the current {current}")
+            tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+            clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+            payload = OwnerEpochRecord(new_epoch).encode()
+            self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.OwnerEpochAdvance, clock, payload, tail)
+            self._put_system(txn, SYS_OWNER, OwnerRecord(new_epoch))
+            return new_epoch
+
+
+def _command_record(command: MetadataCommand, commit_version: int) -> CommandRecord:
+    predicates = []
+    for p in command.predicates:
+        if isinstance(p, Exists):
+            predicates.append(PredicateRow(PredicateKind.Exists, p.tree, p.key, None, None, None, None))
+        elif isinstance(p, Absent):
+            predicates.append(PredicateRow(PredicateKind.Absent, p.tree, p.key, None, None, None, None))
+        elif isinstance(p, ValueEquals):
+            predicates.append(PredicateRow(PredicateKind.ValueEquals, p.tree, p.key, p.value, None, None, None))
+        else:
+            kind = (
+                PredicateKind.Generation
+                if isinstance(p, Generation)
+                else PredicateKind.State
+                if isinstance(p, State)
+                else PredicateKind.FieldEquals
+            )
+            predicates.append(
+                PredicateRow(kind, p.tree, p.key, None, p.record.__name__, p.field, p.expected_bytes())
+            )
+    mutations = tuple(
+        MutationRow(MutationKind.Put, m.tree, m.key, m.value)
+        if isinstance(m, Put)
+        else MutationRow(MutationKind.Delete, m.tree, m.key, None)
+        for m in command.mutations
+    )
+    return CommandRecord(
+        schema_id=command.schema_id,
+        root_id=command.root_id,
+        logical_shard_id=command.logical_shard_id,
+        placement_generation=command.placement_generation,
+        owner_epoch=command.owner_epoch,
+        request_id=command.request_id,
+        command_digest=command.command_digest,
+        read_version=command.read_version,
+        commit_version=commit_version,
+        fence_install=command.fence_install,
+        predicates=tuple(predicates),
+        mutations=mutations,
+        events=command.events,
+        result=command.result,
+    )
+
+
+def command_from_record(record: CommandRecord) -> MetadataCommand:
+    """Rebuild the exact MetadataCommand a logical outbox record describes (for replay)."""
+    from nokvfs.schema.codec import ALL_RECORDS
+
+    by_name = {r.__name__: r for r in ALL_RECORDS}
+    predicates = []
+    for row in record.predicates:
+        if row.kind == PredicateKind.Exists:
+            predicates.append(Exists(row.tree, row.key))
+        elif row.kind == PredicateKind.Absent:
+            predicates.append(Absent(row.tree, row.key))
+        elif row.kind == PredicateKind.ValueEquals:
+            predicates.append(ValueEquals(row.tree, row.key, row.value))
+        else:
+            rec = by_name.get(row.record_name)
+            if rec is None:
+                raise FormatError(f"outbox predicate names unknown record {row.record_name!r}")
+            codec = dict(rec.__codec_fields__)[row.field]
+            expected, end = codec.decode(row.expected, 0)
+            if end != len(row.expected):
+                raise FormatError("outbox predicate expected value has trailing bytes")
+            cls = {PredicateKind.Generation: Generation, PredicateKind.State: State}.get(row.kind, FieldEquals)
+            predicates.append(cls(row.tree, row.key, rec, row.field, expected))
+    mutations = [
+        Put(m.tree, m.key, m.value) if m.kind == MutationKind.Put else Delete(m.tree, m.key)
+        for m in record.mutations
+    ]
+    return MetadataCommand(
+        root_id=record.root_id,
+        logical_shard_id=record.logical_shard_id,
+        placement_generation=record.placement_generation,
+        owner_epoch=record.owner_epoch,
+        request_id=record.request_id,
+        read_version=record.read_version,
+        predicates=tuple(predicates),
+        mutations=tuple(mutations),
+        events=record.events,
+        result=record.result,
+        command_digest=record.command_digest,
+        schema_id=record.schema_id,
+        fence_install=record.fence_install,
+    )

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Engine benchmark: prints figures, asserts nothing about time.
+
+    python3 scripts/bench_engine.py [--dir DIR] [--reads N] [--commands N] [--descendants N]
+
+Figures: PathCurrent point reads/s, single-path put commands/s (each one LMDB write transaction
+with fsync, History, ChangeEvent, CommandDedupe and outbox rows), and the cost of one
+direct-child listing page of a directory with 10 children holding N descendants between them
+(cursor operations, which must be about twice the child count, never the descendant count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from nokvfs.engine.command import MetadataCommand, Put  # noqa: E402
+from nokvfs.engine.placement import PlacementStore, install_root_fence  # noqa: E402
+from nokvfs.engine.scan import list_children  # noqa: E402
+from nokvfs.engine.shard import Shard  # noqa: E402
+from nokvfs.schema import keys  # noqa: E402
+from nokvfs.schema.enums import RootPlacementLifecycle  # noqa: E402
+from nokvfs.schema.ids import new_id16  # noqa: E402
+from nokvfs.schema.records import PathEntry  # noqa: E402
+
+
+def entry(generation: int) -> PathEntry:
+    return PathEntry(
+        generation=generation,
+        artifact_revision_id=new_id16(),
+        logical_size=4096,
+        body_digest_uri="sha256:" + "ab" * 32,
+        manifest_digest_uri="sha256:" + "cd" * 32,
+        dependency_count=0,
+        dependency_depth=0,
+        content_type="application/octet-stream",
+        producer="bench",
+        manifest_id=new_id16(),
+        created_version=1,
+        modified_version=1,
+        typed_index_projection=(),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", help="where to build the shard (default: a temporary directory)")
+    parser.add_argument("--reads", type=int, default=200_000)
+    parser.add_argument("--commands", type=int, default=2_000)
+    parser.add_argument("--descendants", type=int, default=100_000)
+    args = parser.parse_args()
+    work = args.dir or tempfile.mkdtemp(prefix="nokvfs-bench-")
+    try:
+        shard = Shard.create(os.path.join(work, "shard"), new_id16())
+        placements = PlacementStore(os.path.join(work, "control"))
+        root_id, incarnation = new_id16(), new_id16()
+        placements.create(root_id, shard.logical_shard_id)
+        placement = placements.transition(root_id, RootPlacementLifecycle.Active, expected_generation=1)
+        install_root_fence(shard, root_id, placement)
+
+        def command(mutations):
+            return MetadataCommand(
+                root_id=root_id,
+                logical_shard_id=shard.logical_shard_id,
+                placement_generation=placement.placement_generation,
+                owner_epoch=shard.owner_epoch,
+                request_id=new_id16(),
+                read_version=shard.commit_version,
+                mutations=tuple(mutations),
+            )
+
+        # 1. single-path put commands/s
+        start = time.perf_counter()
+        for i in range(args.commands):
+            key = keys.path_current_key(root_id, incarnation, ("outputs", f"file-{i:06d}"))
+            shard.apply(command([Put("path_current", key, entry(1))]))
+        elapsed = time.perf_counter() - start
+        print(f"put commands:        {args.commands / elapsed:10.0f} commands/s  ({args.commands} single-path commands, fsync on)")
+
+        # 2. point reads/s of PathCurrent
+        read_keys = [keys.path_current_key(root_id, incarnation, ("outputs", f"file-{i:06d}")) for i in range(args.commands)]
+        with shard.read() as view:
+            start = time.perf_counter()
+            for i in range(args.reads):
+                raw = view.get("path_current", read_keys[i % len(read_keys)])
+                PathEntry.decode(raw)
+            elapsed = time.perf_counter() - start
+        print(f"point reads:         {args.reads / elapsed:10.0f} reads/s     (PathCurrent get + PathEntry decode)")
+
+        # 3. one listing page over N descendants under 10 children
+        per_child = args.descendants // 10
+        batch = 4_000
+        value = entry(1).encode()
+        for child in range(10):
+            for start_i in range(0, per_child, batch):
+                mutations = [
+                    Put("path_current", keys.path_current_key(root_id, incarnation, ("big", f"child-{child}", f"d{j // 100}", f"f{j}")), value)
+                    for j in range(start_i, min(per_child, start_i + batch))
+                ]
+                shard.apply(command(mutations))
+        prefix = keys.path_subtree_prefix(root_id, incarnation, ("big",))
+        with shard.read() as view:
+            start = time.perf_counter()
+            page = list_children(view, "path_current", prefix)
+            elapsed = time.perf_counter() - start
+        print(
+            f"listing page:        {len(page.items)} children over {per_child * 10} descendants in "
+            f"{elapsed * 1e3:.2f} ms, {page.cursor_ops} cursor operations"
+        )
+        size = sum(os.path.getsize(os.path.join(work, "shard", f)) for f in os.listdir(os.path.join(work, "shard")))
+        start = time.perf_counter()
+        shard.close()
+        Shard.open(os.path.join(work, "shard")).close()
+        print(f"reopen (full verify): {time.perf_counter() - start:9.2f} s      ({size / 1e6:.0f} MB shard, outbox chain + state digests)")
+        placements.close()
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
