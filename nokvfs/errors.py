@@ -161,3 +161,7 @@ class NotADirectory(InvalidInput):
 
 class IsADirectory(InvalidInput):
     """A file operation named a directory."""
+
+
+class KeyTooLong(InvalidInput):
+    """A key (usually a long path) exceeds what the storage engine can hold."""

@@ -225,3 +225,16 @@ def test_command_bounds_and_unknown_trees_are_refused(shard_env):
         shard_env.apply(mutations=[Put("history", K1, b"x")])
     with pytest.raises(InvalidInput, match="no metadata family"):
         shard_env.apply(mutations=[Put("inode_current", K1, b"x")])
+
+
+def test_a_key_beyond_the_engine_limit_is_refused_before_anything_is_written(shard_env):
+    from nokvfs.errors import KeyTooLong
+
+    limit = shard_env.shard.max_family_key_bytes
+    assert limit == 511 - 13
+    version = shard_env.shard.commit_version
+    with pytest.raises(KeyTooLong, match=f"limit of {limit} bytes"):
+        shard_env.apply(mutations=[Put("path_current", K1, b"\x02ok"), Put("path_current", b"k" * (limit + 1), b"\x02v")])
+    assert shard_env.shard.commit_version == version
+    shard_env.apply(mutations=[Put("path_current", b"k" * limit, b"\x02v")])
+    shard_env.reopen()

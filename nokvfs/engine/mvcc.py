@@ -29,8 +29,9 @@ def inverted(version: int) -> bytes:
 class ReadView:
     """One consistent LMDB read transaction, read at `version`. Not thread-safe; cheap to open."""
 
-    def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int):
+    def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int, floor: int = 0):
         self._txn = txn
+        self.floor = floor
         self._dbs = dbs
         self._tags = tags
         self._history = history_db
@@ -39,6 +40,20 @@ class ReadView:
         self.ops = 0  # cursor operations (seeks and steps), reported by benchmarks
         self._cursors: dict = {}
         self._groups: dict = {}
+
+    def at(self, version: int) -> "ReadView":
+        """A view of the same transaction at another retained version."""
+        from nokvfs.errors import HistoryNotRetained, ReadVersionStale
+
+        if version > self.current_version:
+            raise ReadVersionStale(
+                f"version {version} is newer than the shard's {self.current_version}",
+                expected=version,
+                current=self.current_version,
+            )
+        if version < self.floor:
+            raise HistoryNotRetained(f"version {version} is older than the history floor {self.floor}")
+        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor)
 
     @property
     def is_current(self) -> bool:

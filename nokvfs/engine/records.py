@@ -1,6 +1,6 @@
 """Records only the engine writes: System rows, History values and the recovery outbox framing.
 
-Declared with the same codec as the metadata families. docs/FORMAT.md lists their bytes.
+Declared with the same codec as the metadata families. the README's "Durable format" section lists their bytes.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The three write entrypoints the recovery outbox covers are `apply` (a MetadataCo
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import os
 import struct
 import time
@@ -37,7 +37,7 @@ from nokvfs.engine.command import (
     State,
     ValueEquals,
 )
-from nokvfs.engine.mvcc import ReadView, inverted
+from nokvfs.engine.mvcc import ReadView
 from nokvfs.engine.records import (
     SYS_CLOCK,
     SYS_HISTORY_FLOOR,
@@ -57,6 +57,8 @@ from nokvfs.engine.records import (
     LeaseClockRecord,
     MutationRow,
     OwnerEpochRecord,
+    OutboxChunk,
+    OutboxHeader,
     OwnerRecord,
     PredicateRow,
     RecoveryTail,
@@ -74,7 +76,9 @@ from nokvfs.errors import (
     HistoryNotRetained,
     IntegrityError,
     InvalidInput,
+    KeyTooLong,
     NotFound,
+    OutboxCorrupt,
     OwnerFenced,
     PredicateFailed,
     ReadVersionStale,
@@ -98,6 +102,7 @@ HISTORY_TREE = "history"
 OUTBOX_TREE = "recovery_outbox"
 RESERVED_TREES = (SYSTEM_TREE, HISTORY_TREE, OUTBOX_TREE)
 
+HISTORY_KEY_OVERHEAD = 1 + 4 + 8  # tag | u32 length | inverted commit version
 DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as it is used
 _DIGEST_MOD = 1 << 256
 _U32 = struct.Struct(">I")
@@ -171,6 +176,9 @@ class Shard:
             identity = ShardIdentity.decode(txn.get(SYS_SHARD, db=dbs[SYSTEM_TREE]))
         self.logical_shard_id = identity.logical_shard_id
         self._genesis = outbox.genesis_digest(self.logical_shard_id)
+        # LMDB's compiled key limit (511 in the python-lmdb build) bounds History keys, which
+        # add 13 bytes to a family key; so family keys are refused above this, before any write.
+        self.max_family_key_bytes = env.max_key_size() - HISTORY_KEY_OVERHEAD
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -391,21 +399,9 @@ class Shard:
         """A ReadView at `version` (default: the current commit version)."""
         with self._env.begin(buffers=False) as txn:
             current = self._system(txn, SYS_CLOCK, CommitClock).commit_version
-            if version is None:
-                version = current
-            elif version > current:
-                raise ReadVersionStale(
-                    f"read version {version} is newer than the shard's {current}",
-                    expected=version,
-                    current=current,
-                )
-            else:
-                floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
-                if version < floor:
-                    raise HistoryNotRetained(
-                        f"version {version} is older than the retained history floor {floor}"
-                    )
-            yield ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], version, current)
+            floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+            view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor)
+            yield view if version is None else view.at(version)
 
     def outbox_entries(self):
         """Every verified recovery-outbox entry in LSN order (for replication and tests)."""
@@ -445,6 +441,12 @@ class Shard:
             )
         for index, predicate in enumerate(command.predicates):
             self._check(txn, index, predicate)
+        for mutation in command.mutations:
+            if len(mutation.key) > self.max_family_key_bytes:
+                raise KeyTooLong(
+                    f"a {mutation.tree} key of {len(mutation.key)} bytes exceeds the engine's limit of "
+                    f"{self.max_family_key_bytes} bytes"
+                )
         commit_version = clock + 1
         tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
         lsn = tail.applied_lsn + 1
@@ -484,10 +486,9 @@ class Shard:
             family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn).encode(),
         )
         payload = _command_record(command, commit_version).encode()
-        chain = self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)
+        self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)
         self._put_system(txn, SYS_CLOCK, CommitClock(commit_version))
         self._put_system(txn, SYS_STATE_DIGEST, digests.record())
-        del chain
         return CommandOutcome(commit_version, lsn, command.result, mutated=tuple(mutated))
 
     def _append_outbox(self, txn, lsn, kind, commit_version, payload, tail) -> bytes:
@@ -572,6 +573,101 @@ class Shard:
             self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.OwnerEpochAdvance, clock, payload, tail)
             self._put_system(txn, SYS_OWNER, OwnerRecord(new_epoch))
             return new_epoch
+
+    # --- replication support (nokvfs.replicate) ------------------------------------------------
+    # Read-only helpers: a consistent compacted copy, and verified outbox ranges after a point.
+
+    @_lmdb_errors
+    def copy_to(self, path: str) -> "CopyPoint":
+        """Write a compacted copy of the environment into the empty directory `path`.
+
+        The copy runs inside one read transaction (`Environment.copy(compact=True, txn=...)`), so
+        writers are never blocked and the copy holds exactly the state that transaction saw; the
+        returned CopyPoint (recovery tail, commit version, owner epoch) is read in it too.
+        """
+        with self._env.begin() as txn:
+            tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+            point = CopyPoint(
+                applied_lsn=tail.applied_lsn,
+                chain_digest=tail.chain_digest,
+                commit_version=self._system(txn, SYS_CLOCK, CommitClock).commit_version,
+                owner_epoch=self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch,
+            )
+            self._env.copy(path, compact=True, txn=txn)
+        return point
+
+    @_lmdb_errors
+    def outbox_after(self, lsn: int, *, through_lsn: int | None = None, max_records: int | None = None,
+                     max_bytes: int | None = None):
+        """(chain digest after record `lsn`, the verified entries after it), in one read txn.
+
+        The digest is the genesis digest for `lsn` 0 and None when `lsn` is beyond the tail (then
+        there are no entries). Entries stop at `through_lsn`, after `max_records`, or once their
+        payloads exceed `max_bytes` (at least one entry is returned when there is one). Each entry
+        is verified like `outbox.iterate` does: framing, payload length and SHA-256, and the chain
+        from the digest at `lsn`; a failure is OutboxCorrupt.
+        """
+        import hashlib
+
+        db = self._dbs[OUTBOX_TREE]
+        with self._env.begin() as txn:
+            if lsn == 0:
+                previous = self._genesis
+            else:
+                raw = txn.get(outbox.header_key(lsn), db=db)
+                if raw is None:
+                    return None, []
+                previous = self._outbox_header(raw, lsn).chain_digest
+            digest_at_lsn = previous
+            entries, size, current = [], 0, lsn + 1
+            while through_lsn is None or current <= through_lsn:
+                if max_records is not None and len(entries) >= max_records:
+                    break
+                if max_bytes is not None and entries and size >= max_bytes:
+                    break
+                raw = txn.get(outbox.header_key(current), db=db)
+                if raw is None:
+                    break
+                header = self._outbox_header(raw, current)
+                parts = []
+                for index in range(header.chunk_count):
+                    chunk = txn.get(outbox.chunk_key(current, index), db=db)
+                    if chunk is None:
+                        raise OutboxCorrupt(f"outbox record {current} is missing chunk {index}")
+                    try:
+                        parts.append(OutboxChunk.decode(chunk).data)
+                    except FormatError as exc:
+                        raise OutboxCorrupt(f"outbox chunk {current}/{index} does not decode: {exc}") from None
+                payload = b"".join(parts)
+                if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
+                    raise OutboxCorrupt(f"outbox record {current}: payload differs from its header")
+                if header.previous_chain_digest != previous:
+                    raise OutboxCorrupt(f"outbox record {current}: previous chain digest does not follow")
+                digest = outbox.chain_digest(previous, current, header.record_kind, header.commit_version, payload)
+                if digest != header.chain_digest:
+                    raise OutboxCorrupt(f"outbox record {current}: chain digest does not verify")
+                entries.append(outbox.OutboxEntry(current, header, payload))
+                size += len(payload)
+                previous = digest
+                current += 1
+        return digest_at_lsn, entries
+
+    @staticmethod
+    def _outbox_header(raw: bytes, lsn: int) -> OutboxHeader:
+        try:
+            return OutboxHeader.decode(raw)
+        except FormatError as exc:
+            raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyPoint:
+    """What a `Shard.copy_to` copy holds: its recovery tail, commit version and owner epoch."""
+
+    applied_lsn: int
+    chain_digest: bytes
+    commit_version: int
+    owner_epoch: int
 
 
 def _command_record(command: MetadataCommand, commit_version: int) -> CommandRecord:

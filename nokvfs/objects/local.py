@@ -1,0 +1,671 @@
+"""The local-directory object store: the embedded default, and the store the tests run on.
+
+Layout under the root directory::
+
+    .nokv-store                   marker: this directory is a store (format and version)
+    .nokv-lock                    flock(2) target serialising every commit step
+    .nokv-multipart/<upload_id>/  staging of one multipart upload: upload.json, part-00001, ...
+    <key>                         one file per object, at its key path ("a/b/c" -> a/b/c)
+
+Object file format. Each object file is the object's bytes followed by a trailer::
+
+    body | json | u32_be(len(json)) | b"NOKVOBJ1"
+
+where json is ``{"etag":..., "metadata":{...}, "size":N, "v":1}`` (sorted keys, no blanks). The
+body starts at offset 0, so a ranged read is one pread; the etag (hex MD5 of the body) and the
+metadata live in the same file as the bytes, so one rename publishes all three at once and there
+is no sidecar to fall out of step. A trailer that does not parse, or whose size disagrees with the
+file, is IntegrityError naming the path.
+
+Writes. Bytes go to ``.nokv-tmp-<random>`` in the key's directory, are fsynced, and are then
+committed under the store lock: ``rename`` for a plain put, ``link`` (fails with EEXIST, so
+creation is atomic even against a writer that ignores the lock) then ``unlink`` of the temp for
+`if_none_match`, and etag check then ``rename`` for `if_match` (atomic because every commit takes
+the lock); then the directory is fsynced. A crash at any point leaves either the old object or the
+new one at the key, plus at worst a temp file that `list`, `get` and `head` never show and
+`remove_stale_temp_files` sweeps. New directories are fsynced into their parents.
+
+Keys whose components would make an object's path a directory of another object's path (``a`` and
+``a/b``) are valid S3 keys but cannot both exist here; the second is StoreError. Deleting an
+object prunes directories left empty, under the same lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import struct
+import time
+from collections.abc import Iterable, Iterator
+
+from nokvfs.errors import (
+    IntegrityError,
+    InvalidInput,
+    ObjectMissing,
+    PreconditionFailed,
+    StoreError,
+    StoreFull,
+)
+from nokvfs.objects.store import (
+    MIN_PART_SIZE,
+    ObjectInfo,
+    ObjectStore,
+    StoreStats,
+    check_conditions,
+    check_key,
+    check_metadata,
+    check_part_number,
+    check_parts,
+    check_prefix,
+    check_range,
+)
+from nokvfs.schema.ids import new_id16
+
+MARKER_NAME = ".nokv-store"
+LOCK_NAME = ".nokv-lock"
+MULTIPART_DIR = ".nokv-multipart"
+TMP_PREFIX = ".nokv-tmp-"
+RESERVED_PREFIX = ".nokv-"
+TRAILER_MAGIC = b"NOKVOBJ1"
+TRAILER_VERSION = 1
+_TRAILER_FIXED = 4 + len(TRAILER_MAGIC)
+_MAX_TRAILER_JSON = 16 * 1024
+_MARKER = {"format": "nokvfs-local-object-store", "version": 1}
+_UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
+_COPY_CHUNK = 1024 * 1024
+_MISSING_ERRNOS = (errno.ENOENT, errno.ENOTDIR)
+_NO_LINK_ERRNOS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV)
+
+
+def _store_error(exc: OSError, action: str, path: str) -> StoreError | InvalidInput:
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFull(f"no space left to {action} {path}: {reason}")
+    if exc.errno == errno.ENAMETOOLONG:
+        return InvalidInput(f"object key is too long for the local filesystem: {path}")
+    return StoreError(f"cannot {action} {path}: {reason} (errno {exc.errno})")
+
+
+@contextlib.contextmanager
+def _io(action: str, path: str):
+    """Translate OSError into StoreFull / StoreError naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise _store_error(exc, action, path) from exc
+
+
+def _fsync_dir(path: str) -> None:
+    with _io("fsync directory", path):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _pread_exact(fd: int, length: int, offset: int, path: str) -> bytes:
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            raise IntegrityError(f"object file {path} ended early")
+        chunks.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _encode_trailer(etag: str, size: int, metadata: dict[str, str]) -> bytes:
+    body = json.dumps(
+        {"etag": etag, "metadata": metadata, "size": size, "v": TRAILER_VERSION},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    ).encode("ascii")
+    return body + struct.pack(">I", len(body)) + TRAILER_MAGIC
+
+
+class LocalStore(ObjectStore):
+    """Objects as files under `root` (see the module docstring for the layout and guarantees).
+
+    With ``create=True`` a missing or empty directory is initialised as a store; a non-empty
+    directory without the marker is refused either way, so a mistyped path never scatters
+    objects into an unrelated tree.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, create: bool = True):
+        root = os.path.abspath(os.fspath(root))
+        self.root = root
+        self.url = "file://" + root
+        self._lock_path = os.path.join(root, LOCK_NAME)
+        self._multipart_root = os.path.join(root, MULTIPART_DIR)
+        self._open_root(create)
+        self._remove_multipart_trash()
+
+    # --- opening ------------------------------------------------------------------------------
+
+    def _open_root(self, create: bool) -> None:
+        marker = os.path.join(self.root, MARKER_NAME)
+        with _io("open object store", self.root):
+            try:
+                with open(marker, "rb") as f:
+                    found = f.read(4096)
+            except FileNotFoundError:
+                found = None
+        if found is not None:
+            try:
+                parsed = json.loads(found)
+            except ValueError:
+                parsed = None
+            if parsed != _MARKER:
+                raise StoreError(f"{marker} is not a nokvfs local store marker of version {_MARKER['version']}")
+            return
+        if not create:
+            raise StoreError(f"{self.root} is not a nokvfs local object store (no {MARKER_NAME})")
+        with _io("create object store", self.root):
+            os.makedirs(self.root, exist_ok=True)
+            foreign = [name for name in os.listdir(self.root) if not name.startswith(RESERVED_PREFIX)]
+        if foreign:
+            raise StoreError(f"refusing to make a non-empty directory an object store: {self.root}")
+        data = json.dumps(_MARKER, sort_keys=True).encode() + b"\n"
+        tmp = self._write_small_temp(self.root, data)
+        with _io("create object store marker", marker):
+            os.replace(tmp, marker)
+        _fsync_dir(self.root)
+        _fsync_dir(os.path.dirname(self.root))
+
+    def _remove_multipart_trash(self) -> None:
+        # Trash directories were renamed away under the lock; nobody can be using them.
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self._multipart_root):
+                if name.startswith("trash-"):
+                    shutil.rmtree(os.path.join(self._multipart_root, name), ignore_errors=True)
+
+    # --- paths and locking --------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The store-wide commit lock: flock(2) on a fresh descriptor, so it excludes other
+        threads of this process as well as other processes."""
+        with _io("lock object store", self._lock_path):
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            with _io("lock object store", self._lock_path):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _ensure_dir(self, directory: str) -> None:
+        """Create `directory` and missing parents, each fsynced into its parent."""
+        if directory == self.root or os.path.isdir(directory):
+            return
+        parent = os.path.dirname(directory)
+        self._ensure_dir(parent)
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise StoreError(f"an object already exists where a key directory is needed: {directory}") from None
+            return
+        except NotADirectoryError:
+            raise StoreError(f"an object already exists where a key directory is needed: {parent}") from None
+        except OSError as exc:
+            raise _store_error(exc, "create directory", directory) from exc
+        _fsync_dir(parent)
+
+    def _create_temp(self, directory: str) -> tuple[int, str]:
+        """An exclusive new temp file in `directory`, recreating the directory if a concurrent
+        delete pruned it in between."""
+        for _ in range(16):
+            self._ensure_dir(directory)
+            path = os.path.join(directory, TMP_PREFIX + os.urandom(8).hex())
+            try:
+                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), path
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _store_error(exc, "create temp file in", directory) from exc
+        raise StoreError(f"directory {directory} keeps disappearing while writing")
+
+    def _write_small_temp(self, directory: str, data: bytes) -> str:
+        fd, path = self._create_temp(directory)
+        try:
+            with _io("write", path):
+                _write_all(fd, data)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        os.close(fd)
+        return path
+
+    def _write_temp(self, directory: str, chunks: Iterable[bytes], metadata: dict[str, str]) -> tuple[str, str, int]:
+        """Write body chunks and the trailer to a fsynced temp file: (path, etag, size)."""
+        fd, path = self._create_temp(directory)
+        try:
+            md5 = hashlib.md5(usedforsecurity=False)
+            size = 0
+            with _io("write", path):
+                for chunk in chunks:
+                    md5.update(chunk)
+                    size += len(chunk)
+                    _write_all(fd, chunk)
+                etag = md5.hexdigest()
+                _write_all(fd, _encode_trailer(etag, size, metadata))
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        with _io("close", path):
+            os.close(fd)
+        return path, etag, size
+
+    def _commit(self, tmp: str, final: str, key: str, if_none_match: bool, if_match: str | None) -> None:
+        """Publish `tmp` at `final` under the lock, honouring the write condition, then fsync."""
+        directory = os.path.dirname(final)
+        try:
+            with self._locked():
+                if if_none_match:
+                    self._link_new(tmp, final, key)
+                else:
+                    if if_match is not None:
+                        current = self._info_at(final, key)
+                        if current is None:
+                            raise PreconditionFailed(f"if_match {if_match}: object {key} is absent")
+                        if current.etag != if_match:
+                            raise PreconditionFailed(f"if_match {if_match}: object {key} has etag {current.etag}")
+                    if os.path.isdir(final):
+                        raise StoreError(f"a key directory already exists where object {key} belongs: {final}")
+                    with _io("rename into", final):
+                        os.replace(tmp, final)
+                _fsync_dir(directory)
+        finally:
+            _unlink_quietly(tmp)
+
+    def _link_new(self, tmp: str, final: str, key: str) -> None:
+        try:
+            os.link(tmp, final, follow_symlinks=False)
+        except FileExistsError:
+            if os.path.isdir(final):
+                raise StoreError(f"a key directory already exists where object {key} belongs: {final}") from None
+            raise PreconditionFailed(f"if_none_match: object {key} already exists") from None
+        except OSError as exc:
+            if exc.errno not in _NO_LINK_ERRNOS:
+                raise _store_error(exc, "link into", final) from exc
+            # No hard links on this filesystem: the lock we hold makes check-then-rename atomic
+            # against every LocalStore writer.
+            if os.path.lexists(final):
+                raise PreconditionFailed(f"if_none_match: object {key} already exists") from None
+            with _io("rename into", final):
+                os.replace(tmp, final)
+            return
+        with _io("remove temp file", tmp):
+            os.unlink(tmp)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _open_object(self, path: str) -> int | None:
+        """A read descriptor on the object file at `path`, or None if there is no object."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno in _MISSING_ERRNOS or exc.errno == errno.ELOOP:
+                return None
+            raise _store_error(exc, "open", path) from exc
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as exc:
+            os.close(fd)
+            raise _store_error(exc, "stat", path) from exc
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def _read_trailer(self, fd: int, path: str, key: str) -> ObjectInfo:
+        with _io("read", path):
+            file_size = os.fstat(fd).st_size
+            if file_size < _TRAILER_FIXED:
+                raise IntegrityError(f"object file {path} is too short to hold its trailer")
+            tail_len = min(file_size, _TRAILER_FIXED + _MAX_TRAILER_JSON)
+            tail = _pread_exact(fd, tail_len, file_size - tail_len, path)
+        if tail[-len(TRAILER_MAGIC):] != TRAILER_MAGIC:
+            raise IntegrityError(f"object file {path} has no nokvfs trailer")
+        (json_len,) = struct.unpack(">I", tail[-_TRAILER_FIXED : -len(TRAILER_MAGIC)])
+        if json_len > tail_len - _TRAILER_FIXED:
+            raise IntegrityError(f"object file {path} has a trailer longer than the file")
+        try:
+            fields = json.loads(tail[-_TRAILER_FIXED - json_len : -_TRAILER_FIXED])
+            etag, size, metadata, version = fields["etag"], fields["size"], fields["metadata"], fields["v"]
+        except (ValueError, KeyError, TypeError):
+            raise IntegrityError(f"object file {path} has a malformed trailer") from None
+        if (
+            version != TRAILER_VERSION
+            or not isinstance(etag, str)
+            or not isinstance(size, int)
+            or not isinstance(metadata, dict)
+            or size != file_size - json_len - _TRAILER_FIXED
+        ):
+            raise IntegrityError(f"object file {path} has a trailer that disagrees with the file")
+        return ObjectInfo(key=key, size=size, etag=etag, metadata=metadata)
+
+    def _info_at(self, path: str, key: str) -> ObjectInfo | None:
+        fd = self._open_object(path)
+        if fd is None:
+            return None
+        try:
+            return self._read_trailer(fd, path, key)
+        finally:
+            os.close(fd)
+
+    # --- the interface ------------------------------------------------------------------------
+
+    def put(self, key, data, *, if_none_match=False, if_match=None, metadata=None) -> str:
+        final = self._path(key)
+        check_conditions(if_none_match, if_match)
+        metadata = check_metadata(metadata)
+        tmp, etag, _ = self._write_temp(os.path.dirname(final), [_byte_view(data)], metadata)
+        self._commit(tmp, final, key, if_none_match, if_match)
+        return etag
+
+    def put_file(self, key, path, *, if_none_match=False, if_match=None, metadata=None, on_multipart=None) -> str:
+        # One streamed pass whatever the size: the local store never needs parts, so
+        # `on_multipart` is never called.
+        final = self._path(key)
+        check_conditions(if_none_match, if_match)
+        metadata = check_metadata(metadata)
+        source = os.fspath(path)
+        with _io("open source file", source):
+            f = open(source, "rb")
+        with f:
+            tmp, etag, _ = self._write_temp(os.path.dirname(final), _chunks(f, source), metadata)
+        self._commit(tmp, final, key, if_none_match, if_match)
+        return etag
+
+    def get(self, key, start=0, length=None) -> bytes:
+        path = self._path(key)
+        check_range(start, length)
+        fd = self._open_object(path)
+        if fd is None:
+            raise ObjectMissing(f"object {key} is absent from {self.url}")
+        try:
+            size = self._read_trailer(fd, path, key).size
+            if start > size:
+                raise InvalidInput(f"range start {start} is beyond the end of {key} ({size} bytes)")
+            end = size if length is None else min(size, start + length)
+            with _io("read", path):
+                return _pread_exact(fd, end - start, start, path)
+        finally:
+            os.close(fd)
+
+    def head(self, key) -> ObjectInfo | None:
+        return self._info_at(self._path(key), key)
+
+    def delete(self, key) -> None:
+        final = self._path(key)
+        with self._locked():
+            try:
+                os.unlink(final)
+            except OSError as exc:
+                if exc.errno in _MISSING_ERRNOS or exc.errno == errno.EISDIR:
+                    return
+                raise _store_error(exc, "delete", final) from exc
+            # Prune directories the delete left empty; rmdir refuses a non-empty one (including
+            # one holding a concurrent writer's temp file), which ends the walk.
+            directory = os.path.dirname(final)
+            while directory != self.root:
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    break
+                directory = os.path.dirname(directory)
+            _fsync_dir(directory)
+
+    def list(self, prefix="") -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        base = prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
+        start_dir = os.path.join(self.root, *base.split("/")[:-1]) if base else self.root
+        return self._walk(start_dir, base, prefix)
+
+    def _walk(self, directory: str, dir_key: str, prefix: str) -> Iterator[ObjectInfo]:
+        try:
+            with os.scandir(directory) as it:
+                entries = []
+                for entry in it:
+                    if entry.name.startswith(RESERVED_PREFIX):
+                        continue
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    if not is_dir and not entry.is_file(follow_symlinks=False):
+                        continue
+                    entries.append((entry.name + "/" if is_dir else entry.name, entry.path, is_dir))
+        except OSError as exc:
+            if exc.errno in _MISSING_ERRNOS:
+                return
+            raise _store_error(exc, "list", directory) from exc
+        # Sorting a directory as "name/" yields keys in exact byte order, as S3 lists them.
+        for sort_name, path, is_dir in sorted(entries):
+            key = dir_key + sort_name
+            if is_dir:
+                if key.startswith(prefix) or prefix.startswith(key):
+                    yield from self._walk(path, key, prefix)
+            elif key.startswith(prefix):
+                info = self._info_at(path, key)
+                if info is not None:
+                    yield ObjectInfo(key=key, size=info.size, etag=info.etag)
+
+    def statfs(self) -> StoreStats:
+        """Figures of the filesystem holding the store (as df(1) reports them)."""
+        with _io("statfs", self.root):
+            st = os.statvfs(self.root)
+        return StoreStats(
+            total_bytes=st.f_blocks * st.f_frsize,
+            free_bytes=st.f_bavail * st.f_frsize,
+            used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
+        )
+
+    # --- multipart ----------------------------------------------------------------------------
+
+    def _upload_dir(self, upload_id: str) -> str:
+        if not isinstance(upload_id, str) or not _UPLOAD_ID.fullmatch(upload_id):
+            raise ObjectMissing(f"no multipart upload {upload_id!r} in {self.url}")
+        return os.path.join(self._multipart_root, upload_id)
+
+    def _load_upload(self, key: str, upload_id: str) -> tuple[str, dict[str, str]]:
+        directory = self._upload_dir(upload_id)
+        manifest = os.path.join(directory, "upload.json")
+        try:
+            with open(manifest, "rb") as f:
+                fields = json.loads(f.read())
+        except OSError as exc:
+            if exc.errno in _MISSING_ERRNOS:
+                raise ObjectMissing(f"no multipart upload {upload_id} in {self.url}") from None
+            raise _store_error(exc, "read", manifest) from exc
+        except ValueError:
+            raise IntegrityError(f"multipart manifest {manifest} is malformed") from None
+        if fields.get("key") != key:
+            raise ObjectMissing(f"multipart upload {upload_id} is not an upload to {key}")
+        return directory, fields.get("metadata") or {}
+
+    def create_multipart(self, key, *, metadata=None) -> str:
+        check_key(key)
+        metadata = check_metadata(metadata)
+        upload_id = new_id16().hex()
+        directory = os.path.join(self._multipart_root, upload_id)
+        self._ensure_dir(self._multipart_root)
+        with _io("create multipart staging", directory):
+            os.mkdir(directory, 0o755)
+        data = json.dumps({"key": key, "metadata": metadata}, sort_keys=True).encode()
+        tmp = self._write_small_temp(directory, data)
+        with _io("create multipart manifest in", directory):
+            os.replace(tmp, os.path.join(directory, "upload.json"))
+        _fsync_dir(directory)
+        _fsync_dir(self._multipart_root)
+        return upload_id
+
+    def upload_part(self, key, upload_id, part_number, data) -> str:
+        check_key(key)
+        check_part_number(part_number)
+        data = _byte_view(data)
+        directory, _ = self._load_upload(key, upload_id)
+        part = os.path.join(directory, f"part-{part_number:05d}")
+        tmp = os.path.join(directory, TMP_PREFIX + os.urandom(8).hex())
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            raise ObjectMissing(f"multipart upload {upload_id} was aborted") from None
+        except OSError as exc:
+            raise _store_error(exc, "write part in", directory) from exc
+        try:
+            try:
+                with _io("write", part):
+                    _write_all(fd, data)
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.replace(tmp, part)
+            except FileNotFoundError:
+                raise ObjectMissing(f"multipart upload {upload_id} was aborted") from None
+            except OSError as exc:
+                raise _store_error(exc, "write part", part) from exc
+        finally:
+            _unlink_quietly(tmp)
+        _fsync_dir(directory)
+        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+    def complete_multipart(self, key, upload_id, parts, *, if_none_match=False) -> str:
+        final = self._path(key)
+        parts = check_parts(parts)
+        directory, metadata = self._load_upload(key, upload_id)
+        paths = []
+        for position, (part_number, _) in enumerate(parts):
+            part = os.path.join(directory, f"part-{part_number:05d}")
+            try:
+                size = os.stat(part).st_size
+            except FileNotFoundError:
+                raise InvalidInput(f"part {part_number} of upload {upload_id} was never uploaded") from None
+            except OSError as exc:
+                raise _store_error(exc, "stat", part) from exc
+            if size < MIN_PART_SIZE and position != len(parts) - 1:
+                raise InvalidInput(f"part {part_number} is {size} bytes; all but the last must be >= {MIN_PART_SIZE}")
+            paths.append(part)
+        tmp, etag, _ = self._write_temp(os.path.dirname(final), _verified_parts(parts, paths), metadata)
+        try:
+            with self._locked():
+                # Abort renames the staging away under this lock, so complete and abort are
+                # mutually exclusive: exactly one of them takes effect.
+                if not os.path.exists(os.path.join(directory, "upload.json")):
+                    raise ObjectMissing(f"multipart upload {upload_id} was aborted")
+                if if_none_match:
+                    self._link_new(tmp, final, key)
+                else:
+                    if os.path.isdir(final):
+                        raise StoreError(f"a key directory already exists where object {key} belongs: {final}")
+                    with _io("rename into", final):
+                        os.replace(tmp, final)
+                _fsync_dir(os.path.dirname(final))
+                trash = self._trash_upload(directory)
+        finally:
+            _unlink_quietly(tmp)
+        shutil.rmtree(trash, ignore_errors=True)
+        return etag
+
+    def abort_multipart(self, key, upload_id) -> None:
+        check_key(key)
+        try:
+            directory, _ = self._load_upload(key, upload_id)
+        except ObjectMissing:
+            return
+        with self._locked():
+            if not os.path.exists(directory):
+                return
+            trash = self._trash_upload(directory)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _trash_upload(self, directory: str) -> str:
+        trash = os.path.join(self._multipart_root, f"trash-{os.path.basename(directory)}-{os.urandom(4).hex()}")
+        with _io("retire multipart staging", directory):
+            os.rename(directory, trash)
+        _fsync_dir(self._multipart_root)
+        return trash
+
+    # --- maintenance --------------------------------------------------------------------------
+
+    def remove_stale_temp_files(self, older_than_seconds: float = 24 * 3600) -> int:
+        """Delete temp files a crashed writer left behind; return how many. Safe while writers
+        run as long as no write takes longer than `older_than_seconds`."""
+        cutoff = time.time() - older_than_seconds
+        removed = 0
+        for directory, dirs, files in os.walk(self.root):
+            if directory == self.root:
+                dirs[:] = [d for d in dirs if not d.startswith(RESERVED_PREFIX)]
+            for name in files:
+                if name.startswith(TMP_PREFIX):
+                    path = os.path.join(directory, name)
+                    with contextlib.suppress(OSError):
+                        if os.lstat(path).st_mtime < cutoff:
+                            os.unlink(path)
+                            removed += 1
+        return removed
+
+    def close(self) -> None:
+        """Nothing is held open between calls."""
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
+
+
+def _chunks(f, path: str) -> Iterator[bytes]:
+    while True:
+        with _io("read source file", path):
+            chunk = f.read(_COPY_CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _verified_parts(parts: list[tuple[int, str]], paths: list[str]) -> Iterator[bytes]:
+    """The bytes of each part in order, checking each against the etag the caller recorded."""
+    for (part_number, etag), path in zip(parts, paths):
+        md5 = hashlib.md5(usedforsecurity=False)
+        with _io("read part", path):
+            f = open(path, "rb")
+        with f:
+            for chunk in _chunks(f, path):
+                md5.update(chunk)
+                yield chunk
+        if md5.hexdigest() != etag:
+            raise InvalidInput(f"part {part_number} has etag {md5.hexdigest()}, not the recorded {etag}")
+
+
+def _byte_view(data) -> memoryview:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidInput(f"object data must be bytes, got {type(data).__name__}")
+    return memoryview(data).cast("B")
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

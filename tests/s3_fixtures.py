@@ -1,0 +1,239 @@
+"""Fixtures for S3 tests: a real S3 wire endpoint on loopback (moto's server), and misbehaving
+loopback servers. Nothing here ever talks to a non-loopback address.
+
+Use from a test module with ``pytest_plugins = ["tests.s3_fixtures"]``.
+
+The moto server runs in this process on 127.0.0.1 with dummy credentials set in the environment
+(and every other AWS configuration source pointed at /dev/null) for the whole session. Requests
+are serialised through one lock: moto evaluates If-None-Match / If-Match and then stores the
+object in separate steps, so two concurrent conditional PUTs could both pass their checks; real
+S3 decides them atomically, and the lock gives the emulator that same guarantee.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import uuid
+
+import boto3
+import pytest
+
+_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+_CLEARED_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _serialised_moto_server():
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from moto.server import ThreadedMotoServer
+    from werkzeug.serving import make_server
+
+    class SerialisedMotoServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            lock = threading.Lock()
+
+            def serialised(environ, start_response):
+                with lock:
+                    return list(app(environ, start_response))
+
+            self._server = make_server(self._ip_address, self._port, serialised, True)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return SerialisedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def aws_test_env():
+    """Dummy credentials and no real AWS configuration, restored afterwards."""
+    saved = {name: os.environ.get(name) for name in (*_TEST_ENV, *_CLEARED_ENV)}
+    for name in _CLEARED_ENV:
+        os.environ.pop(name, None)
+    os.environ.update(_TEST_ENV)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(aws_test_env):
+    """``http://127.0.0.1:<port>`` of a moto S3 server running for the session."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = _serialised_moto_server()
+    server.start()
+    host, port = server.get_host_and_port()
+    assert host == "127.0.0.1"
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint):
+    """A fresh, empty bucket with a valid DNS name."""
+    name = f"nokv-test-{uuid.uuid4().hex[:20]}"
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    yield name
+    client.close()
+
+
+@pytest.fixture
+def s3_client(s3_endpoint):
+    """A plain boto3 client on the loopback server, for looking behind a store's back."""
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def closed_loopback_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SilentServer:
+    """Accepts TCP connections on 127.0.0.1, reads whatever arrives, never answers.
+
+    `connections` counts accepted connections: a client opens a fresh one for every attempt
+    after a timed-out one, so it counts attempts.
+    """
+
+    def __init__(self):
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = self._listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.connections = 0
+        self.received = bytearray()
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._run, name="silent-s3", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            readable, _, _ = select.select([self._listener, *self._sockets], [], [], 0.05)
+            for sock in readable:
+                if sock is self._listener:
+                    conn, _ = self._listener.accept()
+                    self.connections += 1
+                    self._sockets.append(conn)
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                if data:
+                    self.received += data
+                else:
+                    self._sockets.remove(sock)
+                    sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock in self._sockets:
+            sock.close()
+        self._listener.close()
+
+
+@pytest.fixture
+def silent_server():
+    server = SilentServer()
+    yield server
+    server.close()
+
+
+class ScriptedS3Server:
+    """An HTTP server on 127.0.0.1 that answers each request with the next scripted response.
+
+    A response is ``(status, error_code)``; an error code of None means success (an empty body
+    with an ETag). When the script runs out, every request succeeds. `requests` records the
+    (method, path, headers) of what arrived, so a test can count attempts and inspect headers.
+    """
+
+    def __init__(self, script=()):
+        import http.server
+
+        self.script = list(script)
+        self.requests: list[tuple[str, str, dict]] = []
+        lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with lock:
+                    server.requests.append((self.command, self.path, dict(self.headers)))
+                    status, code = server.script.pop(0) if server.script else (200, None)
+                if code is None:
+                    body = b""
+                    self.send_response(status)
+                    self.send_header("ETag", '"0123456789abcdef0123456789abcdef"')
+                else:
+                    body = (
+                        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                        f"<Message>scripted {code}</Message></Error>"
+                    ).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _answer
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="scripted-s3", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def scripted_server(aws_test_env):
+    server = ScriptedS3Server()
+    yield server
+    server.close()

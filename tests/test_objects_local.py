@@ -1,0 +1,364 @@
+"""The local-directory object store: the shared contract, plus what only a directory can show
+(crash atomicity, a real full filesystem, the on-disk layout), and the physical key scheme."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nokvfs.errors import IdInvalid, IntegrityError, InvalidInput, ObjectMissing, StoreError, StoreFull
+from nokvfs.objects.keys import (
+    artifact_block_key,
+    artifact_revision_prefix,
+    parse_artifact_block_key,
+    parse_sha256_uri,
+    sha256_uri,
+    sha256_uri_of,
+)
+from nokvfs.objects.local import LocalStore
+from nokvfs.objects.store import open_store
+
+pytest.register_assert_rewrite("tests.object_store_contract")
+from tests.object_store_contract import *  # noqa: E402,F401,F403 - the shared behaviour tests
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def store(tmp_path):
+    with LocalStore(tmp_path / "store") as s:
+        yield s
+
+
+@pytest.fixture
+def other_store(store):
+    with LocalStore(store.root) as s:
+        yield s
+
+
+def _files_under(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files)
+
+
+def _temp_files(root):
+    return [f for f in _files_under(root) if os.path.basename(f).startswith(".nokv-tmp-")]
+
+
+# --- layout -----------------------------------------------------------------------------------
+
+
+def test_object_is_a_file_at_its_key_path_with_the_body_first(store):
+    body = b"block bytes" * 100
+    store.put("nokv/artifacts/x/blocks/0000000000000000", body)
+    path = os.path.join(store.root, "nokv", "artifacts", "x", "blocks", "0000000000000000")
+    with open(path, "rb") as f:
+        assert f.read(len(body)) == body
+    assert _files_under(store.root) == [".nokv-lock", ".nokv-store", "nokv/artifacts/x/blocks/0000000000000000"]
+
+
+def test_delete_prunes_directories_it_left_empty(store):
+    store.put("a/b/c/d", b"1")
+    store.put("a/x", b"2")
+    store.delete("a/b/c/d")
+    assert not os.path.exists(os.path.join(store.root, "a", "b"))
+    assert os.path.isdir(os.path.join(store.root, "a"))
+    store.delete("a/x")
+    assert not os.path.exists(os.path.join(store.root, "a"))
+    assert os.path.isdir(store.root)
+
+
+def test_key_that_would_nest_under_an_object_is_a_store_error(store):
+    store.put("n/leaf", b"1")
+    with pytest.raises(StoreError):
+        store.put("n/leaf/child", b"2")
+    store.put("m/dir/child", b"3")
+    with pytest.raises(StoreError):
+        store.put("m/dir", b"4")
+    assert store.head("m/dir") is None
+    with pytest.raises(ObjectMissing):
+        store.get("m/dir")
+    store.delete("m/dir")  # a directory is not an object: nothing to delete
+    assert store.get("m/dir/child") == b"3"
+    assert _temp_files(store.root) == []
+
+
+def test_corrupt_object_file_is_an_integrity_error_naming_the_path(store):
+    store.put("c/obj", b"x" * 100)
+    path = os.path.join(store.root, "c", "obj")
+    with open(path, "r+b") as f:
+        f.truncate(50)
+    with pytest.raises(IntegrityError, match="c/obj"):
+        store.get("c/obj")
+    with pytest.raises(IntegrityError):
+        store.head("c/obj")
+    with open(path, "wb") as f:
+        f.write(b"not an object file at all")
+    with pytest.raises(IntegrityError):
+        store.get("c/obj")
+
+
+def test_list_never_shows_temp_or_internal_files(store):
+    store.put("l/a", b"1")
+    upload_id = store.create_multipart("l/b")
+    store.upload_part("l/b", upload_id, 1, b"x")
+    with open(os.path.join(store.root, "l", ".nokv-tmp-deadbeef"), "wb") as f:
+        f.write(b"partial")
+    assert [i.key for i in store.list("")] == ["l/a"]
+
+
+# --- crash atomicity --------------------------------------------------------------------------
+
+
+def test_temp_file_never_renamed_leaves_no_object_at_the_key(store):
+    directory = os.path.join(store.root, "t")
+    store._ensure_dir(directory)
+    tmp, _, _ = store._write_temp(directory, [b"half of a block"], {})  # the write, never committed
+    assert os.path.exists(tmp)
+    with pytest.raises(ObjectMissing):
+        store.get("t/obj")
+    assert store.head("t/obj") is None
+    assert list(store.list("")) == []
+    assert store.remove_stale_temp_files(older_than_seconds=0) == 1
+    assert _temp_files(store.root) == []
+
+
+def _crash_during_put(root, key, data):
+    """Run a put in a child process that dies the instant before the temp file is published."""
+    code = f"""
+import os, sys
+sys.path.insert(0, {REPO!r})
+from nokvfs.objects.local import LocalStore
+store = LocalStore({str(root)!r})
+real_replace = os.replace
+def crash_on_publish(src, dst, *args, **kwargs):
+    if os.path.basename(src).startswith(".nokv-tmp-"):
+        os._exit(17)
+    return real_replace(src, dst, *args, **kwargs)
+os.replace = crash_on_publish
+os.link = lambda *args, **kwargs: os._exit(17)
+store.put({key!r}, {data!r})
+"""
+    return subprocess.run([sys.executable, "-c", code], timeout=60).returncode
+
+
+def test_crash_before_rename_leaves_no_partial_new_object(store):
+    assert _crash_during_put(store.root, "crash/new", b"z" * 100_000) == 17
+    assert len(_temp_files(store.root)) == 1  # the child really wrote, then died
+    with pytest.raises(ObjectMissing):
+        store.get("crash/new")
+    assert list(store.list("")) == []
+
+
+def test_crash_before_rename_keeps_the_old_object_whole(store):
+    store.put("crash/old", b"old version")
+    assert _crash_during_put(store.root, "crash/old", b"new version" * 1000) == 17
+    assert store.get("crash/old") == b"old version"
+    assert [i.key for i in store.list("")] == ["crash/old"]
+
+
+# --- disk failures ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A real 1 MiB tmpfs (needs root); unmounted afterwards whatever happens."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+def test_full_disk_is_store_full_and_leaves_nothing_behind(tiny_fs, tmp_path):
+    store = LocalStore(tiny_fs / "store")
+    store.put("keep/small", b"precious")
+    with pytest.raises(StoreFull):
+        store.put("big/obj", os.urandom(2 * 1024 * 1024))
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(2 * 1024 * 1024))
+    with pytest.raises(StoreFull):
+        store.put_file("big/file", big)
+    upload_id = store.create_multipart("big/mp")
+    with pytest.raises(StoreFull):
+        store.upload_part("big/mp", upload_id, 1, os.urandom(2 * 1024 * 1024))
+    store.abort_multipart("big/mp", upload_id)
+    assert _temp_files(store.root) == []
+    assert [i.key for i in store.list("")] == ["keep/small"]
+    assert store.get("keep/small") == b"precious"
+    store.put("after/full", b"fits again")  # the failed writes released their space
+    assert store.get("after/full") == b"fits again"
+    stats = store.statfs()
+    assert stats.total_bytes == 1024 * 1024 and 0 <= stats.free_bytes <= stats.total_bytes
+
+
+def test_io_error_is_store_error_naming_the_path(store, monkeypatch):
+    def failing_fsync(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(StoreError, match="Input/output error") as caught:
+        store.put("eio/obj", b"x")
+    assert not isinstance(caught.value, StoreFull)
+    assert store.root in str(caught.value)
+    monkeypatch.undo()
+    assert _temp_files(store.root) == []
+    assert store.head("eio/obj") is None
+
+
+def test_read_io_error_is_store_error(store, monkeypatch):
+    store.put("eio/read", b"abc")
+
+    def failing_pread(fd, n, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", failing_pread)
+    with pytest.raises(StoreError, match="eio/read"):
+        store.get("eio/read")
+
+
+# --- opening ----------------------------------------------------------------------------------
+
+
+def test_reopening_a_store_sees_its_objects(store):
+    store.put("persist/x", b"kept")
+    assert LocalStore(store.root, create=False).get("persist/x") == b"kept"
+
+
+def test_a_foreign_non_empty_directory_is_never_made_a_store(tmp_path):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="non-empty"):
+        LocalStore(tmp_path / "home")
+    with pytest.raises(StoreError):
+        LocalStore(tmp_path / "missing", create=False)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / ".nokv-store").write_text("{}")
+    with pytest.raises(StoreError, match="marker"):
+        LocalStore(tmp_path / "bad")
+
+
+def test_open_store_accepts_file_urls_and_bare_paths(tmp_path, monkeypatch):
+    assert isinstance(open_store(f"file://{tmp_path}/a"), LocalStore)
+    assert open_store(f"file://{tmp_path}/a").root == str(tmp_path / "a")
+    assert open_store(str(tmp_path / "b")).root == str(tmp_path / "b")
+    monkeypatch.chdir(tmp_path)
+    assert open_store("relative/c").root == str(tmp_path / "relative" / "c")
+    for bad in ("file://otherhost/x", "file:relative", "ftp://x/y", "", "s3://"):
+        with pytest.raises(InvalidInput):
+            open_store(bad)
+    with pytest.raises(InvalidInput):
+        open_store(str(tmp_path / "d"), endpoint_url="http://127.0.0.1:1")
+
+
+# --- multipart specifics ----------------------------------------------------------------------
+
+
+def test_complete_and_abort_exclude_each_other(store):
+    upload_id = store.create_multipart("mpx/a")
+    etag = store.upload_part("mpx/a", upload_id, 1, b"x")
+    store.abort_multipart("mpx/a", upload_id)
+    with pytest.raises(ObjectMissing):
+        store.upload_part("mpx/a", upload_id, 2, b"y")
+    with pytest.raises(ObjectMissing):
+        store.complete_multipart("mpx/a", upload_id, [(1, etag)])
+    assert store.head("mpx/a") is None
+
+    upload_id = store.create_multipart("mpx/b")
+    etag = store.upload_part("mpx/b", upload_id, 1, b"y")
+    store.complete_multipart("mpx/b", upload_id, [(1, etag)])
+    with pytest.raises(ObjectMissing):  # completion consumed the upload
+        store.complete_multipart("mpx/b", upload_id, [(1, etag)])
+    store.abort_multipart("mpx/b", upload_id)  # and abort after it changes nothing
+    assert store.get("mpx/b") == b"y"
+    assert os.listdir(os.path.join(store.root, ".nokv-multipart")) == []
+
+
+def test_multipart_unknown_upload_is_missing(store):
+    # (moto answers an unknown upload id with HTTP 500 instead of NoSuchUpload, so this part of
+    # the contract is proven on the local store only.)
+    with pytest.raises(ObjectMissing):
+        store.upload_part("mp/unknown", "0123456789abcdef0123456789abcdef", 1, b"x")
+
+
+def test_upload_ids_are_checked_against_their_key_and_form(store):
+    upload_id = store.create_multipart("mpy/a")
+    with pytest.raises(ObjectMissing):
+        store.upload_part("mpy/other", upload_id, 1, b"x")
+    for bad in ("../../etc", "", "ABC", upload_id.upper()):
+        with pytest.raises(ObjectMissing):
+            store.upload_part("mpy/a", bad, 1, b"x")
+    store.abort_multipart("mpy/a", upload_id)
+
+
+def test_put_file_never_uses_multipart_locally(store, tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(3 * 1024 * 1024))
+    called = []
+    store.put_file("pf/x", path, on_multipart=called.append)
+    assert called == []
+    assert store.get("pf/x") == path.read_bytes()
+
+
+# --- physical keys and digest URIs ------------------------------------------------------------
+
+SHARD = bytes.fromhex("0190f3a2b4c57d8e9f00112233445566")
+ROOT = bytes.fromhex("0190f3a2b4c57d8e9f00112233445577")
+REV = bytes.fromhex("0190f3a2b4c57d8e9f00112233445588")
+
+
+def test_artifact_block_key_is_exactly_the_documented_form():
+    key = artifact_block_key(SHARD, ROOT, REV, 0x2A)
+    assert key == (
+        "nokv/artifacts/0190f3a2b4c57d8e9f00112233445566/0190f3a2b4c57d8e9f00112233445577/"
+        "0190f3a2b4c57d8e9f00112233445588/blocks/000000000000002a"
+    )
+    assert key.startswith(artifact_revision_prefix(SHARD, ROOT, REV))
+    assert parse_artifact_block_key(key) == (SHARD, ROOT, REV, 0x2A)
+    assert parse_artifact_block_key(artifact_block_key(SHARD, ROOT, REV, 2**64 - 1))[3] == 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(SHARD[:15], ROOT, REV, 0), (SHARD, ROOT + b"\0", REV, 0), (SHARD, ROOT, "rev", 0), (SHARD, ROOT, REV, -1), (SHARD, ROOT, REV, 2**64)],
+)
+def test_artifact_block_key_checks_widths(args):
+    with pytest.raises(IdInvalid):
+        artifact_block_key(*args)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        artifact_block_key(SHARD, ROOT, REV, 1).upper(),
+        artifact_block_key(SHARD, ROOT, REV, 1) + "/",
+        artifact_block_key(SHARD, ROOT, REV, 1)[:-1],
+        artifact_block_key(SHARD, ROOT, REV, 1).replace("/blocks/", "/block/"),
+        "x" + artifact_block_key(SHARD, ROOT, REV, 1),
+        "nokv/artifacts/a/b/c/blocks/0",
+        None,
+    ],
+)
+def test_parse_artifact_block_key_refuses_anything_else(key):
+    with pytest.raises(InvalidInput):
+        parse_artifact_block_key(key)
+
+
+def test_sha256_uri_round_trips_and_refuses_malformed_uris():
+    digest = bytes(range(32))
+    uri = sha256_uri(digest)
+    assert uri == "sha256:" + digest.hex()
+    assert parse_sha256_uri(uri) == digest
+    assert sha256_uri_of(b"") == "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    for bad in ("sha256:" + digest.hex().upper(), "sha256:" + digest.hex()[:-1], "SHA256:" + digest.hex(), "blake3:" + digest.hex(), digest.hex(), None):
+        with pytest.raises(InvalidInput):
+            parse_sha256_uri(bad)
+    with pytest.raises(InvalidInput):
+        sha256_uri(digest[:31])

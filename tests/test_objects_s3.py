@@ -1,0 +1,341 @@
+"""The S3 object store against a real S3 wire endpoint on loopback (moto's server): the shared
+contract, plus what only a network store can show (conditional writes that are never retried
+blindly, multipart ids visible before parts, unreachable and silent servers)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from nokvfs.errors import AmbiguousResult, InvalidInput, ObjectMissing, PreconditionFailed, StoreError, StoreFull
+from nokvfs.objects.s3 import S3Store
+from nokvfs.objects.store import MIN_PART_SIZE, MiB, StoreStats, open_store
+
+pytest.register_assert_rewrite("tests.object_store_contract")
+from tests.object_store_contract import *  # noqa: E402,F401,F403 - the shared behaviour tests
+
+pytest_plugins = ["tests.s3_fixtures"]
+
+FAST = dict(retry_base_delay=0.01, retry_max_delay=0.05)
+
+
+def _store(bucket, endpoint, prefix="t", **options):
+    return S3Store(
+        bucket,
+        prefix,
+        endpoint_url=endpoint,
+        multipart_threshold=6 * MiB,
+        part_size=MIN_PART_SIZE,
+        **{**FAST, **options},
+    )
+
+
+@pytest.fixture
+def store(s3_bucket, s3_endpoint):
+    with _store(s3_bucket, s3_endpoint) as s:
+        yield s
+
+
+@pytest.fixture
+def other_store(s3_bucket, s3_endpoint):
+    with _store(s3_bucket, s3_endpoint) as s:
+        yield s
+
+
+def _uploads(client, bucket):
+    return [(u["Key"], u["UploadId"]) for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+
+# --- layout in the bucket ---------------------------------------------------------------------
+
+
+def test_keys_live_under_the_store_prefix_and_prefixes_are_isolated(s3_bucket, s3_endpoint, s3_client):
+    a = _store(s3_bucket, s3_endpoint, prefix="tenant-a")
+    b = _store(s3_bucket, s3_endpoint, prefix="tenant-b/")
+    a.put("obj", b"from a")
+    b.put("obj", b"from b")
+    raw = sorted(o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"])
+    assert raw == ["tenant-a/obj", "tenant-b/obj"]
+    assert a.get("obj") == b"from a" and b.get("obj") == b"from b"
+    assert [i.key for i in a.list("")] == ["obj"]
+
+
+def test_open_store_parses_s3_urls(s3_bucket, s3_endpoint):
+    store = open_store(f"s3://{s3_bucket}/some/prefix", endpoint_url=s3_endpoint, region="us-east-1")
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.region) == (s3_bucket, "some/prefix/", "us-east-1")
+    store.put("k", b"v")
+    assert store.get("k") == b"v"
+    assert store.statfs() == StoreStats(None, None, None)
+
+
+@pytest.mark.parametrize("bucket", ["ab", "Upper-case", "under_score", "-lead", "trail-", "a..b", "192.168.1.1", "x" * 64])
+def test_invalid_bucket_names_are_refused(bucket, s3_endpoint):
+    with pytest.raises(InvalidInput):
+        S3Store(bucket, endpoint_url=s3_endpoint)
+
+
+def test_a_missing_bucket_is_a_store_error_at_open(s3_endpoint):
+    with pytest.raises(StoreError, match="does not exist"):
+        S3Store("nokv-no-such-bucket", endpoint_url=s3_endpoint)
+
+
+# --- conditional writes on the wire -----------------------------------------------------------
+
+
+def test_conditional_put_lost_race_is_a_412_precondition_failed(store, s3_client, s3_bucket):
+    s3_client.put_object(Bucket=s3_bucket, Key="t/race/raw", Body=b"somebody else")
+    with pytest.raises(PreconditionFailed, match="PreconditionFailed"):
+        store.put("race/raw", b"mine", if_none_match=True)
+    current = store.head("race/raw").etag
+    s3_client.put_object(Bucket=s3_bucket, Key="t/race/raw", Body=b"changed behind us")
+    with pytest.raises(PreconditionFailed):
+        store.put("race/raw", b"mine", if_match=current)
+    assert store.get("race/raw") == b"changed behind us"
+
+
+# --- multipart: the upload id belongs to the ledger before any part ----------------------------
+
+
+def test_upload_id_exists_on_the_server_before_any_part(store, s3_client, s3_bucket):
+    upload_id = store.create_multipart("ledger/obj")
+    assert _uploads(s3_client, s3_bucket) == [("t/ledger/obj", upload_id)]
+    store.abort_multipart("ledger/obj", upload_id)
+    assert _uploads(s3_client, s3_bucket) == []
+
+
+def test_put_file_multipart_reports_the_upload_id_first_and_leaves_no_upload(store, s3_client, s3_bucket, tmp_path):
+    body = os.urandom(3 * MIN_PART_SIZE + 7)
+    path = tmp_path / "big"
+    path.write_bytes(body)
+    seen = []
+
+    def ledger(upload_id):
+        seen.append((upload_id, _uploads(s3_client, s3_bucket)))
+
+    etag = store.put_file("mpf/obj", path, on_multipart=ledger)
+    [(upload_id, live)] = seen
+    assert live == [("t/mpf/obj", upload_id)]  # the callback ran with the upload open, before parts
+    assert etag.endswith("-4")  # 3 full parts + the tail: it really went multipart
+    assert store.get("mpf/obj") == body
+    assert _uploads(s3_client, s3_bucket) == []
+
+
+def test_put_file_aborts_the_upload_when_the_ledger_callback_fails(store, s3_client, s3_bucket, tmp_path):
+    path = tmp_path / "big"
+    path.write_bytes(os.urandom(7 * MiB))
+
+    def failing_ledger(upload_id):
+        raise RuntimeError("ledger write failed")
+
+    with pytest.raises(RuntimeError):
+        store.put_file("mpf/fail", path, on_multipart=failing_ledger)
+    assert _uploads(s3_client, s3_bucket) == []
+    assert store.head("mpf/fail") is None
+
+
+def test_put_file_multipart_if_none_match_loss_aborts_the_upload(store, s3_client, s3_bucket, tmp_path):
+    path = tmp_path / "big"
+    path.write_bytes(os.urandom(7 * MiB))
+    store.put("mpf/taken", b"first")
+    with pytest.raises(PreconditionFailed):
+        store.put_file("mpf/taken", path, if_none_match=True)
+    assert store.get("mpf/taken") == b"first"
+    assert _uploads(s3_client, s3_bucket) == []
+
+
+def test_put_file_multipart_refuses_if_match(store, tmp_path):
+    path = tmp_path / "big"
+    path.write_bytes(os.urandom(7 * MiB))
+    etag = store.put("mpf/m", b"x")
+    with pytest.raises(InvalidInput):
+        store.put_file("mpf/m", path, if_match=etag)
+
+
+def test_ranged_get_sends_a_range_not_the_whole_object(store, s3_client, s3_bucket):
+    data = os.urandom(MiB)
+    store.put("rng/obj", data)
+    assert store.get("rng/obj", 1000, 24) == data[1000:1024]
+    assert store.get("rng/obj", MiB - 5) == data[-5:]
+
+
+def test_missing_key_is_object_missing_and_not_a_bucket_error(store):
+    with pytest.raises(ObjectMissing, match="absent"):
+        store.get("never/was")
+    assert store.head("never/was") is None
+
+
+# --- unreachable and silent endpoints ---------------------------------------------------------
+
+
+def test_unreachable_endpoint_is_a_store_error_quickly(aws_test_env, closed_loopback_port):
+    port = closed_loopback_port
+    store = S3Store(
+        "nokv-unreachable",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        verify_bucket=False,
+        max_attempts=2,
+        connect_timeout=1,
+        read_timeout=1,
+        **FAST,
+    )
+    started = time.monotonic()
+    for call in (
+        lambda: store.put("k", b"v"),
+        lambda: store.put("k", b"v", if_none_match=True),
+        lambda: store.get("k"),
+        lambda: store.head("k"),
+        lambda: store.delete("k"),
+        lambda: list(store.list("")),
+        lambda: store.create_multipart("k"),
+    ):
+        with pytest.raises(StoreError) as caught:
+            call()
+        # Nothing was sent, so nothing can have happened: never ambiguous.
+        assert not isinstance(caught.value, AmbiguousResult), caught.value
+    assert time.monotonic() - started < 30
+    with pytest.raises(StoreError):
+        S3Store("nokv-unreachable", endpoint_url=f"http://127.0.0.1:{port}", max_attempts=1, connect_timeout=1)
+
+
+def _silent_store(server, **options):
+    return S3Store(
+        "nokv-silent",
+        endpoint_url=server.endpoint,
+        verify_bucket=False,
+        connect_timeout=1,
+        read_timeout=0.5,
+        **{**FAST, "max_attempts": 3, **options},
+    )
+
+
+def test_conditional_put_to_a_silent_server_is_ambiguous_after_exactly_one_attempt(silent_server):
+    store = _silent_store(silent_server)
+    started = time.monotonic()
+    with pytest.raises(AmbiguousResult):
+        store.put("k", b"v", if_none_match=True)
+    assert time.monotonic() - started < 15
+    # A retry could turn a lost success into a false 412, so a conditional PUT is sent once.
+    assert silent_server.connections == 1
+
+
+def test_plain_put_to_a_silent_server_is_ambiguous_after_bounded_retries(silent_server):
+    store = _silent_store(silent_server)
+    with pytest.raises(AmbiguousResult):
+        store.put("k", b"v")
+    assert silent_server.connections == 3
+
+
+def test_multipart_create_and_complete_to_a_silent_server_are_ambiguous(silent_server):
+    store = _silent_store(silent_server)
+    with pytest.raises(AmbiguousResult):
+        store.create_multipart("k")
+    with pytest.raises(AmbiguousResult):
+        store.complete_multipart("k", "some-upload", [(1, "etag")])
+    assert silent_server.connections == 2
+
+
+def test_read_from_a_silent_server_is_a_store_error_not_ambiguous(silent_server):
+    store = _silent_store(silent_server, max_attempts=2)
+    for call in (lambda: store.get("k"), lambda: store.head("k")):
+        with pytest.raises(StoreError) as caught:
+            call()
+        assert not isinstance(caught.value, AmbiguousResult)
+
+
+# --- how answers are classified (a scripted loopback server) ----------------------------------
+
+
+def _scripted_store(server, **options):
+    return S3Store(
+        "nokv-scripted",
+        endpoint_url=server.endpoint,
+        verify_bucket=False,
+        connect_timeout=1,
+        read_timeout=5,
+        **{**FAST, "max_attempts": 3, **options},
+    )
+
+
+@pytest.mark.parametrize(
+    "status, code, error",
+    [
+        (400, "EntityTooLarge", StoreFull),
+        (403, "QuotaExceeded", StoreFull),
+        (507, "InsufficientStorage", StoreFull),
+        (409, "ConditionalRequestConflict", PreconditionFailed),
+        (412, "PreconditionFailed", PreconditionFailed),
+        (403, "AccessDenied", StoreError),
+        (404, "NoSuchBucket", StoreError),
+    ],
+)
+def test_error_answers_map_to_typed_errors(scripted_server, status, code, error):
+    scripted_server.script = [(status, code)]
+    with pytest.raises(error, match=code) as caught:
+        _scripted_store(scripted_server).put("k", b"v", if_none_match=True)
+    assert type(caught.value) is error  # e.g. a missing bucket is not a missing object
+    assert len(scripted_server.requests) == 1
+
+
+def test_conditional_puts_send_the_condition_headers(scripted_server):
+    store = _scripted_store(scripted_server)
+    store.put("k", b"v", if_none_match=True)
+    store.put("k", b"v", if_match="0123abcd")
+    store.put("k", b"v")
+    headers = [h for _, _, h in scripted_server.requests]
+    assert headers[0].get("If-None-Match") == "*" and "If-Match" not in headers[0]
+    assert headers[1].get("If-Match") == '"0123abcd"' and "If-None-Match" not in headers[1]
+    assert "If-Match" not in headers[2] and "If-None-Match" not in headers[2]
+    assert [p for _, p, _ in scripted_server.requests] == ["/nokv-scripted/k"] * 3
+
+
+def test_slow_down_is_retried_even_for_a_conditional_put(scripted_server):
+    scripted_server.script = [(503, "SlowDown"), (503, "SlowDown")]
+    assert _scripted_store(scripted_server).put("k", b"v", if_none_match=True) == "0123456789abcdef0123456789abcdef"
+    assert len(scripted_server.requests) == 3
+
+
+def test_slow_down_until_attempts_run_out_is_a_definite_store_error(scripted_server):
+    scripted_server.script = [(503, "SlowDown")] * 3
+    with pytest.raises(StoreError, match="SlowDown") as caught:
+        _scripted_store(scripted_server).put("k", b"v", if_none_match=True)
+    assert not isinstance(caught.value, AmbiguousResult)
+
+
+def test_internal_error_on_a_conditional_put_is_ambiguous_and_never_retried(scripted_server):
+    scripted_server.script = [(500, "InternalError")]
+    with pytest.raises(AmbiguousResult):
+        _scripted_store(scripted_server).put("k", b"v", if_none_match=True)
+    assert len(scripted_server.requests) == 1
+
+
+def test_internal_error_on_a_plain_put_is_retried(scripted_server):
+    scripted_server.script = [(500, "InternalError")]
+    _scripted_store(scripted_server).put("k", b"v")
+    assert len(scripted_server.requests) == 2
+
+
+def test_a_definite_error_after_a_lost_attempt_is_still_ambiguous(scripted_server):
+    scripted_server.script = [(500, "InternalError"), (403, "AccessDenied")]
+    with pytest.raises(AmbiguousResult):
+        _scripted_store(scripted_server).delete("k")
+
+
+def test_complete_answered_with_an_internal_error_is_ambiguous(scripted_server):
+    scripted_server.script = [(200, "InternalError")]  # S3 may fail a completion inside a 200
+    with pytest.raises(AmbiguousResult):
+        _scripted_store(scripted_server).complete_multipart("k", "upload-1", [(1, "etag")])
+    assert len(scripted_server.requests) == 1
+
+
+def test_abort_of_an_upload_the_server_no_longer_knows_succeeds(scripted_server):
+    scripted_server.script = [(404, "NoSuchUpload")]
+    _scripted_store(scripted_server).abort_multipart("k", "upload-1")
+
+
+def test_upload_part_to_an_unknown_upload_is_object_missing(scripted_server):
+    scripted_server.script = [(404, "NoSuchUpload")]
+    with pytest.raises(ObjectMissing, match="upload"):
+        _scripted_store(scripted_server).upload_part("k", "upload-1", 1, b"x")
