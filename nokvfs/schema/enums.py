@@ -2,7 +2,7 @@
 
 The seed's registry is listed first, exactly. Enums nokvfs adds for engine framing (change-event
 kinds, outbox record kinds, predicate kinds) are listed after it under EXTENSIONS and documented
-in docs/FORMAT.md; they follow the same rule: unknown values fail closed.
+in the README's "Durable format" section; they follow the same rule: unknown values fail closed.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ SEED_REGISTRY: tuple[type[IntEnum], ...] = (
 )
 
 
-# --- nokvfs extensions (engine framing; documented in docs/FORMAT.md) ------------------------
+# --- nokvfs extensions (engine framing; documented in the README's "Durable format" section) ------------------------
 
 
 class ChangeEventKind(IntEnum):

@@ -5,7 +5,7 @@ declared order (nokvfs.schema.codec). Field names follow the seed's value descri
 seed's order; where the seed names a group ("member count/digest") it becomes one field each.
 
 Value versions. The seed's "Durable Format Registry" paragraph is read as follows (the lead's
-decision, recorded in docs/FORMAT.md):
+decision, recorded in the README's "Durable format" section):
 
 * version 2: the publication-owned workspace/path/revision records and the immutable commit
   records -- WorkspaceCurrent, PathCurrent (PathEntry), ArtifactRevision, ArtifactManifest,

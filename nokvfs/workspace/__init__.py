@@ -1,0 +1,1 @@
+"""The Workbench facade: one module per state machine, every durable change one MetadataCommand."""

@@ -1,0 +1,109 @@
+"""Append: a new revision that reuses the base's blocks and adds the new segment.
+
+The new revision's manifest lists the base's manifest rows unchanged (each names its physical
+owner and that owner's object index) followed by rows for the objects it uploads itself, and it
+takes one RevisionDependency reference to every distinct owner of a reused block. A revision may
+depend on at most 64 owners and the dependency graph may be at most 8 deep; an append that would
+exceed either rematerialises the complete body under the new revision with no dependencies. Either
+way it is a generation CAS on the base, through the one publish pipeline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+from nokvfs.errors import GenerationConflict, IsADirectory, NotFound, StoreError, StoreFull
+from nokvfs.schema import keys
+from nokvfs.schema.enums import ChangeEventKind
+from nokvfs.schema.paths import join, normalize_path
+from nokvfs.schema.records import ArtifactRevision, PathEntry
+from nokvfs.workspace import body as bodies
+from nokvfs.workspace import publish, reading
+from nokvfs.workspace import workbench as wb
+
+MAX_DEPENDENCY_OWNERS = 64
+MAX_DEPENDENCY_DEPTH = 8
+
+
+def append(root, workbench_id: str, path: str, data, *, expected_generation: int | None = None) -> PathEntry:
+    """Append `data` (bytes or a Body) to the file at `path`; NotFound if there is none."""
+    components = normalize_path(path)
+    publish.check_publishable(components)
+    delta = data if isinstance(data, bodies.Body) else bodies.from_bytes(bytes(data), root.block_size)
+    with root.read() as view:
+        _, workbench = wb.visible(view, root.root_id, workbench_id)
+        raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
+        if raw is None:
+            prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+            if view.seek("path_current", prefix, within=prefix) is not None:
+                raise IsADirectory(f"{workbench_id}:{join(components)} is a directory")
+            raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+        base = PathEntry.decode(raw)
+        if expected_generation is not None and base.generation != expected_generation:
+            raise GenerationConflict(f"{join(components)} is at generation {base.generation}, expected {expected_generation}")
+        base_rows = publish.read_manifest(view, root, base.artifact_revision_id)
+        owners = {row.physical_owner_revision_id for row in base_rows}
+        depth = 0
+        for owner in owners:
+            owner_raw = view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, owner).encode())
+            if owner_raw is None:
+                raise NotFound(f"owner revision {owner.hex()} of {join(components)} is missing")
+            depth = max(depth, ArtifactRevision.decode(owner_raw).dependency_depth + 1)
+    whole = hashlib.sha256()
+    for chunk in reading.iter_body(root, base):
+        whole.update(chunk)
+    rematerialise = len(owners) > MAX_DEPENDENCY_OWNERS or depth > MAX_DEPENDENCY_DEPTH
+    if rematerialise:
+        full = _rematerialised_body(root, base, delta)
+        reused, base_revision = (), None
+        whole = hashlib.sha256()
+        for block in full.blocks:
+            whole.update(full.read_block(block))
+        delta_body = full
+    else:
+        for block in delta.blocks:
+            whole.update(delta.read_block(block))
+        reused, base_revision, delta_body = tuple(base_rows), base.artifact_revision_id, delta
+    try:
+        return publish.run(
+            root,
+            publish.Publication(
+                workbench_id=workbench_id,
+                components=components,
+                body=delta_body,
+                logical_size=base.logical_size + delta.size,
+                body_digest_uri="sha256:" + whole.hexdigest(),
+                expected_generation=base.generation,
+                content_type=base.content_type,
+                producer=base.producer,
+                index_fields=base.typed_index_projection,
+                reused=reused,
+                base_revision_id=base_revision,
+                event_kind=ChangeEventKind.PathAppended,
+            ),
+        )
+    finally:
+        if rematerialise:
+            delta_body.discard()
+
+
+def _rematerialised_body(root, base: PathEntry, delta: bodies.Body) -> bodies.Body:
+    """The complete base body plus the delta in one spool file, owned by the new revision."""
+    os.makedirs(root.spool_dir, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="rematerialise-", dir=root.spool_dir)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in reading.iter_body(root, base):
+                out.write(chunk)
+            for block in delta.blocks:
+                out.write(delta.read_block(block))
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        os.unlink(path)
+        if exc.errno == 28:
+            raise StoreFull(f"no space left to rematerialise in {root.spool_dir}") from None
+        raise StoreError(f"cannot rematerialise: {exc.strerror}") from None
+    return bodies.from_file(path, root.block_size, owned_spool=True)

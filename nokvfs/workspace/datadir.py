@@ -1,0 +1,140 @@
+"""The data directory: one root on one logical shard, with its object store and local state.
+
+    <data_dir>/nokvfs.json   root id, logical shard id, object store URL, block size, cache size
+    <data_dir>/control/      the control plane's RootPlacement store
+    <data_dir>/shard/        the logical shard's LMDB environment
+    <data_dir>/objects/      the local object store (the embedded default)
+    <data_dir>/cache/        the block cache
+    <data_dir>/spool/        spooled streams and mount write spools
+    <data_dir>/run/          lock files of live operations
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from nokvfs.engine.placement import PlacementStore, install_root_fence
+from nokvfs.engine.shard import Shard
+from nokvfs.errors import AlreadyExists, InvalidInput, NotFound, StoreError
+from nokvfs.schema.enums import RootPlacementLifecycle
+from nokvfs.schema.ids import id16_from_hex, new_id16
+from nokvfs.workspace.body import DEFAULT_BLOCK_SIZE
+from nokvfs.workspace.root import Root
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "nokvfs.json"
+CONFIG_FORMAT = 1
+DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+
+
+def default_data_dir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "nokvfs")
+
+
+def _config_path(data_dir: str) -> str:
+    return os.path.join(data_dir, CONFIG_NAME)
+
+
+def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES) -> dict:
+    """Create a data directory: a shard, a placed and fenced root, and the store configuration."""
+    data_dir = os.path.abspath(data_dir)
+    if os.path.exists(_config_path(data_dir)):
+        raise AlreadyExists(f"{data_dir} is already a nokvfs data directory")
+    if block_size < 4096 or block_size > 1 << 30:
+        raise InvalidInput("block size must be between 4 KiB and 1 GiB")
+    os.makedirs(data_dir, exist_ok=True)
+    store = store or "file://" + os.path.join(data_dir, "objects")
+    from nokvfs.objects.store import open_store
+
+    open_store(store, endpoint_url=endpoint_url, region=region).close()  # fail early on a bad URL
+    shard = Shard.create(os.path.join(data_dir, "shard"), new_id16())
+    placements = PlacementStore(os.path.join(data_dir, "control"))
+    try:
+        root_id = new_id16()
+        placements.create(root_id, shard.logical_shard_id)
+        placement = placements.transition(root_id, RootPlacementLifecycle.Active, expected_generation=1)
+        install_root_fence(shard, root_id, placement)
+    finally:
+        placements.close()
+        shard.close()
+    config = {
+        "format": CONFIG_FORMAT,
+        "root_id": root_id.hex(),
+        "logical_shard_id": shard.logical_shard_id.hex(),
+        "store": store,
+        "endpoint_url": endpoint_url,
+        "region": region,
+        "block_size": block_size,
+        "cache_bytes": cache_bytes,
+    }
+    tmp = _config_path(data_dir) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, _config_path(data_dir))
+    return config
+
+
+def read_config(data_dir: str) -> dict:
+    try:
+        with open(_config_path(data_dir)) as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise NotFound(f"{data_dir} is not a nokvfs data directory (run `nokvfs init` first)") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{_config_path(data_dir)} is not valid JSON: {exc}") from None
+    if config.get("format") != CONFIG_FORMAT:
+        raise InvalidInput(f"{_config_path(data_dir)} has format {config.get('format')!r}, expected {CONFIG_FORMAT}")
+    return config
+
+
+def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = True, recover: bool = True) -> Root:
+    """Open the data directory's root for reading and writing; resumes or cleans dead publishes."""
+    from nokvfs.objects.blocks import BlockReader
+    from nokvfs.objects.cache import BlockCache
+    from nokvfs.objects.store import open_store
+
+    data_dir = os.path.abspath(data_dir)
+    config = read_config(data_dir)
+    shard = Shard.open(os.path.join(data_dir, "shard"), verify=verify)
+    try:
+        placements = PlacementStore(os.path.join(data_dir, "control"))
+        try:
+            root_id = id16_from_hex(config["root_id"], "root id")
+            placement = placements.get(root_id)
+        finally:
+            placements.close()
+        if placement is None:
+            raise NotFound(f"root {config['root_id']} has no placement in {data_dir}")
+        object_store = open_store(store or config["store"], endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"))
+        try:
+            cache = BlockCache(os.path.join(data_dir, "cache"), max_bytes=int(config.get("cache_bytes", DEFAULT_CACHE_BYTES)))
+        except StoreError as exc:
+            # One process owns the cache directory at a time (a live mount usually does): a second
+            # process (a CLI put/get next to the mount) reads through the store uncached instead
+            # of failing. Every block read is still SHA-256-verified by BlockReader.
+            log.info("reading uncached: %s", exc)
+            cache = None
+        root = Root(
+            shard,
+            root_id,
+            placement.placement_generation,
+            object_store,
+            BlockReader(object_store, cache),
+            block_size=int(config["block_size"]),
+            data_dir=data_dir,
+        )
+    except BaseException:
+        shard.close()
+        raise
+    if recover:
+        from nokvfs.workspace import publish
+
+        publish.recover(root)
+    return root

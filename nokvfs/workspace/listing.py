@@ -1,0 +1,190 @@
+"""Reads of the namespace: stat, direct-child listing and recursive listing.
+
+stat is one WorkspaceCurrent point read and one PathCurrent point read; a miss falls back to one
+bounded prefix probe for an implicit directory. Listings are the engine's delimiter scans, paged;
+their cursors carry the read version as a fence, a digest of what was listed and the last anchor,
+so a continuation after the shard has moved is a typed ReadVersionStale, never a mixed page.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from dataclasses import dataclass
+
+from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, list_children, scan_prefix
+from nokvfs.errors import InvalidInput, NotADirectory, NotFound, ReadVersionStale
+from nokvfs.schema import keys
+from nokvfs.schema.paths import join, normalize_path, unordered_path
+from nokvfs.schema.records import PathEntry
+from nokvfs.workspace import workbench as wb
+
+FILE = "file"
+DIRECTORY = "dir"
+_UNSHIFT = bytes([255]) + bytes(range(255))
+
+
+@dataclass(frozen=True)
+class Stat:
+    path: str  # "" for the workbench itself
+    kind: str
+    entry: PathEntry | None  # files only
+    generation: int  # file: path generation; directory: the workspace revision
+    read_version: int
+    workbench: wb.Workbench
+
+    @property
+    def size(self) -> int:
+        return self.entry.logical_size if self.entry else 0
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    kind: str
+    entry: PathEntry | None
+
+
+@dataclass(frozen=True)
+class ListPage:
+    children: tuple
+    read_version: int
+    cursor: str | None  # None: the listing is complete
+
+
+def split(path: str) -> tuple[str, ...]:
+    """'' (the workbench root) or a normalized relative path."""
+    return () if path in ("", ".") else normalize_path(path)
+
+
+def stat_in(view, root, workbench: wb.Workbench, components: tuple[str, ...]) -> Stat:
+    def directory(path):
+        return Stat(path, DIRECTORY, None, workbench.revision, view.version, workbench)
+
+    if not components:
+        return directory("")
+    path = join(components)
+    if components[0] not in wb.SECTIONS:
+        raise NotFound(f"{workbench.workbench_id}:{path} does not exist")
+    if len(components) == 1:
+        return directory(path)
+    raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
+    if raw is not None:
+        entry = PathEntry.decode(raw)
+        return Stat(path, FILE, entry, entry.generation, view.version, workbench)
+    prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+    if view.seek("path_current", prefix, within=prefix) is not None:
+        return directory(path)
+    raise NotFound(f"{workbench.workbench_id}:{path} does not exist")
+
+
+def stat(view, root, workbench_id: str, path: str) -> Stat:
+    _, workbench = wb.visible(view, root.root_id, workbench_id)
+    return stat_in(view, root, workbench, split(path))
+
+
+def children_page(view, root, workbench: wb.Workbench, components: tuple[str, ...], *, start_after: bytes | None, limit: int = MAX_ITEMS_PER_CALL):
+    """One bounded engine page of a directory's children: ([Child], next anchor or None).
+
+    Anchors are ordered component bytes; the caller (a cursor, the mount's readdir) keeps them.
+    """
+    if not components:
+        names = [s for s in wb.SECTIONS]
+        ordered = sorted(n.encode() for n in names)
+        start = 0 if start_after is None else next((i for i, n in enumerate(ordered) if n > start_after), len(ordered))
+        chosen = ordered[start : start + limit]
+        anchor = chosen[-1] if start + limit < len(ordered) and chosen else None
+        return [Child(n.decode(), DIRECTORY, None) for n in chosen], anchor
+    prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+    page = list_children(view, "path_current", prefix, start_after=start_after, limit=limit)
+    children = []
+    for item in page.items:
+        name = item.child.translate(_UNSHIFT).decode("utf-8")
+        if item.is_prefix:
+            children.append(Child(name, DIRECTORY, None))
+        else:
+            children.append(Child(name, FILE, PathEntry.decode(item.value)))
+    return children, page.next_marker
+
+
+def _cursor_digest(workbench: wb.Workbench, components, selector: str) -> bytes:
+    h = hashlib.sha256(b"nokv.listing.cursor.v1\0")
+    for part in (workbench.workbench_id.encode(), workbench.incarnation_id, join(components).encode(), selector.encode()):
+        h.update(len(part).to_bytes(4, "big") + part)
+    return h.digest()[:16]
+
+
+def _encode_cursor(version: int, digest: bytes, anchor: bytes) -> str:
+    return base64.urlsafe_b64encode(struct.pack(">Q", version) + digest + anchor).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, view, digest: bytes) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (ValueError, TypeError):
+        raise InvalidInput("malformed listing cursor") from None
+    if len(raw) < 24:
+        raise InvalidInput("malformed listing cursor")
+    version = struct.unpack_from(">Q", raw)[0]
+    if raw[8:24] != digest:
+        raise InvalidInput("the cursor belongs to another listing")
+    if version != view.version:
+        raise ReadVersionStale(
+            f"the listing cursor was made at version {version}; the root is at {view.version}",
+            expected=version,
+            current=view.version,
+        )
+    return raw[24:]
+
+
+def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000, selector: str = "live") -> ListPage:
+    """A protocol page of direct children (several bounded engine calls when limit > 255)."""
+    if limit < 1:
+        raise InvalidInput("limit must be positive")
+    _, workbench = wb.visible(view, root.root_id, workbench_id)
+    components = split(path)
+    info = stat_in(view, root, workbench, components)
+    if info.kind != DIRECTORY:
+        raise NotADirectory(f"{workbench_id}:{info.path} is a file")
+    digest = _cursor_digest(workbench, components, selector)
+    anchor = None if cursor is None else _decode_cursor(cursor, view, digest)
+    out = []
+    while len(out) < limit:
+        children, anchor = children_page(view, root, workbench, components, start_after=anchor, limit=min(MAX_ITEMS_PER_CALL, limit - len(out)))
+        out += children
+        if anchor is None:
+            break
+    next_cursor = None if anchor is None else _encode_cursor(view.version, digest, anchor)
+    return ListPage(tuple(out), view.version, next_cursor)
+
+
+def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000) -> ListPage:
+    """Every file below `path`, in canonical path order; Child.name is the path below `path`."""
+    if limit < 1:
+        # Without this, limit 0 returns an empty page with no cursor: "complete" while it is not.
+        raise InvalidInput("limit must be positive")
+    _, workbench = wb.visible(view, root.root_id, workbench_id)
+    components = split(path)
+    info = stat_in(view, root, workbench, components)
+    if info.kind != DIRECTORY:
+        raise NotADirectory(f"{workbench_id}:{info.path} is a file")
+    prefix = (
+        keys.path_current_prefix(root.root_id, workbench.incarnation_id)
+        if not components
+        else keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+    )
+    base = len(keys.path_current_prefix(root.root_id, workbench.incarnation_id))
+    digest = _cursor_digest(workbench, components, "recursive")
+    marker = None if cursor is None else _decode_cursor(cursor, view, digest)
+    out = []
+    while len(out) < limit:
+        page = scan_prefix(view, "path_current", prefix, start_after=marker, limit=min(MAX_ITEMS_PER_CALL, limit - len(out)))
+        for key, value in page.items:
+            full = unordered_path(key[base:])
+            out.append(Child(join(full[len(components):]), FILE, PathEntry.decode(value)))
+        marker = page.next_marker
+        if marker is None:
+            break
+    next_cursor = None if marker is None else _encode_cursor(view.version, digest, marker)
+    return ListPage(tuple(out), view.version, next_cursor)

@@ -1,0 +1,667 @@
+"""The publish pipeline: object-first, metadata-last.
+
+    Uploading -> Finalizing -> Published
+    Uploading -> Aborting -> Cleaning -> Cleaned | Quarantined
+    Finalizing -> Aborting   (only with proof that no publication or dedupe row exists)
+
+1. One command creates the PublishOperation (Uploading) and the exact StagedObject ledger: every
+   object key, length and digest the upload will write, before the first byte is sent.
+2. The blocks are uploaded under those keys (multipart, with the upload id recorded in the ledger
+   first, for blocks above the store's multipart threshold).
+3. One command CASes Uploading -> Finalizing and marks the ledger Uploaded.
+4. One command creates the ArtifactRevision (Available), its manifest, the Path reference,
+   PathCurrent, the workspace revision, index rows, the ChangeEvent and the dedupe result, and
+   changes Finalizing -> Published. A lost race there takes the operation over to Aborting.
+
+A crash leaves the operation in its phase; `recover` (run when a root is opened for writing)
+resumes Finalizing from the ledger and cleans everything else, but only for operations whose
+owning process is gone (each live publish holds a lock file under the root's run directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+
+from nokvfs.engine.command import Absent, Delete, Put, State, ValueEquals
+from nokvfs.engine.scan import scan_prefix
+from nokvfs.errors import (
+    AmbiguousResult,
+    GenerationConflict,
+    InvalidInput,
+    NokvError,
+    NotFound,
+    ObjectMissing,
+    PredicateFailed,
+    StoreError,
+)
+from nokvfs.objects.keys import artifact_block_key
+from nokvfs.schema import keys
+from nokvfs.schema.enums import (
+    ChangeEventKind,
+    OperationKind,
+    PublishPhase,
+    ReferenceKind,
+    RevisionState,
+    StagedCleanupState,
+    StagedProviderState,
+)
+from nokvfs.schema.ids import new_id16
+from nokvfs.schema.paths import join, normalize_path
+from nokvfs.schema.records import (
+    ArtifactManifest,
+    ArtifactRevision,
+    PathEntry,
+    PublishOperation,
+    SecondaryIndex,
+    StagedObject,
+)
+from nokvfs.workspace import workbench as wb
+from nokvfs.workspace.body import Body
+from nokvfs.workspace.refs import References
+from nokvfs.workspace.root import Built, intent_digest
+
+log = logging.getLogger(__name__)
+
+RUN_MANIFEST = ("metadata", "run_manifest.json")
+RESTORE_MANIFEST = ("metadata", "restore_manifest.json")
+RESERVED_MANIFESTS = (RUN_MANIFEST, RESTORE_MANIFEST)
+LEDGER_BATCH = 256
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+TERMINAL = (PublishPhase.Published, PublishPhase.Cleaned, PublishPhase.Quarantined)
+CRASH_ENV = "NOKVFS_CRASH_AT"
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: die by SIGKILL here when NOKVFS_CRASH_AT == name.
+
+    Stage boundaries: after-begin, after-upload-<block index>, after-multipart-record-<block
+    index>, after-finalize, before-publish-command, after-publish-command, after-abort,
+    after-cleaning.
+    """
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_publishable(components: tuple[str, ...]) -> None:
+    """Artifact paths live below a section; sections and the typed manifests refuse generic writes."""
+    if components[0] not in wb.SECTIONS:
+        raise InvalidInput(f"artifact paths must start with a section {wb.SECTIONS}, not {components[0]!r}")
+    if len(components) == 1:
+        raise InvalidInput(f"{components[0]!r} is a section; it cannot be replaced or removed")
+    if components in RESERVED_MANIFESTS:
+        from nokvfs.errors import ReservedPath
+
+        raise ReservedPath(f"{join(components)} is written only by its commit/restore state machine")
+
+
+def path_owner(incarnation: bytes, components: tuple[str, ...]) -> bytes:
+    return keys.path_reference_owner(incarnation, components)
+
+
+def manifest_digest(rows: list[ArtifactManifest]) -> bytes:
+    h = hashlib.sha256(b"nokv.artifact_manifest.v1\0")
+    for row in rows:
+        encoded = row.encode()
+        h.update(len(encoded).to_bytes(4, "big") + encoded)
+    return h.digest()
+
+
+@dataclass
+class Publication:
+    """Everything one publication needs; built by put or append, executed by `run`."""
+
+    workbench_id: str
+    components: tuple[str, ...]
+    body: Body  # the bytes this revision uploads and owns
+    logical_size: int  # of the complete resulting body
+    body_digest_uri: str  # of the complete resulting body
+    expected_generation: int | None = None  # None: unconditional; 0: must not exist
+    content_type: str = DEFAULT_CONTENT_TYPE
+    producer: str = ""
+    index_fields: tuple = ()
+    reused: tuple = ()  # ArtifactManifest rows of a base revision, in body order (append)
+    base_revision_id: bytes | None = None
+    event_kind: ChangeEventKind = ChangeEventKind.PathPut
+    revision_id: bytes = field(default_factory=new_id16)
+    operation_id: bytes = field(default_factory=new_id16)
+    request_id: bytes = field(default_factory=new_id16)
+    # Called as progress(bytes_uploaded, bytes_total) after each block (not durable).
+    progress: object = None
+
+
+class OperationLock:
+    """An flock on run/ops/<operation>.lock: held while a process drives that operation."""
+
+    def __init__(self, run_dir: str, operation_id: bytes):
+        directory = os.path.join(run_dir, "ops")
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, operation_id.hex() + ".lock")
+        self._fd = None
+
+    def try_acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self, *, remove: bool) -> None:
+        if self._fd is None:
+            return
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        os.close(self._fd)
+        self._fd = None
+
+
+def _operation_key(root, operation_id: bytes) -> bytes:
+    return keys.OperationKey(root.root_id, OperationKind.Publish, operation_id).encode()
+
+
+def _staged_key(root, operation_id: bytes, sequence: int) -> bytes:
+    return keys.StagedObjectKey(root.root_id, operation_id, sequence).encode()
+
+
+def read_operation(view, root, operation_id: bytes) -> tuple[bytes, PublishOperation]:
+    raw = view.get("operation", _operation_key(root, operation_id))
+    if raw is None:
+        raise NotFound(f"no publish operation {operation_id.hex()}")
+    return raw, PublishOperation.decode(raw)
+
+
+def _ledger(view, root, operation_id: bytes) -> list[tuple[bytes, StagedObject]]:
+    prefix = keys.staged_object_prefix(root.root_id, operation_id)
+    rows, marker = [], None
+    while True:
+        page = scan_prefix(view, "staged_object", prefix, start_after=marker)
+        rows += [(k, StagedObject.decode(v)) for k, v in page.items]
+        if page.next_marker is None:
+            return rows
+        marker = page.next_marker
+
+
+# --- the pipeline ---------------------------------------------------------------------------
+
+
+def run(root, pub: Publication) -> PathEntry:
+    """Drive one publication to Published, or clean it up and raise."""
+    check_publishable(pub.components)
+    lock = OperationLock(root.run_dir, pub.operation_id)
+    lock.try_acquire()
+    try:
+        _begin(root, pub)
+        crash_point("after-begin")
+        try:
+            _upload(root, pub)
+            _finalize(root, pub.operation_id)
+        except BaseException as exc:
+            _abort_after_failure(root, pub.operation_id, exc)
+            raise
+        crash_point("after-finalize")
+        try:
+            entry = _publish(root, pub.operation_id)
+        except BaseException as exc:
+            # Whatever refused the final command (a lost CAS, a key the shard cannot store, a
+            # shard that kept moving), the caller is told the publish failed, so it must not be
+            # left Finalizing for a later recovery to publish. The takeover is fenced by the
+            # absence of the final command's dedupe row, so it can never undo a publication.
+            _abort_after_failure(root, pub.operation_id, exc)
+            raise
+        return entry
+    finally:
+        lock.release(remove=True)
+
+
+def _begin(root, pub: Publication) -> None:
+    with root.read() as view:
+        _, workbench = wb.visible(view, root.root_id, pub.workbench_id)
+    pub_incarnation = workbench.incarnation_id
+    op_key = _operation_key(root, pub.operation_id)
+
+    def build(view):
+        version = view.version + 1
+        operation = PublishOperation(
+            workbench_id=pub.workbench_id,
+            workspace_incarnation_id=pub_incarnation,
+            path=join(pub.components),
+            artifact_revision_id=pub.revision_id,
+            expected_generation=pub.expected_generation,
+            base_revision_id=pub.base_revision_id,
+            phase=PublishPhase.Uploading,
+            object_count=len(pub.body.blocks),
+            reused_count=len(pub.reused),
+            logical_size=pub.logical_size,
+            body_digest_uri=pub.body_digest_uri,
+            content_type=pub.content_type,
+            producer=pub.producer,
+            index_fields=tuple(pub.index_fields),
+            event_kind=pub.event_kind,
+            request_id=pub.request_id,
+            created_version=version,
+            result=None,
+            terminal_error=None,
+            cleanup_cursor=b"",
+        )
+        mutations = [Put("operation", op_key, operation)]
+        for block in pub.body.blocks:
+            mutations.append(
+                Put(
+                    "staged_object",
+                    _staged_key(root, pub.operation_id, block.index),
+                    StagedObject(
+                        artifact_revision_id=pub.revision_id,
+                        object_key=artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index),
+                        upload_id=None,
+                        expected_length=block.length,
+                        expected_digest_uri="sha256:" + block.sha256.hex(),
+                        provider_state=StagedProviderState.Planned,
+                        cleanup_state=StagedCleanupState.Owned,
+                    ),
+                )
+            )
+        return Built(predicates=[Absent("operation", op_key)], mutations=mutations)
+
+    root.apply(build, digest=intent_digest("publish.begin", pub.operation_id))
+
+
+def _upload(root, pub: Publication) -> None:
+    store = root.store
+    threshold = getattr(store, "multipart_threshold", None)
+    for block in pub.body.blocks:
+        data = pub.body.read_block(block)
+        key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
+        if threshold is not None and block.length > threshold:
+            _upload_multipart(root, pub.operation_id, block.index, key, data)
+        else:
+            store.put(key, data)
+        crash_point(f"after-upload-{block.index}")
+        if pub.progress is not None:
+            pub.progress(block.offset + block.length, pub.body.size)
+
+
+def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: bytes) -> None:
+    store = root.store
+    upload_id = store.create_multipart(key)
+    staged_key = _staged_key(root, operation_id, sequence)
+
+    def record(view):
+        raw = view.get("staged_object", staged_key)
+        row = StagedObject.decode(raw)
+        updated = dataclasses.replace(row, upload_id=upload_id, provider_state=StagedProviderState.Uploading)
+        return Built(predicates=[ValueEquals("staged_object", staged_key, raw)], mutations=[Put("staged_object", staged_key, updated)])
+
+    # The upload id is in the ledger before any part is sent, so cleanup can abort it.
+    root.apply(record, digest=intent_digest("publish.multipart", operation_id, sequence, upload_id))
+    crash_point(f"after-multipart-record-{sequence}")
+    part_size = getattr(store, "part_size", 8 * 1024 * 1024)
+    parts = []
+    for number, offset in enumerate(range(0, len(data), part_size), start=1):
+        parts.append((number, store.upload_part(key, upload_id, number, data[offset : offset + part_size])))
+    store.complete_multipart(key, upload_id, parts)
+
+
+def _finalize(root, operation_id: bytes) -> None:
+    op_key = _operation_key(root, operation_id)
+
+    def build(view):
+        raw, operation = read_operation(view, root, operation_id)
+        if operation.phase != PublishPhase.Uploading:
+            raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
+        mutations = [Put("operation", op_key, dataclasses.replace(operation, phase=PublishPhase.Finalizing))]
+        for key, row in _ledger(view, root, operation_id):
+            mutations.append(Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded)))
+        return Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations)
+
+    root.apply(build, digest=intent_digest("publish.finalize", operation_id))
+
+
+def _publish(root, operation_id: bytes) -> PathEntry:
+    op_key = _operation_key(root, operation_id)
+    with root.read() as view:
+        _, operation = read_operation(view, root, operation_id)
+    components = normalize_path(operation.path)
+
+    def build(view):
+        raw_op, op = read_operation(view, root, operation_id)
+        if op.phase == PublishPhase.Published:
+            return Built(value=PathEntry.decode(op.result))
+        if op.phase != PublishPhase.Finalizing:
+            raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not Finalizing")
+        raw_wb, workbench = wb.visible(view, root.root_id, op.workbench_id)
+        if workbench.incarnation_id != op.workspace_incarnation_id:
+            raise NotFound(f"workbench {op.workbench_id!r} is another incarnation now")
+        version = view.version + 1
+        path_key = keys.path_current_key(root.root_id, workbench.incarnation_id, components)
+        old_raw = view.get("path_current", path_key)
+        old = None if old_raw is None else PathEntry.decode(old_raw)
+        _check_generation(op.expected_generation, old, op.path)
+        if old is None:
+            _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, components)
+        ledger = _ledger(view, root, operation_id)
+        rows = _manifest_rows(view, root, op, ledger)
+        digest = manifest_digest(rows)
+        dependencies = sorted({r.physical_owner_revision_id for r in rows} - {op.artifact_revision_id})
+        refs = References(view, root.root_id)
+        depth = 0
+        for owner in dependencies:
+            depth = max(depth, refs.revision(owner).dependency_depth + 1)
+        revision = ArtifactRevision(
+            logical_size=op.logical_size,
+            body_digest_uri=op.body_digest_uri,
+            manifest_digest_uri="sha256:" + digest.hex(),
+            block_count=len(rows),
+            dependency_count=len(dependencies),
+            dependency_depth=depth,
+            dependency_digest=hashlib.sha256(b"".join(dependencies)).digest(),
+            content_type=op.content_type,
+            state=RevisionState.Available,
+            reference_epoch=0,
+            strong_reference_count=0,
+            last_zero_ref_version=0,
+            created_version=version,
+        )
+        refs.create(op.artifact_revision_id, revision)
+        owner_id = path_owner(workbench.incarnation_id, components)
+        refs.add(ReferenceKind.Path, owner_id, op.artifact_revision_id)
+        for dependency in dependencies:
+            refs.add(ReferenceKind.RevisionDependency, op.artifact_revision_id, dependency)
+        if old is not None:
+            refs.remove(ReferenceKind.Path, owner_id, old.artifact_revision_id)
+        entry = PathEntry(
+            generation=1 if old is None else old.generation + 1,
+            artifact_revision_id=op.artifact_revision_id,
+            logical_size=op.logical_size,
+            body_digest_uri=op.body_digest_uri,
+            manifest_digest_uri=revision.manifest_digest_uri,
+            dependency_count=len(dependencies),
+            dependency_depth=depth,
+            content_type=op.content_type,
+            producer=op.producer,
+            manifest_id=op.artifact_revision_id,  # the revision whose manifest rows describe the body
+            created_version=version if old is None else old.created_version,
+            modified_version=version,
+            typed_index_projection=op.index_fields,
+        )
+        predicates, mutations = refs.rows()
+        predicates.append(ValueEquals("operation", op_key, raw_op))
+        predicates.append(Absent("path_current", path_key) if old_raw is None else ValueEquals("path_current", path_key, old_raw))
+        wb_predicate, wb_mutation = wb.advance_revision(root.root_id, op.workbench_id, raw_wb, version)
+        predicates.append(wb_predicate)
+        mutations += [Put("path_current", path_key, entry), wb_mutation]
+        for index, row in enumerate(rows):
+            mutations.append(Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, op.artifact_revision_id, index).encode(), row))
+        mutations += index_mutations(root.root_id, workbench.incarnation_id, components, old, entry)
+        mutations.append(
+            Put("operation", op_key, dataclasses.replace(op, phase=PublishPhase.Published, result=entry.encode()))
+        )
+        mutations += [Delete("staged_object", key) for key, _ in ledger]
+        before = None if old is None else old.artifact_revision_id
+        return Built(
+            predicates=predicates,
+            mutations=mutations,
+            events=[wb.event(workbench, op.event_kind, op.path, before, op.artifact_revision_id)],
+            result=entry.encode(),
+            value=entry,
+        )
+
+    crash_point("before-publish-command")
+    outcome, built = root.apply(build, digest=intent_digest("publish.final", operation_id), request_id=operation.request_id)
+    crash_point("after-publish-command")
+    if outcome.replayed:
+        return PathEntry.decode(outcome.result)
+    return built.value
+
+
+def _check_generation(expected: int | None, old: PathEntry | None, path: str) -> None:
+    if expected is None:
+        return
+    actual = 0 if old is None else old.generation
+    if actual != expected:
+        raise GenerationConflict(f"{path} is at generation {actual}, expected {expected}")
+
+
+def _check_no_file_ancestor_or_descendant(view, root, incarnation: bytes, components) -> None:
+    """A path cannot be both a file and a directory: no file at an ancestor, nothing below it."""
+    for depth in range(2, len(components)):
+        ancestor = components[:depth]
+        if view.get("path_current", keys.path_current_key(root.root_id, incarnation, ancestor)) is not None:
+            raise InvalidInput(f"{join(ancestor)} is a file, so {join(components)} cannot be created")
+    prefix = keys.path_subtree_prefix(root.root_id, incarnation, components)
+    if view.seek("path_current", prefix, within=prefix) is not None:
+        raise InvalidInput(f"{join(components)} is a directory")
+
+
+def _manifest_rows(view, root, op: PublishOperation, ledger) -> list[ArtifactManifest]:
+    rows = []
+    if op.reused_count:
+        base = read_manifest(view, root, op.base_revision_id)
+        if len(base) < op.reused_count:
+            raise NotFound(f"base revision {op.base_revision_id.hex()} lost manifest rows")
+        rows = list(base[: op.reused_count])
+    offset = sum(r.length for r in rows)
+    for sequence, (_, staged) in enumerate(ledger):
+        rows.append(
+            ArtifactManifest(
+                physical_owner_revision_id=op.artifact_revision_id,
+                physical_object_index=sequence,
+                object_key=staged.object_key,
+                logical_offset=offset,
+                object_offset=0,
+                length=staged.expected_length,
+                digest_uri=staged.expected_digest_uri,
+                append_segment=None,
+            )
+        )
+        offset += staged.expected_length
+    if offset != op.logical_size or len(ledger) != op.object_count:
+        raise PredicateFailed(f"publish {op.path}: the ledger does not cover the body")
+    return rows
+
+
+def read_manifest(view, root, revision_id: bytes) -> list[ArtifactManifest]:
+    prefix = keys.artifact_manifest_prefix(root.root_id, revision_id)
+    rows, marker = [], None
+    while True:
+        page = scan_prefix(view, "artifact_manifest", prefix, start_after=marker)
+        rows += [ArtifactManifest.decode(v) for _, v in page.items]
+        if page.next_marker is None:
+            return rows
+        marker = page.next_marker
+
+
+def index_mutations(root_id, incarnation, components, old: PathEntry | None, new: PathEntry | None):
+    """SecondaryIndex rows follow the PathEntry's typed projection in the same command."""
+    mutations = []
+    old_fields = {} if old is None else {f.name: f.encoded_value for f in old.typed_index_projection}
+    new_fields = {} if new is None else {f.name: f.encoded_value for f in new.typed_index_projection}
+    for name, value in old_fields.items():
+        if new_fields.get(name) != value or new is None:
+            mutations.append(Delete("secondary_index", keys.SecondaryIndexKey(root_id, name, value, incarnation, components).encode()))
+    for name, value in new_fields.items():
+        key = keys.SecondaryIndexKey(root_id, name, value, incarnation, components).encode()
+        mutations.append(Put("secondary_index", key, SecondaryIndex(path_generation=new.generation, projection=b"")))
+    return mutations
+
+
+# --- abort, cleanup and recovery --------------------------------------------------------------
+
+
+def _abort_after_failure(root, operation_id: bytes, cause: BaseException) -> None:
+    try:
+        abort(root, operation_id, reason=f"{type(cause).__name__}: {cause}")
+    except NokvError as exc:
+        log.error("publish %s: cleanup after %r failed: %s", operation_id.hex(), cause, exc)
+
+
+def abort(root, operation_id: bytes, *, reason: str) -> PublishPhase:
+    """Take the operation to Aborting (if it can still be), then clean its ledger."""
+    op_key = _operation_key(root, operation_id)
+    with root.read() as view:
+        _, operation = read_operation(view, root, operation_id)
+    if operation.phase in TERMINAL:
+        return operation.phase
+    if operation.phase in (PublishPhase.Uploading, PublishPhase.Finalizing):
+
+        def take_over(view):
+            raw, op = read_operation(view, root, operation_id)
+            if op.phase not in (PublishPhase.Uploading, PublishPhase.Finalizing):
+                raise PredicateFailed(f"publish {operation_id.hex()} moved to {op.phase.name}")
+            predicates = [ValueEquals("operation", op_key, raw)]
+            if op.phase == PublishPhase.Finalizing:
+                # Fenced proof that the publication did not happen: no dedupe row for its request.
+                predicates.append(Absent("command_dedupe", keys.CommandDedupeKey(root.root_id, op.request_id).encode()))
+            aborting = dataclasses.replace(op, phase=PublishPhase.Aborting, terminal_error=reason[:1024])
+            return Built(predicates=predicates, mutations=[Put("operation", op_key, aborting)])
+
+        try:
+            root.apply(take_over, digest=intent_digest("publish.abort", operation_id))
+        except PredicateFailed:
+            with root.read() as view:
+                _, operation = read_operation(view, root, operation_id)
+            if operation.phase == PublishPhase.Published:
+                return operation.phase
+            raise
+        crash_point("after-abort")
+    return _clean(root, operation_id)
+
+
+def _set_phase(root, operation_id: bytes, expected: PublishPhase, new: PublishPhase, *, extra=()) -> None:
+    op_key = _operation_key(root, operation_id)
+
+    def build(view):
+        raw, op = read_operation(view, root, operation_id)
+        if op.phase != expected:
+            raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not {expected.name}")
+        return Built(
+            predicates=[ValueEquals("operation", op_key, raw)],
+            mutations=[Put("operation", op_key, dataclasses.replace(op, phase=new))] + list(extra),
+        )
+
+    root.apply(build, digest=intent_digest("publish.phase", operation_id, int(expected), int(new)))
+
+
+def _clean(root, operation_id: bytes) -> PublishPhase:
+    with root.read() as view:
+        _, operation = read_operation(view, root, operation_id)
+    if operation.phase == PublishPhase.Aborting:
+        _set_phase(root, operation_id, PublishPhase.Aborting, PublishPhase.Cleaning)
+        crash_point("after-cleaning")
+    with root.read() as view:
+        ledger = _ledger(view, root, operation_id)
+    quarantined = False
+    for start in range(0, len(ledger), LEDGER_BATCH):
+        updates = []
+        for key, row in ledger[start : start + LEDGER_BATCH]:
+            if row.cleanup_state in (StagedCleanupState.Deleted, StagedCleanupState.Quarantined):
+                quarantined |= row.cleanup_state == StagedCleanupState.Quarantined
+                continue
+            state, provider = _delete_staged(root, row)
+            quarantined |= state == StagedCleanupState.Quarantined
+            updates.append(Put("staged_object", key, dataclasses.replace(row, cleanup_state=state, provider_state=provider)))
+        if updates:
+            _apply_ledger_updates(root, operation_id, updates, start)
+    final = PublishPhase.Quarantined if quarantined else PublishPhase.Cleaned
+    deletes = [] if quarantined else [Delete("staged_object", key) for key, _ in ledger]
+    _set_phase(root, operation_id, PublishPhase.Cleaning, final, extra=deletes)
+    return final
+
+
+def _delete_staged(root, row: StagedObject):
+    """Delete one ledger-owned object; an ambiguous result is quarantined, never guessed."""
+    try:
+        if row.upload_id:
+            try:
+                root.store.abort_multipart(row.object_key, row.upload_id)
+            except ObjectMissing:
+                pass
+        root.store.delete(row.object_key)
+        return StagedCleanupState.Deleted, row.provider_state
+    except AmbiguousResult as exc:
+        log.warning("delete of %s is ambiguous, quarantined: %s", row.object_key, exc)
+        return StagedCleanupState.Quarantined, StagedProviderState.Ambiguous
+    except StoreError as exc:
+        log.warning("delete of %s failed, quarantined: %s", row.object_key, exc)
+        return StagedCleanupState.Quarantined, row.provider_state
+
+
+def _apply_ledger_updates(root, operation_id: bytes, updates, start: int) -> None:
+    op_key = _operation_key(root, operation_id)
+
+    def build(view):
+        raw, op = read_operation(view, root, operation_id)
+        if op.phase != PublishPhase.Cleaning:
+            raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not Cleaning")
+        return Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=list(updates))
+
+    root.apply(build, digest=intent_digest("publish.clean", operation_id, start))
+
+
+def pending(view, root) -> list[tuple[bytes, PublishOperation]]:
+    """Every publish operation not yet in a terminal phase."""
+    prefix = keys.operation_prefix(root.root_id, OperationKind.Publish)
+    out, marker = [], None
+    while True:
+        page = scan_prefix(view, "operation", prefix, start_after=marker)
+        for key, value in page.items:
+            op = PublishOperation.decode(value)
+            if op.phase not in TERMINAL:
+                out.append((keys.OperationKey.decode(key).operation_id, op))
+        if page.next_marker is None:
+            return out
+        marker = page.next_marker
+
+
+def recover(root) -> list[tuple[str, str]]:
+    """Resume or clean every publish whose owning process is gone. Returns (op hex, outcome)."""
+    with root.read() as view:
+        candidates = pending(view, root)
+    outcomes = []
+    for operation_id, operation in candidates:
+        lock = OperationLock(root.run_dir, operation_id)
+        if not lock.try_acquire():
+            continue  # a live process still drives it
+        try:
+            outcomes.append((operation_id.hex(), _recover_one(root, operation_id, operation)))
+        except NokvError as exc:
+            log.error("recovery of publish %s failed: %s", operation_id.hex(), exc)
+            outcomes.append((operation_id.hex(), f"failed: {exc}"))
+        finally:
+            lock.release(remove=True)
+    return outcomes
+
+
+def _recover_one(root, operation_id: bytes, operation: PublishOperation) -> str:
+    if operation.phase == PublishPhase.Finalizing:
+        with root.read() as view:
+            ledger = _ledger(view, root, operation_id)
+        if all(_present(root, row) for _, row in ledger):
+            try:
+                _publish(root, operation_id)
+                return "published"
+            except (PredicateFailed, NotFound, InvalidInput) as exc:
+                return abort(root, operation_id, reason=f"resume failed: {exc}").name.lower()
+        return abort(root, operation_id, reason="an uploaded object is missing").name.lower()
+    if operation.phase == PublishPhase.Uploading:
+        # The bytes were in the lost process's hands: the publication cannot be finished.
+        return abort(root, operation_id, reason="the uploading process was lost").name.lower()
+    return _clean(root, operation_id).name.lower()
+
+
+def _present(root, row: StagedObject) -> bool:
+    try:
+        info = root.store.head(row.object_key)
+    except StoreError:
+        return False
+    return info is not None and info.size == row.expected_length

@@ -1,0 +1,114 @@
+"""A root on its logical shard, with the object store that holds its artifact bytes.
+
+`Root.apply` is the one command builder every state machine uses: it reads at the current
+version, lets the caller build predicates and mutations from that view, and applies the command at
+read_version + 1, rebuilding on an unrelated intervening commit. The command digest is derived from
+the request's intent, not from the built rows, so a rebuilt retry of an applied request replays
+its stored result instead of applying twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+from nokvfs.engine.command import MetadataCommand
+from nokvfs.errors import ReadVersionStale
+from nokvfs.schema.ids import new_id16
+
+MAX_REBUILDS = 16
+
+
+@dataclass
+class Built:
+    """What a command builder returns: the rows of one command and what to hand back."""
+
+    predicates: list = field(default_factory=list)
+    mutations: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    result: bytes = b""
+    value: object = None  # returned to the facade caller (not durable)
+
+
+def intent_digest(operation: str, *parts: bytes | str | int) -> bytes:
+    h = hashlib.sha256(b"nokv.facade.intent.v1\0" + operation.encode() + b"\0")
+    for part in parts:
+        if isinstance(part, str):
+            part = part.encode("utf-8")
+        elif isinstance(part, int):
+            part = part.to_bytes(16, "big", signed=True)
+        elif part is None:
+            part = b"\xff"
+        h.update(len(part).to_bytes(4, "big") + part)
+    return h.digest()
+
+
+class Root:
+    def __init__(self, shard, root_id: bytes, placement_generation: int, store, blocks, *, block_size: int, data_dir: str, owner_epoch: int | None = None):
+        from nokvfs.workspace.reading import ManifestCache
+
+        self.shard = shard
+        self.data_dir = data_dir
+        self.run_dir = os.path.join(data_dir, "run")
+        self.spool_dir = os.path.join(data_dir, "spool")
+        os.makedirs(self.run_dir, exist_ok=True)
+        os.makedirs(self.spool_dir, exist_ok=True)
+        self.manifests = ManifestCache()
+        self.root_id = root_id
+        self.logical_shard_id = shard.logical_shard_id
+        self.placement_generation = placement_generation
+        self.store = store
+        self.blocks = blocks
+        self.block_size = block_size
+        # Commands carry the epoch this process opened with: if another owner advances it,
+        # this process's writes are fenced rather than silently continuing.
+        self.owner_epoch = shard.owner_epoch if owner_epoch is None else owner_epoch
+
+    def close(self) -> None:
+        # The block cache holds an flock on its directory until closed: without this a reopen of
+        # the same data dir (in this process or another) is refused as "in use".
+        cache = getattr(self.blocks, "cache", None)
+        if cache is not None:
+            cache.close()
+        self.store.close()
+        self.shard.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def read(self, version: int | None = None):
+        return self.shard.read(version)
+
+    def apply(self, build, *, digest: bytes, request_id: bytes | None = None):
+        """Build against the current version and apply; returns (CommandOutcome, Built)."""
+        request_id = request_id or new_id16()
+        for _ in range(MAX_REBUILDS):
+            with self.shard.read() as view:
+                built = build(view)
+                read_version = view.version
+            command = MetadataCommand(
+                root_id=self.root_id,
+                logical_shard_id=self.logical_shard_id,
+                placement_generation=self.placement_generation,
+                owner_epoch=self.owner_epoch,
+                request_id=request_id,
+                read_version=read_version,
+                predicates=tuple(built.predicates),
+                mutations=tuple(built.mutations),
+                events=tuple(built.events),
+                result=built.result,
+                command_digest=digest,
+            )
+            try:
+                return self.shard.apply(command), built
+            except ReadVersionStale:
+                continue
+        raise ReadVersionStale(
+            f"the shard kept moving: gave up after {MAX_REBUILDS} rebuilds",
+            expected=read_version,
+            current=self.shard.commit_version,
+        )

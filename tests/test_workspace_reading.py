@@ -1,0 +1,105 @@
+"""Reading bodies through their manifests: ranges across blocks, and what a damaged store does.
+
+A block whose bytes do not match the manifest's SHA-256 is IntegrityError and no bytes are
+returned; an absent block is ObjectMissing; a corrupt cache entry is never served.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nokvfs.errors import IntegrityError, InvalidInput, ObjectMissing
+from nokvfs.workspace import namespace, reading
+from tests.workspace_fixtures import BLOCK, WB, block_keys, body, entry, flip_byte, get_bytes, local_object_path
+from tests.workspace_fixtures import bench, data_dir, root, root_holder  # noqa: F401 - fixtures
+
+DATA = body(4 * BLOCK + 123, "read")
+
+
+@pytest.fixture
+def published(bench):
+    found = namespace.put(bench, WB, "outputs/blob", DATA)
+    return bench, found
+
+
+@pytest.mark.parametrize(
+    "offset, size",
+    [(0, None), (0, 1), (1, BLOCK), (BLOCK - 1, 2), (BLOCK, BLOCK), (3 * BLOCK + 7, 10**9), (len(DATA) - 1, 5), (len(DATA), 10), (len(DATA) + 50, 10), (17, 0)],
+)
+def test_ranges(published, offset, size):
+    root, found = published
+    expected = DATA[offset:] if size is None else DATA[offset : offset + size]
+    assert reading.read(root, found, offset, size) == expected
+
+
+def test_negative_ranges_are_invalid(published):
+    root, found = published
+    with pytest.raises(InvalidInput):
+        reading.read(root, found, -1, 4)
+    with pytest.raises(InvalidInput):
+        reading.read(root, found, 0, -4)
+
+
+def test_a_corrupt_block_is_integrity_error_and_returns_no_bytes(data_dir, published):
+    root, found = published
+    key = block_keys(root, found.artifact_revision_id, 5)[2]
+    flip_byte(local_object_path(data_dir, key), 100)
+    with pytest.raises(IntegrityError):
+        reading.read(root, found)
+    with pytest.raises(IntegrityError):
+        reading.read(root, found, 2 * BLOCK + 100, 1)  # only the damaged byte's block
+    with pytest.raises(IntegrityError):
+        b"".join(reading.iter_body(root, found))
+    # Ranges that do not touch the damaged block still read (each block is verified alone).
+    assert reading.read(root, found, 0, 2 * BLOCK) == DATA[: 2 * BLOCK]
+    assert reading.read(root, found, 3 * BLOCK, None) == DATA[3 * BLOCK :]
+    # The damaged bytes never entered the cache.
+    assert root.blocks.cache.get(root.manifests.get(root, found.artifact_revision_id)[1][2].digest_uri) is None
+
+
+def test_a_truncated_or_overlong_block_is_integrity_error(data_dir, published):
+    root, found = published
+    keys_ = block_keys(root, found.artifact_revision_id, 5)
+    root.store.put(keys_[1], DATA[BLOCK : 2 * BLOCK - 1])  # one byte short
+    root.store.put(keys_[3], DATA[3 * BLOCK : 4 * BLOCK] + b"!")  # one byte long
+    with pytest.raises(IntegrityError):
+        reading.read(root, found, BLOCK, 1)
+    with pytest.raises(IntegrityError):
+        reading.read(root, found, 3 * BLOCK, 1)
+
+
+def test_a_missing_block_is_object_missing(data_dir, published):
+    root, found = published
+    key = block_keys(root, found.artifact_revision_id, 5)[4]
+    os.unlink(local_object_path(data_dir, key))
+    with pytest.raises(ObjectMissing):
+        reading.read(root, found)
+    assert reading.read(root, found, 0, BLOCK) == DATA[:BLOCK]
+
+
+def test_a_corrupt_cache_entry_is_dropped_and_refetched(data_dir, published):
+    root, found = published
+    assert reading.read(root, found) == DATA  # fills the cache
+    rows = root.manifests.get(root, found.artifact_revision_id)[1]
+    digest_hex = rows[0].digest_uri.split(":", 1)[1]
+    cached = os.path.join(data_dir, "cache", digest_hex[:2], digest_hex)
+    assert os.path.exists(cached)
+    flip_byte(cached, 0)
+    assert reading.read(root, found, 0, BLOCK) == DATA[:BLOCK]
+    assert root.blocks.cache.stats().corrupt_drops == 1
+
+
+def test_a_cached_block_survives_reopen(data_dir, root_holder):
+    from nokvfs.workspace import workbench as wb
+
+    root = root_holder.root
+    wb.create(root, WB)
+    namespace.put(root, WB, "outputs/c", DATA)
+    assert get_bytes(root, "outputs/c") == DATA
+    root = root_holder.reopen()  # the cache directory is released by close and reopened
+    found = entry(root, "outputs/c")
+    for key in block_keys(root, found.artifact_revision_id, 5):
+        os.unlink(local_object_path(data_dir, key))
+    assert reading.read(root, found) == DATA  # every block verified from the cache
