@@ -43,6 +43,11 @@ class ManifestCache:
         return value
 
 
+    def forget(self, revision_id: bytes) -> None:
+        with self._lock:
+            self._rows.pop(revision_id, None)
+
+
 def blocks_for_range(starts, rows, offset: int, size: int):
     """The manifest rows overlapping [offset, offset + size)."""
     first = max(0, bisect.bisect_right(starts, offset) - 1)

@@ -1,0 +1,329 @@
+"""Garbage collection of artifact revisions nothing references any more.
+
+A GcCandidate (written when a revision's strong-reference count reached zero, keyed by the new
+reference epoch) is claimed only when every condition holds: the count is zero, the key's epoch
+is the revision's current reference epoch, the history floor (the oldest read version any
+HistoryHold keeps, or the current version when none) is newer than last_zero_ref_version, the
+revision is Available (no publish or append can still add a reference: every reference addition
+requires Available), and the caller is the fenced owner (every command carries the owner epoch).
+
+    claim:   Available -> Deleting, candidate Candidate -> Claimed, GcOperation Deleting
+    delete:  every object the revision physically owns, then confirm each absent
+    finish:  Deleting -> Deleted, candidate Complete, manifest rows pruned, and only then the
+             revision's RevisionDependency references released (which may make bases candidates)
+    an ambiguous or failed delete: revision, candidate and operation Quarantined with evidence;
+    nothing may reference or delete it until reconciled.
+
+The operation id is derived from (root, revision, epoch), so a killed collector's operation is
+found and resumed by the next run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
+from nokvfs.engine.scan import scan_prefix
+from nokvfs.errors import AmbiguousResult, NokvError, PredicateFailed, StoreError
+from nokvfs.schema import keys
+from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
+from nokvfs.schema.records import ArtifactRevision, GcBarrier, GcCandidate, GcOperation, HistoryHold
+from nokvfs.workspace import publish
+from nokvfs.workspace.refs import References
+from nokvfs.workspace.root import Built, intent_digest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GcReport:
+    candidates: int = 0
+    collectable: int = 0
+    freed_revisions: int = 0
+    freed_bytes: int = 0
+    deleted_objects: int = 0
+    quarantined: int = 0
+    stale_candidates: int = 0
+    held: int = 0
+    freed: list = field(default_factory=list)  # revision ids (hex)
+
+
+def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
+    return hashlib.sha256(b"nokv.gc.operation.v1\0" + root_id + revision_id + epoch.to_bytes(8, "big")).digest()[:16]
+
+
+def history_floor(view, root, *, quiescent: int | None = None) -> int:
+    """The oldest read version any HistoryHold of the root keeps; with none, `quiescent`
+    (default: the view's version, which the barrier command has just advanced)."""
+    floor = view.version if quiescent is None else quiescent
+    prefix = root.root_id  # HistoryHold keys are root | kind | hold id
+    marker = None
+    while True:
+        page = scan_prefix(view, "history_hold", prefix, start_after=marker)
+        for _, value in page.items:
+            floor = min(floor, HistoryHold.decode(value).read_version)
+        if page.next_marker is None:
+            return floor
+        marker = page.next_marker
+
+
+def _revision_key(root, revision_id: bytes) -> bytes:
+    return keys.ArtifactRevisionKey(root.root_id, revision_id).encode()
+
+
+def _own_objects(view, root, revision_id: bytes):
+    return [row for row in publish.read_manifest(view, root, revision_id) if row.physical_owner_revision_id == revision_id]
+
+
+def _advance_barrier(root) -> None:
+    """One command that moves the commit clock past every recorded zero (a quiescent floor)."""
+    key = keys.GcBarrierKey(root.root_id).encode()
+
+    def build(view):
+        raw = view.get("gc_barrier", key)
+        generation = 0 if raw is None else GcBarrier.decode(raw).generation
+        return Built(
+            predicates=[Absent("gc_barrier", key) if raw is None else ValueEquals("gc_barrier", key, raw)],
+            mutations=[Put("gc_barrier", key, GcBarrier(generation + 1))],
+        )
+
+    from nokvfs.schema.ids import new_id16
+
+    root.apply(build, digest=intent_digest("gc.barrier", new_id16()))
+
+
+MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at most 8
+
+
+def collect(root, *, dry_run: bool = False, progress=None) -> GcReport:
+    """Free every collectable revision's objects, pass after pass until nothing more frees.
+
+    With dry_run, nothing is changed and the report lists what the first pass would free (bases
+    that only become collectable once their children are gone are not counted).
+    """
+    report = GcReport()
+    if not dry_run:
+        _resume(root, report)
+    for _ in range(1 if dry_run else MAX_PASSES):
+        freed = report.freed_revisions
+        _pass(root, report, dry_run=dry_run, progress=progress)
+        if dry_run or report.freed_revisions == freed:
+            break
+    return report
+
+
+def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
+    if not dry_run:
+        _advance_barrier(root)
+    with root.read() as view:
+        # A dry run does not advance the barrier: judge it as the barrier would leave it.
+        floor = history_floor(view, root, quiescent=view.version + 1 if dry_run else None)
+        prefix = root.root_id
+        work = []
+        marker = None
+        while True:
+            page = scan_prefix(view, "gc_candidate", prefix, start_after=marker)
+            for key, value in page.items:
+                decoded = keys.GcCandidateKey.decode(key)
+                candidate = GcCandidate.decode(value)
+                if candidate.claim_state != GcClaimState.Candidate:
+                    continue
+                report.candidates += 1
+                raw_revision = view.get("artifact_revision", _revision_key(root, decoded.artifact_revision_id))
+                revision = None if raw_revision is None else ArtifactRevision.decode(raw_revision)
+                if (
+                    revision is None
+                    or revision.reference_epoch != decoded.reference_epoch
+                    or revision.strong_reference_count != 0
+                    or revision.state != RevisionState.Available
+                ):
+                    report.stale_candidates += 1
+                    continue
+                if not floor > candidate.last_zero_ref_version:
+                    report.held += 1
+                    continue
+                report.collectable += 1
+                own = _own_objects(view, root, decoded.artifact_revision_id)
+                work.append((decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own)))
+            if page.next_marker is None:
+                break
+            marker = page.next_marker
+    for revision_id, epoch, size in work:
+        if dry_run:
+            report.freed.append(revision_id.hex())
+            report.freed_bytes += size
+            continue
+        try:
+            _claim(root, revision_id, epoch)
+        except PredicateFailed:
+            continue  # a reference came back, or another collector claimed it
+        _drive(root, operation_id(root.root_id, revision_id, epoch), report)
+        if progress is not None:
+            progress(report)
+
+
+def _claim(root, revision_id: bytes, epoch: int) -> None:
+    op_id = operation_id(root.root_id, revision_id, epoch)
+    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
+    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
+    revision_key = _revision_key(root, revision_id)
+
+    def build(view):
+        raw_candidate = view.get("gc_candidate", candidate_key)
+        raw_revision = view.get("artifact_revision", revision_key)
+        if raw_candidate is None or raw_revision is None:
+            raise PredicateFailed("the candidate or its revision is gone")
+        candidate = GcCandidate.decode(raw_candidate)
+        revision = ArtifactRevision.decode(raw_revision)
+        if (
+            candidate.claim_state != GcClaimState.Candidate
+            or revision.state != RevisionState.Available
+            or revision.strong_reference_count != 0
+            or revision.reference_epoch != epoch
+        ):
+            raise PredicateFailed(f"revision {revision_id.hex()} is no longer collectable")
+        if not history_floor(view, root) > candidate.last_zero_ref_version:
+            raise PredicateFailed(f"revision {revision_id.hex()} is still visible to a history hold")
+        own = _own_objects(view, root, revision_id)
+        operation = GcOperation(
+            artifact_revision_id=revision_id,
+            reference_epoch=epoch,
+            phase=GcPhase.Deleting,
+            object_count=len(own),
+            object_cursor=b"",
+            deleted_object_count=0,
+            dependency_cursor=b"",
+            result=None,
+            terminal_error=None,
+            created_version=view.version + 1,
+        )
+        return Built(
+            predicates=[
+                ValueEquals("gc_candidate", candidate_key, raw_candidate),
+                ValueEquals("artifact_revision", revision_key, raw_revision),
+                Absent("operation", op_key),
+            ],
+            mutations=[
+                Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
+                Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)),
+                Put("operation", op_key, operation),
+            ],
+        )
+
+    root.apply(build, digest=intent_digest("gc.claim", op_id))
+
+
+def _resume(root, report: GcReport) -> None:
+    """Drive every GC operation a killed collector left in Deleting."""
+    prefix = keys.operation_prefix(root.root_id, OperationKind.Gc)
+    with root.read() as view:
+        pending = [
+            keys.OperationKey.decode(k).operation_id
+            for k, v in scan_prefix(view, "operation", prefix, limit=255).items
+            if GcOperation.decode(v).phase == GcPhase.Deleting
+        ]
+    for op_id in pending:
+        _drive(root, op_id, report)
+
+
+def _drive(root, op_id: bytes, report: GcReport) -> None:
+    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
+    with root.read() as view:
+        operation = GcOperation.decode(view.get("operation", op_key))
+        own = _own_objects(view, root, operation.artifact_revision_id)
+    failure = None
+    deleted = 0
+    for row in own:
+        try:
+            root.store.delete(row.object_key)
+            if root.store.head(row.object_key) is not None:
+                failure = f"{row.object_key} is still present after delete"
+                break
+            deleted += 1
+        except AmbiguousResult as exc:
+            failure = f"ambiguous delete of {row.object_key}: {exc}"
+            break
+        except StoreError as exc:
+            failure = f"delete of {row.object_key} failed: {exc}"
+            break
+    if failure is not None:
+        log.warning("gc of %s quarantined: %s", operation.artifact_revision_id.hex(), failure)
+        _quarantine(root, op_id, operation, failure)
+        report.quarantined += 1
+        return
+    _finish(root, op_id, operation, own)
+    report.freed_revisions += 1
+    report.deleted_objects += deleted
+    report.freed_bytes += sum(r.length for r in own)
+    report.freed.append(operation.artifact_revision_id.hex())
+
+
+def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
+    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
+    revision_id = operation.artifact_revision_id
+    revision_key = _revision_key(root, revision_id)
+    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
+
+    def build(view):
+        raw_op = view.get("operation", op_key)
+        current = GcOperation.decode(raw_op)
+        if current.phase != GcPhase.Deleting:
+            raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
+        raw_revision = view.get("artifact_revision", revision_key)
+        raw_candidate = view.get("gc_candidate", candidate_key)
+        revision = ArtifactRevision.decode(raw_revision)
+        # The child's own objects are gone: now, and only now, release its dependency set.
+        refs = References(view, root.root_id)
+        dependency_prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id))
+        for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+            refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
+        predicates, mutations = refs.rows()
+        predicates += [ValueEquals("operation", op_key, raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
+        mutations += [
+            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)),
+            Put("operation", op_key, dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))),
+        ]
+        if raw_candidate is not None:
+            mutations.append(Put("gc_candidate", candidate_key, dataclasses.replace(GcCandidate.decode(raw_candidate), claim_state=GcClaimState.Complete)))
+        manifest_prefix = keys.artifact_manifest_prefix(root.root_id, revision_id)
+        marker = None
+        while True:
+            page = scan_prefix(view, "artifact_manifest", manifest_prefix, start_after=marker)
+            mutations += [Delete("artifact_manifest", k) for k, _ in page.items]
+            if page.next_marker is None:
+                break
+            marker = page.next_marker
+        return Built(predicates=predicates, mutations=mutations)
+
+    root.apply(build, digest=intent_digest("gc.finish", op_id))
+    root.manifests.forget(revision_id)
+
+
+def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> None:
+    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
+    revision_id = operation.artifact_revision_id
+    revision_key = _revision_key(root, revision_id)
+    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
+
+    def build(view):
+        raw_op = view.get("operation", op_key)
+        raw_revision = view.get("artifact_revision", revision_key)
+        raw_candidate = view.get("gc_candidate", candidate_key)
+        mutations = [
+            Put("operation", op_key, dataclasses.replace(GcOperation.decode(raw_op), phase=GcPhase.Quarantined, terminal_error=evidence[:1024])),
+            Put("artifact_revision", revision_key, dataclasses.replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined)),
+        ]
+        if raw_candidate is not None:
+            candidate = GcCandidate.decode(raw_candidate)
+            mutations.append(
+                Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Quarantined, retry_count=candidate.retry_count + 1, quarantine_evidence=evidence[:1024]))
+            )
+        return Built(predicates=[ValueEquals("operation", op_key, raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)], mutations=mutations)
+
+    try:
+        root.apply(build, digest=intent_digest("gc.quarantine", op_id))
+    except NokvError as exc:
+        log.error("gc of %s could not even be quarantined: %s", revision_id.hex(), exc)

@@ -1,0 +1,200 @@
+"""GC: exactly the bytes nothing references are freed, never a referenced or held object."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from nokvfs.errors import AmbiguousResult
+from nokvfs.schema import keys
+from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, RevisionState
+from nokvfs.schema.records import ArtifactRevision, GcCandidate, GcOperation
+from nokvfs.workspace import append, datadir, gc, listing, namespace, reading, snapshot, workbench
+
+BLOCK = 4096
+
+
+@pytest.fixture
+def root(tmp_path):
+    datadir.init(str(tmp_path / "data"), block_size=BLOCK)
+    r = datadir.open_root(str(tmp_path / "data"))
+    workbench.create(r, "w")
+    yield r
+    r.close()
+
+
+def stored_bytes(root):
+    total = 0
+    for info in root.store.list("nokv/artifacts/"):
+        total += info.size
+    return total
+
+
+def revision(root, revision_id):
+    with root.read() as view:
+        return ArtifactRevision.decode(view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, revision_id).encode()))
+
+
+def read(root, path):
+    with root.read() as view:
+        return reading.read(root, listing.stat(view, root, "w", path).entry)
+
+
+def test_removing_a_path_frees_exactly_its_bytes(root):
+    keep = namespace.put(root, "w", "outputs/keep", b"k" * 10_000)
+    gone = namespace.put(root, "w", "outputs/gone", b"g" * 9_000)
+    assert stored_bytes(root) == 19_000
+    assert gc.collect(root).freed_revisions == 0  # everything is referenced
+    namespace.remove(root, "w", "outputs/gone")
+    report = gc.collect(root)
+    assert (report.freed_revisions, report.freed_bytes, report.deleted_objects) == (1, 9_000, 3)
+    assert stored_bytes(root) == 10_000
+    assert revision(root, gone.artifact_revision_id).state == RevisionState.Deleted
+    assert revision(root, keep.artifact_revision_id).state == RevisionState.Available
+    assert read(root, "outputs/keep") == b"k" * 10_000
+
+
+def test_replacing_a_file_frees_the_old_revision_and_rename_frees_nothing(root):
+    old = namespace.put(root, "w", "outputs/f", b"1" * 5_000)
+    namespace.put(root, "w", "outputs/f", b"2" * 3_000)
+    namespace.rename(root, "w", "outputs/f", "logs/f")
+    report = gc.collect(root)
+    assert report.freed == [old.artifact_revision_id.hex()] and report.freed_bytes == 5_000
+    assert read(root, "logs/f") == b"2" * 3_000
+
+
+def test_dry_run_reports_and_changes_nothing(root):
+    namespace.put(root, "w", "outputs/f", b"x" * 5_000)
+    namespace.remove(root, "w", "outputs/f")
+    version = root.shard.commit_version
+    report = gc.collect(root, dry_run=True)
+    assert report.freed_bytes == 5_000 and report.freed_revisions == 0
+    assert root.shard.commit_version == version and stored_bytes(root) == 5_000
+
+
+def test_a_snapshot_hold_keeps_a_zero_reference_revision_until_it_is_retired(root):
+    namespace.put(root, "w", "outputs/f", b"old" * 1_000)
+    snap = snapshot.mint(root, "w")
+    namespace.remove(root, "w", "outputs/f")
+    report = gc.collect(root)
+    assert report.freed_revisions == 0 and report.held == 1
+    with root.read() as view:
+        at = snapshot.view_at(view, root, snapshot.get(root, "w", snap.snapshot_id))
+        assert reading.read(root, listing.stat(at, root, "w", "outputs/f").entry, view=at) == b"old" * 1_000
+    snapshot.retire(root, "w", snap.snapshot_id)
+    assert gc.collect(root).freed_bytes == 3_000
+
+
+def test_an_append_chain_is_freed_child_first_in_one_collect(root):
+    namespace.put(root, "w", "logs/l", b"a" * 5_000)
+    for i in range(3):
+        append.append(root, "w", "logs/l", bytes([98 + i]) * 1_000)
+    assert read(root, "logs/l") == b"a" * 5_000 + b"b" * 1_000 + b"c" * 1_000 + b"d" * 1_000
+    namespace.remove(root, "w", "logs/l")
+    report = gc.collect(root)
+    assert report.freed_revisions == 4 and report.freed_bytes == 8_000
+    assert stored_bytes(root) == 0
+
+
+def test_a_base_stays_readable_while_its_appended_child_lives(root):
+    base = namespace.put(root, "w", "logs/l", b"a" * 5_000)
+    append.append(root, "w", "logs/l", b"b" * 10)
+    # The base has no Path reference any more, only the child's RevisionDependency.
+    assert revision(root, base.artifact_revision_id).strong_reference_count == 1
+    assert gc.collect(root).freed_revisions == 0
+    assert read(root, "logs/l") == b"a" * 5_000 + b"b" * 10
+
+
+def test_a_stale_candidate_is_never_claimed(root):
+    entry = namespace.put(root, "w", "outputs/f", b"x" * 100)
+    namespace.rename(root, "w", "outputs/f", "outputs/g")  # add then remove: count never hit zero
+    with root.read() as view:
+        prefix = root.root_id + entry.artifact_revision_id
+        assert view.seek("gc_candidate", prefix, within=prefix) is None
+    namespace.remove(root, "w", "outputs/g")
+    # Re-reference by a new publication of different bytes does not resurrect; the zero stands.
+    report = gc.collect(root)
+    assert report.freed_revisions == 1
+
+
+class AmbiguousDeletes:
+    """A real store whose deletes time out after sending: the outcome is unknown."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def delete(self, key):
+        raise AmbiguousResult(f"timed out deleting {key}")
+
+
+def test_an_ambiguous_delete_quarantines_and_is_never_guessed(root):
+    entry = namespace.put(root, "w", "outputs/f", b"q" * 5_000)
+    namespace.remove(root, "w", "outputs/f")
+    real = root.store
+    root.store = AmbiguousDeletes(real)
+    try:
+        report = gc.collect(root)
+    finally:
+        root.store = real
+    assert report.quarantined == 1 and report.freed_revisions == 0
+    assert revision(root, entry.artifact_revision_id).state == RevisionState.Quarantined
+    with root.read() as view:
+        candidate = GcCandidate.decode(
+            view.get("gc_candidate", keys.GcCandidateKey(root.root_id, entry.artifact_revision_id, revision(root, entry.artifact_revision_id).reference_epoch).encode())
+        )
+    assert candidate.claim_state == GcClaimState.Quarantined and "timed out" in candidate.quarantine_evidence
+    assert gc.collect(root).freed_revisions == 0  # quarantined stays put until reconciled
+    assert stored_bytes(root) == 5_000
+
+
+def test_a_killed_collector_is_resumed_by_the_next_run(root):
+    entry = namespace.put(root, "w", "outputs/f", b"z" * 5_000)
+    namespace.remove(root, "w", "outputs/f")
+    epoch = revision(root, entry.artifact_revision_id).reference_epoch
+    gc._advance_barrier(root)
+    gc._claim(root, entry.artifact_revision_id, epoch)  # the collector dies right after claiming
+    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, gc.operation_id(root.root_id, entry.artifact_revision_id, epoch)).encode()
+    report = gc.collect(root)
+    assert report.freed_revisions == 1 and stored_bytes(root) == 0
+    with root.read() as view:
+        assert GcOperation.decode(view.get("operation", op_key)).phase == GcPhase.Deleted
+
+
+def test_gc_never_deletes_a_referenced_object_under_concurrent_publishes(root):
+    stop = threading.Event()
+    errors = []
+
+    def churn(worker):
+        i = 0
+        while not stop.is_set() and i < 40:
+            path = f"outputs/w{worker}/f{i % 5}"
+            try:
+                namespace.put(root, "w", path, os.urandom(1_000 + i))
+                if i % 3 == 0:
+                    namespace.remove(root, "w", path)
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+            i += 1
+
+    threads = [threading.Thread(target=churn, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for _ in range(5):
+        gc.collect(root)
+    for t in threads:
+        t.join()
+    stop.set()
+    gc.collect(root)
+    assert not [e for e in errors if not type(e).__name__ in ("GenerationConflict", "NotFound")]
+    with root.read() as view:
+        files = listing.list_recursive(view, root, "w").children
+    referenced = sum(c.entry.logical_size for c in files)
+    for child in files:
+        with root.read() as view:
+            assert len(reading.read(root, child.entry, view=view)) == child.entry.logical_size
+    assert stored_bytes(root) == referenced
