@@ -1,0 +1,280 @@
+"""fsck: recompute what the metadata claims and check the object store against it.
+
+Every finding has a stable code. Metadata is namespace truth; an object-store listing is used
+only to report objects nothing owns (ORPHAN_OBJECT), and `repair` deletes such an object only
+after the proofs GC uses: its revision has no ArtifactRevision row (or is Deleted) and no
+publish operation's ledger owns its key.
+
+Checks:
+  STATE_DIGEST / OUTBOX_CHAIN     the engine's own verification (state digests, outbox chain)
+  UNDECODABLE_ROW                 a row of a family that does not decode under its record
+  REF_COUNT                       strong_reference_count differs from the RevisionRef rows
+  REF_DANGLING                    a RevisionRef names a revision that does not exist
+  PATH_REF_MISSING / PATH_REF_ORPHAN   PathCurrent and Path references disagree
+  PATH_REVISION                   a path names a missing or not-Available revision, or its
+                                  sealed fields differ from the revision's
+  DEPENDENCY_COUNT                dependency_count differs from the RevisionDependency refs
+  MANIFEST_COVERAGE               manifest rows do not tile the body, or block_count differs
+  GC_CANDIDATE_MISSING            a zero-reference Available revision has no candidate
+  HOLD                            an Active snapshot without its HistoryHold, or the reverse
+  BLOCK_MISSING / BLOCK_CORRUPT   a manifest object is absent, the wrong size or the wrong SHA-256
+  ORPHAN_OBJECT                   a stored object no manifest and no ledger owns
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from nokvfs.engine.scan import scan_prefix
+from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, StoreError
+from nokvfs.objects.keys import parse_artifact_block_key
+from nokvfs.schema import keys
+from nokvfs.schema.enums import GcClaimState, HistoryHoldKind, OperationKind, PublishPhase, ReferenceKind, RevisionState, SnapshotState
+from nokvfs.schema.records import (
+    ArtifactRevision,
+    GcCandidate,
+    PathEntry,
+    PublishOperation,
+    SnapshotRef,
+    StagedObject,
+)
+from nokvfs.workspace import publish
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    subject: str
+    detail: str
+
+
+@dataclass
+class FsckReport:
+    findings: list = field(default_factory=list)
+    checked: Counter = field(default_factory=Counter)
+    repaired: list = field(default_factory=list)
+
+    def add(self, code: str, subject: str, detail: str) -> None:
+        self.findings.append(Finding(code, subject, detail))
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def _all(view, tree: str, prefix: bytes):
+    marker = None
+    while True:
+        page = scan_prefix(view, tree, prefix, start_after=marker)
+        yield from page.items
+        if page.next_marker is None:
+            return
+        marker = page.next_marker
+
+
+def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckReport:
+    report = FsckReport()
+    _engine(root, report)
+    with root.read() as view:
+        revisions = _revisions(view, root, report)
+        refs = _references(view, root, report, revisions)
+        _paths(view, root, report, revisions, refs)
+        manifests = _manifests(view, root, report, revisions)
+        _holds(view, root, report)
+        ledger_keys = _ledger_keys(view, root)
+    if verify_blocks:
+        _blocks(root, report, manifests)
+    _orphans(root, report, revisions, manifests, ledger_keys, repair=repair)
+    return report
+
+
+def _engine(root, report: FsckReport) -> None:
+    """The same verification that gates opening: outbox chain, System tail, state digests."""
+    try:
+        root.shard._verify(full=True)
+    except NokvError as exc:
+        code = "OUTBOX_CHAIN" if "outbox" in str(exc).lower() else "STATE_DIGEST"
+        report.add(code, "shard", str(exc))
+    report.checked["shard"] += 1
+
+
+def _revisions(view, root, report) -> dict:
+    revisions = {}
+    for key, value in _all(view, "artifact_revision", root.root_id):
+        revision_id = key[16:]
+        try:
+            revisions[revision_id] = ArtifactRevision.decode(value)
+        except FormatError as exc:
+            report.add("UNDECODABLE_ROW", f"artifact_revision {revision_id.hex()}", str(exc))
+    report.checked["revisions"] = len(revisions)
+    return revisions
+
+
+def _references(view, root, report, revisions) -> dict:
+    """RevisionRef rows grouped: (kind, owner) lists per revision id."""
+    refs = defaultdict(list)
+    for key, _ in _all(view, "revision_ref", root.root_id):
+        try:
+            decoded = keys.RevisionRefKey.decode(key)
+        except FormatError as exc:
+            report.add("UNDECODABLE_ROW", f"revision_ref {key.hex()}", str(exc))
+            continue
+        refs[decoded.artifact_revision_id].append((decoded.reference_kind, decoded.reference_owner_id))
+    report.checked["references"] = sum(len(v) for v in refs.values())
+    for revision_id, owners in refs.items():
+        if revision_id not in revisions:
+            report.add("REF_DANGLING", revision_id.hex(), f"{len(owners)} reference(s) to a revision that does not exist")
+    for revision_id, revision in revisions.items():
+        count = len(refs.get(revision_id, ()))
+        if count != revision.strong_reference_count:
+            report.add("REF_COUNT", revision_id.hex(), f"strong_reference_count {revision.strong_reference_count}, {count} RevisionRef rows")
+        dependencies = sum(
+            1 for owners in refs.values() for kind, owner in owners if kind == ReferenceKind.RevisionDependency and owner == revision_id
+        )
+        if revision.state in (RevisionState.Available, RevisionState.Deleting) and dependencies != revision.dependency_count:
+            report.add("DEPENDENCY_COUNT", revision_id.hex(), f"dependency_count {revision.dependency_count}, {dependencies} dependency references")
+        if revision.state == RevisionState.Available and revision.strong_reference_count == 0:
+            candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
+            if candidate is None or GcCandidate.decode(candidate).claim_state != GcClaimState.Candidate:
+                report.add("GC_CANDIDATE_MISSING", revision_id.hex(), f"zero references at epoch {revision.reference_epoch} and no candidate")
+    return refs
+
+
+def _paths(view, root, report, revisions, refs) -> None:
+    path_owners = {
+        owner: revision_id
+        for revision_id, owners in refs.items()
+        for kind, owner in owners
+        if kind == ReferenceKind.Path
+    }
+    seen_owners = set()
+    count = 0
+    for key, value in _all(view, "path_current", root.root_id):
+        count += 1
+        try:
+            decoded = keys.PathCurrentKey.decode(key)
+            entry = PathEntry.decode(value)
+        except FormatError as exc:
+            report.add("UNDECODABLE_ROW", f"path_current {key.hex()}", str(exc))
+            continue
+        subject = f"{decoded.workspace_incarnation_id.hex()}:{'/'.join(decoded.path)}"
+        owner = publish.path_owner(decoded.workspace_incarnation_id, decoded.path)
+        seen_owners.add(owner)
+        if path_owners.get(owner) != entry.artifact_revision_id:
+            report.add("PATH_REF_MISSING", subject, f"no Path reference to revision {entry.artifact_revision_id.hex()}")
+        revision = revisions.get(entry.artifact_revision_id)
+        if revision is None or revision.state != RevisionState.Available:
+            state = "missing" if revision is None else revision.state.name
+            report.add("PATH_REVISION", subject, f"revision {entry.artifact_revision_id.hex()} is {state}")
+        elif (revision.logical_size, revision.body_digest_uri, revision.manifest_digest_uri) != (
+            entry.logical_size,
+            entry.body_digest_uri,
+            entry.manifest_digest_uri,
+        ):
+            report.add("PATH_REVISION", subject, "sealed size/digests differ from the revision's")
+    report.checked["paths"] = count
+    for owner, revision_id in path_owners.items():
+        if owner not in seen_owners:
+            report.add("PATH_REF_ORPHAN", revision_id.hex(), f"Path reference {owner.hex()} without a PathCurrent row")
+
+
+def _manifests(view, root, report, revisions) -> dict:
+    """revision id -> manifest rows, for Available/Deleting revisions; coverage checked."""
+    out = {}
+    for revision_id, revision in revisions.items():
+        if revision.state not in (RevisionState.Available, RevisionState.Deleting, RevisionState.Quarantined):
+            continue
+        try:
+            rows = publish.read_manifest(view, root, revision_id)
+        except FormatError as exc:
+            report.add("UNDECODABLE_ROW", f"artifact_manifest {revision_id.hex()}", str(exc))
+            continue
+        offset = 0
+        for row in rows:
+            if row.logical_offset != offset:
+                report.add("MANIFEST_COVERAGE", revision_id.hex(), f"row at offset {row.logical_offset}, expected {offset}")
+                break
+            offset += row.length
+        else:
+            if offset != revision.logical_size:
+                report.add("MANIFEST_COVERAGE", revision_id.hex(), f"rows cover {offset} bytes of {revision.logical_size}")
+        if len(rows) != revision.block_count:
+            report.add("MANIFEST_COVERAGE", revision_id.hex(), f"{len(rows)} rows, block_count {revision.block_count}")
+        out[revision_id] = rows
+    report.checked["manifest rows"] = sum(len(r) for r in out.values())
+    return out
+
+
+def _holds(view, root, report) -> None:
+    holds = set()
+    for key, _ in _all(view, "history_hold", root.root_id):
+        decoded = keys.HistoryHoldKey.decode(key)
+        if decoded.hold_kind == HistoryHoldKind.Snapshot:
+            holds.add(int.from_bytes(decoded.hold_id, "big"))
+    active = set()
+    for key, value in _all(view, "snapshot_ref", root.root_id):
+        decoded = keys.SnapshotRefKey.decode(key)
+        if SnapshotRef.decode(value).state == SnapshotState.Active:
+            active.add(decoded.snapshot_id)
+    for snapshot_id in active - holds:
+        report.add("HOLD", f"snapshot {snapshot_id}", "Active snapshot without its HistoryHold")
+    for snapshot_id in holds - active:
+        report.add("HOLD", f"snapshot {snapshot_id}", "HistoryHold without an Active snapshot")
+    report.checked["snapshots"] = len(active)
+
+
+def _ledger_keys(view, root) -> set:
+    """Object keys owned by the ledger of any publish that is not Cleaned."""
+    owned = set()
+    prefix = keys.operation_prefix(root.root_id, OperationKind.Publish)
+    for key, value in _all(view, "operation", prefix):
+        operation_id = keys.OperationKey.decode(key).operation_id
+        if PublishOperation.decode(value).phase == PublishPhase.Cleaned:
+            continue
+        for _, row in _all(view, "staged_object", keys.staged_object_prefix(root.root_id, operation_id)):
+            owned.add(StagedObject.decode(row).object_key)
+    return owned
+
+
+def _blocks(root, report, manifests) -> None:
+    seen = set()
+    for revision_id, rows in manifests.items():
+        for row in rows:
+            if row.object_key in seen:
+                continue
+            seen.add(row.object_key)
+            try:
+                data = root.store.get(row.object_key)
+            except ObjectMissing:
+                report.add("BLOCK_MISSING", row.object_key, f"object of revision {revision_id.hex()} is absent")
+                continue
+            except StoreError as exc:
+                report.add("BLOCK_MISSING", row.object_key, f"cannot read: {exc}")
+                continue
+            expected = row.object_offset + row.length
+            if len(data) < expected or "sha256:" + hashlib.sha256(data).hexdigest() != row.digest_uri:
+                report.add("BLOCK_CORRUPT", row.object_key, f"{len(data)} bytes do not match {row.digest_uri}")
+    report.checked["objects"] = len(seen)
+
+
+def _orphans(root, report, revisions, manifests, ledger_keys, *, repair: bool) -> None:
+    referenced = {row.object_key for rows in manifests.values() for row in rows}
+    prefix = f"nokv/artifacts/{root.logical_shard_id.hex()}/{root.root_id.hex()}/"
+    for info in root.store.list(prefix):
+        if info.key in referenced or info.key in ledger_keys:
+            continue
+        try:
+            _, _, revision_id, _ = parse_artifact_block_key(info.key)
+        except InvalidInput:
+            report.add("ORPHAN_OBJECT", info.key, "not an artifact block key")
+            continue
+        revision = revisions.get(revision_id)
+        report.add("ORPHAN_OBJECT", info.key, f"{info.size} bytes owned by no manifest or ledger")
+        if repair and (revision is None or revision.state == RevisionState.Deleted):
+            try:
+                root.store.delete(info.key)
+                report.repaired.append(info.key)
+            except StoreError as exc:
+                report.add("ORPHAN_OBJECT", info.key, f"repair failed: {exc}")
