@@ -1,0 +1,153 @@
+"""`nokvfs gc`, `nokvfs fsck` and `nokvfs search`.
+
+    nokvfs gc [--dry-run] [--json]
+    nokvfs fsck [--repair] [--no-blocks] [--json]       exit 0 clean, 5 when anything was found
+    nokvfs search WB FIELD=VALUE | FIELD>VALUE | FIELD>=VALUE | FIELD<VALUE | FIELD<=VALUE
+                     | 'FIELD in [A,B)' [--limit N] [--json]
+
+Search values: integers, decimals, true/false/null; anything else is a string (prefix `s:` to
+force a string, `t:` for an ISO-8601 timestamp with a zone).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sys
+
+from nokvfs.cli.common import UsageError, open_root
+from nokvfs.cli.render import print_json
+
+EXIT_FINDINGS = 5
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("gc", help="free the objects of revisions nothing references")
+    p.add_argument("--dry-run", action="store_true", help="report what would be freed, change nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gc)
+    p = subparsers.add_parser("fsck", help="check metadata against itself and the object store")
+    p.add_argument("--repair", action="store_true", help="remove orphan objects (only with GC's proofs)")
+    p.add_argument("--no-blocks", action="store_true", help="skip reading every block")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fsck)
+    p = subparsers.add_parser("search", help="find files by a typed index field")
+    p.add_argument("workbench", metavar="WB")
+    p.add_argument("query", metavar="QUERY")
+    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_search)
+
+
+def cmd_gc(args) -> int:
+    from nokvfs.cli.common import human_size
+    from nokvfs.workspace import gc
+
+    def progress(report):
+        if sys.stderr.isatty():
+            print(f"\rfreed {report.freed_revisions} revision(s), {human_size(report.freed_bytes)}", end="", file=sys.stderr)
+
+    with open_root(args, write=True) as root:
+        report = gc.collect(root, dry_run=args.dry_run, progress=progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.json:
+        print_json({k: v for k, v in vars(report).items()} | {"dry_run": args.dry_run})
+    else:
+        verb = "would free" if args.dry_run else "freed"
+        count = len(report.freed) if args.dry_run else report.freed_revisions
+        print(f"{verb} {count} revision(s), {human_size(report.freed_bytes)} ({report.freed_bytes} bytes)")
+        if report.held:
+            print(f"{report.held} revision(s) kept by history holds")
+        if report.quarantined:
+            print(f"{report.quarantined} revision(s) quarantined: run fsck")
+    return 0
+
+
+def cmd_fsck(args) -> int:
+    from nokvfs.workspace import fsck
+
+    with open_root(args, write=False) as root:
+        report = fsck.check(root, verify_blocks=not args.no_blocks, repair=args.repair)
+    if args.json:
+        print_json(
+            {
+                "ok": report.ok,
+                "checked": dict(report.checked),
+                "findings": [{"code": f.code, "subject": f.subject, "detail": f.detail} for f in report.findings],
+                "repaired": report.repaired,
+            }
+        )
+    else:
+        for finding in report.findings:
+            print(f"{finding.code:<22} {finding.subject}: {finding.detail}")
+        checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
+        print(f"fsck: {len(report.findings)} finding(s); checked {checked}" + (f"; repaired {len(report.repaired)}" if report.repaired else ""))
+    return 0 if report.ok else EXIT_FINDINGS
+
+
+_COMPARE = re.compile(r"^(?P<field>[^=<>\s]+)\s*(?P<op>>=|<=|=|>|<)\s*(?P<value>.*)$")
+_RANGE = re.compile(r"^(?P<field>\S+)\s+in\s+(?P<lo>[\[(])(?P<a>[^,]*),(?P<b>[^\])]*)(?P<hi>[\])])$")
+
+
+def parse_value(text: str):
+    text = text.strip()
+    if text.startswith("s:"):
+        return text[2:]
+    if text.startswith("t:"):
+        try:
+            value = datetime.datetime.fromisoformat(text[2:].replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(f"not an ISO-8601 timestamp: {text[2:]!r}") from None
+        if value.tzinfo is None:
+            raise UsageError("a timestamp needs a zone (e.g. Z or +00:00)")
+        return value
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "null":
+        return None
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d+\.\d*(e-?\d+)?|-?\d+e-?\d+", text):
+        return float(text)
+    return text
+
+
+def parse_query(text: str) -> tuple[str, dict]:
+    match = _RANGE.match(text.strip())
+    if match:
+        a, b = match["a"].strip(), match["b"].strip()
+        return match["field"], {
+            "lower": parse_value(a) if a else None,
+            "upper": parse_value(b) if b else None,
+            "include_lower": match["lo"] == "[",
+            "include_upper": match["hi"] == "]",
+        }
+    match = _COMPARE.match(text.strip())
+    if not match:
+        raise UsageError(f"cannot read the query {text!r}: use FIELD=VALUE, FIELD>VALUE, ... or 'FIELD in [A,B)'")
+    field, op, value = match["field"], match["op"], parse_value(match["value"])
+    if op == "=":
+        if value is None:
+            raise UsageError("search for null with FIELD in [null,null]")
+        return field, {"equals": value}
+    return field, {
+        ">": {"lower": value, "include_lower": False},
+        ">=": {"lower": value, "include_lower": True},
+        "<": {"upper": value, "include_upper": False},
+        "<=": {"upper": value, "include_upper": True},
+    }[op]
+
+
+def cmd_search(args) -> int:
+    from nokvfs.workspace import index
+
+    field, query = parse_query(args.query)
+    with open_root(args, write=False) as root:
+        page = index.search(root, args.workbench, field, limit=max(1, min(args.limit, 10_000)), **query)
+    if args.json:
+        print_json([{"path": h.path, "value": h.value.value, "kind": h.value.kind.name, "generation": h.entry.generation} for h in page.hits])
+    else:
+        for hit in page.hits:
+            print(f"{args.workbench}:{hit.path}\t{hit.value.value!r}")
+    return 0
