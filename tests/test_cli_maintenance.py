@@ -109,3 +109,16 @@ def test_query_parsing():
     field, q = parse_query("t in [t:2026-01-01T00:00:00Z,)")
     assert field == "t" and q["upper"] is None and q["include_lower"]
     assert parse_query("ok=true") == ("ok", {"equals": True})
+
+
+def test_put_index_fields_are_searchable(data, capsys, tmp_path):
+    src = tmp_path / "f"
+    src.write_bytes(b"x")
+    assert main(["put", "w:outputs/a", str(src), "--index", "run=3", "--index", "stage=raw"]) == 0
+    assert main(["put", "w:outputs/b", str(src), "--index", "run=5"]) == 0
+    capsys.readouterr()
+    code, out = run(capsys, "search", "w", "run>=4", "--json")
+    assert [h["path"] for h in json.loads(out.out)] == ["outputs/b"]
+    code, out = run(capsys, "search", "w", "stage=raw", "--json")
+    assert [h["path"] for h in json.loads(out.out)] == ["outputs/a"]
+    assert main(["put", "w:outputs/c", str(src), "--index", "novalue"]) == 2

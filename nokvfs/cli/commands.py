@@ -199,6 +199,13 @@ def _register_put(subparsers) -> None:
     p.add_argument("sources", metavar="SRC", nargs="*", help="files, directories, or '-' for stdin (the default)")
     p.add_argument("--content-type", metavar="TYPE", help="content type (default: guessed from the path, else application/octet-stream)")
     p.add_argument("--producer", metavar="TEXT", default="", help="producer recorded on the revision")
+    p.add_argument(
+        "--index",
+        metavar="FIELD=VALUE",
+        action="append",
+        default=[],
+        help="a typed index field for `nokvfs search` (repeatable; values as in search)",
+    )
     cond = p.add_mutually_exclusive_group()
     cond.add_argument("--if-absent", action="store_true", help="publish only if the path does not exist")
     cond.add_argument("--if-generation", metavar="N", type=_generation_arg, help="publish only if the path is at generation N (one file only)")
@@ -285,8 +292,22 @@ def guess_content_type(path: str) -> str | None:
     return None if encoding else kind
 
 
+def _index_fields(pairs: list[str]) -> tuple:
+    from nokvfs.cli.maintenance_commands import parse_value
+    from nokvfs.workspace import index
+
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--index takes FIELD=VALUE, not {pair!r}")
+        values[name] = parse_value(value)
+    return index.fields(values)
+
+
 def cmd_put(args) -> int:
     target = parse_target(args.target, allow_root=True, allow_into=True)
+    args.index_fields = _index_fields(args.index)
     with open_root(args, write=True) as root:
         plan = plan_put(target, args.sources or [STDIN], is_directory=lambda t: _is_directory(root, t))
         if not plan:
@@ -323,6 +344,7 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                     expected_generation=expected,
                     content_type=content_type,
                     producer=args.producer,
+                    index_fields=args.index_fields,
                     progress=progress,
                 )
             if args.json:
