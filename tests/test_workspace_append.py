@@ -14,18 +14,25 @@ import pytest
 from nokvfs.engine.command import Absent, Put
 from nokvfs.errors import GenerationConflict, NotFound, ReservedPath
 from nokvfs.schema import keys
-from nokvfs.schema.enums import ChangeEventKind, PublishPhase, ReferenceKind, RevisionState
+from nokvfs.schema.enums import (
+    ChangeEventKind,
+    PublishPhase,
+    ReferenceKind,
+    RevisionState,
+)
 from nokvfs.schema.ids import new_id16
 from nokvfs.schema.records import ArtifactManifest, ArtifactRevision, PathEntry
 from nokvfs.workspace import append, namespace, publish
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
-from tests.workspace_fixtures import (
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
     BLOCK,
     WB,
+    bench_fixture,
     block_keys,
     body,
+    data_dir_fixture,
     entry,
     get_bytes,
     manifest,
@@ -34,8 +41,8 @@ from tests.workspace_fixtures import (
     refs_owned_by,
     refs_to,
     revision,
+    root_fixture,
 )
-from tests.workspace_fixtures import bench, data_dir, root  # noqa: F401 - fixtures
 
 PATH = "logs/train.log"
 

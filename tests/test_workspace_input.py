@@ -9,8 +9,15 @@ import pytest
 
 from nokvfs.errors import InvalidInput, NotFound, PathInvalid, ReservedPath
 from nokvfs.workspace import append, listing, namespace
-from tests.workspace_fixtures import WB, all_rows, get_bytes, publish_ops
-from tests.workspace_fixtures import bench, data_dir, root  # noqa: F401 - fixtures
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
+    WB,
+    all_rows,
+    bench_fixture,
+    data_dir_fixture,
+    get_bytes,
+    publish_ops,
+    root_fixture,
+)
 
 BAD_PATHS = {
     "absolute": "/outputs/x",

@@ -11,8 +11,14 @@ from nokvfs.errors import InvalidInput, NotADirectory, NotFound, ReadVersionStal
 from nokvfs.schema.paths import normalize_path
 from nokvfs.workspace import listing, namespace
 from nokvfs.workspace import workbench as wb
-from tests.workspace_fixtures import WB, body, stat
-from tests.workspace_fixtures import bench, data_dir, root  # noqa: F401 - fixtures
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
+    WB,
+    bench_fixture,
+    body,
+    data_dir_fixture,
+    root_fixture,
+    stat,
+)
 
 SECTIONS = ["input", "logs", "metadata", "outputs", "scripts"]
 

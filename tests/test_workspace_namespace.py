@@ -7,20 +7,37 @@ the same command stores last_zero_ref_version and a GcCandidate keyed by the new
 
 from __future__ import annotations
 
+import io
+import os
+
 import pytest
 
-from nokvfs.errors import GenerationConflict, IndexValueInvalid, InvalidInput, IsADirectory, NotFound
+from nokvfs.errors import (
+    GenerationConflict,
+    IndexValueInvalid,
+    InvalidInput,
+    IsADirectory,
+    NotFound,
+)
 from nokvfs.schema import index_codec, keys
-from nokvfs.schema.enums import ChangeEventKind, GcClaimState, PublishPhase, ReferenceKind, RevisionState
+from nokvfs.schema.enums import (
+    ChangeEventKind,
+    GcClaimState,
+    PublishPhase,
+    ReferenceKind,
+    RevisionState,
+)
 from nokvfs.schema.records import ChangeEvent, IndexField, SecondaryIndex
 from nokvfs.workspace import append, namespace, publish
 from nokvfs.workspace import workbench as wb
-from tests.workspace_fixtures import (
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
     BLOCK,
     WB,
     all_rows,
+    bench_fixture,
     block_keys,
     body,
+    data_dir_fixture,
     entry,
     gc_candidates,
     get_bytes,
@@ -29,9 +46,9 @@ from tests.workspace_fixtures import (
     publish_ops,
     refs_to,
     revision,
+    root_fixture,
     workspace_row,
 )
-from tests.workspace_fixtures import bench, data_dir, root  # noqa: F401 - fixtures
 
 
 def _owner(root, path: str) -> bytes:
@@ -102,12 +119,11 @@ def test_empty_body_is_a_revision_with_no_blocks(bench):
 
 
 def test_put_from_a_stream_spools_and_publishes(bench):
-    import io
-
     data = body(5 * BLOCK + 7, "stream")
     found = namespace.put(bench, WB, "input/stream", io.BytesIO(data))
+    assert found.logical_size == len(data)
     assert get_bytes(bench, "input/stream") == data
-    assert [n for n in __import__("os").listdir(bench.spool_dir)] == []
+    assert os.listdir(bench.spool_dir) == []  # the spool file is gone once published
 
 
 def test_replace_moves_the_path_reference_and_zeroes_the_old_revision(bench):

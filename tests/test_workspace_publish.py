@@ -14,17 +14,29 @@ import threading
 
 import pytest
 
-from nokvfs.errors import GenerationConflict, IntegrityError, NokvError, NotFound, RequestMismatch, ReservedPath, StoreError
+from nokvfs.errors import (
+    GenerationConflict,
+    IntegrityError,
+    KeyTooLong,
+    NokvError,
+    NotFound,
+    ReadVersionStale,
+    RequestMismatch,
+    ReservedPath,
+    StoreError,
+)
 from nokvfs.schema.enums import PublishPhase, StagedCleanupState, StagedProviderState
 from nokvfs.workspace import body as bodies
 from nokvfs.workspace import namespace, publish
 from nokvfs.workspace.root import Built, intent_digest
-from tests.workspace_fixtures import (
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
     BLOCK,
     WB,
     all_rows,
+    bench_fixture,
     block_keys,
     body,
+    data_dir_fixture,
     entry,
     get_bytes,
     ledger,
@@ -33,8 +45,8 @@ from tests.workspace_fixtures import (
     publish_ops,
     refs_to,
     revision,
+    root_fixture,
 )
-from tests.workspace_fixtures import bench, data_dir, root  # noqa: F401 - fixtures
 
 
 def _publication(path: str, data: bytes, **kw) -> publish.Publication:
@@ -343,14 +355,35 @@ def test_two_threads_replacing_one_generation_have_exactly_one_winner(bench):
 # --- paths the shard can and cannot store --------------------------------------------------------
 
 
-def test_a_publish_the_shard_refuses_is_cleaned_not_left_finalizing(bench):
-    """The final command fails for a reason that is not a predicate (here the key is longer than
-    the shard can store): the caller gets the error, and the operation must not stay Finalizing
-    for a later recovery to publish behind the caller's back."""
+def test_a_path_too_long_for_the_shard_is_refused_before_any_upload(monkeypatch, bench):
+    """The shard bounds its keys (below the normalizer's 4096 bytes): such a path is refused as
+    KeyTooLong before the operation begins, so nothing is uploaded for nothing."""
     root = bench
+    sent = []
+    monkeypatch.setattr(root.store, "put", lambda key, data, **kw: sent.append(key))
     long_path = "outputs/" + "x" * 600
-    with pytest.raises(NokvError):
+    version = root.shard.commit_version
+    with pytest.raises(KeyTooLong):
         namespace.put(root, WB, long_path, body(BLOCK + 1, "long"))
+    assert sent == [] and publish_ops(root) == {} and root.shard.commit_version == version
+    monkeypatch.undo()
+    # The exact boundary: the longest key the final command writes is the Path RevisionRef,
+    # 53 bytes plus the path; the engine's family-key limit is root.shard.max_family_key_bytes.
+    longest = root.shard.max_family_key_bytes - 53
+    with pytest.raises(KeyTooLong):
+        namespace.put(root, WB, "outputs/" + "y" * (longest + 1 - 8), b"x")
+    fits = "outputs/" + "y" * (longest - 8)
+    namespace.put(root, WB, fits, b"fits")  # the engine accepts what the pre-check lets through
+    assert get_bytes(root, fits) == b"fits"
+
+
+def test_a_publish_whose_final_command_the_shard_refuses_is_cleaned(monkeypatch, bench):
+    """Past the pre-check (switched off here), the engine itself refuses the over-long key in the
+    final command: the operation is cleaned, not left Finalizing for recovery to retry forever."""
+    root = bench
+    monkeypatch.setattr(publish, "_check_key_lengths", lambda root, pub: None)
+    with pytest.raises(KeyTooLong):
+        namespace.put(root, WB, "outputs/" + "x" * 600, body(BLOCK + 1, "long"))
     (op,) = publish_ops(root).values()
     assert op.phase == PublishPhase.Cleaned
     assert present_keys(root.store, block_keys(root, op.artifact_revision_id, 2)) == []
@@ -358,7 +391,33 @@ def test_a_publish_the_shard_refuses_is_cleaned_not_left_finalizing(bench):
         assert publish.pending(view, root) == []
 
 
-@pytest.mark.xfail(strict=True, reason="engine: LMDB keys are limited to 511 bytes, so paths longer than ~440 bytes fail (the normalizer allows 4096)")
+@pytest.mark.parametrize("failure", ["store", "stale"])
+def test_a_final_command_that_fails_without_a_predicate_is_cleaned(monkeypatch, bench, failure):
+    """Not a lost CAS: the shard itself refuses the final command (its disk fails, or it keeps
+    moving past every rebuild). The caller is told, so the publish is cleaned up at once."""
+    root = bench
+    namespace.put(root, WB, "outputs/f", b"old")
+    real_apply = root.shard.apply
+
+    def apply(command):
+        if any(o.request_id == command.request_id for o in publish_ops(root).values()):
+            if failure == "store":
+                raise StoreError("mdb_put: disk I/O error")
+            raise ReadVersionStale("moved on", expected=command.read_version, current=command.read_version + 1)
+        return real_apply(command)
+
+    monkeypatch.setattr(root.shard, "apply", apply)
+    with pytest.raises(StoreError if failure == "store" else ReadVersionStale):
+        namespace.put(root, WB, "outputs/f", body(2 * BLOCK, "refused"))
+    monkeypatch.setattr(root.shard, "apply", real_apply)
+    (op,) = [o for o in publish_ops(root).values() if o.phase != PublishPhase.Published]
+    assert op.phase == PublishPhase.Cleaned
+    assert present_keys(root.store, block_keys(root, op.artifact_revision_id, 2)) == []
+    assert get_bytes(root, "outputs/f") == b"old"
+    assert publish.recover(root) == []
+
+
+@pytest.mark.xfail(strict=True, raises=KeyTooLong, reason="engine: LMDB keys are limited to 511 bytes (family keys to 498), so paths over ~440 bytes are KeyTooLong; the normalizer allows 4096")
 def test_the_longest_normalized_path_can_be_published(bench):
     path = "outputs/" + "/".join(["y" * 63] * 63)
     path = path + "z" * (4096 - len(path.encode()))

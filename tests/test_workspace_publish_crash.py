@@ -13,7 +13,7 @@ import os
 import pytest
 
 from nokvfs.schema.enums import PublishPhase, ReferenceKind
-from nokvfs.workspace import datadir, namespace, publish
+from nokvfs.workspace import namespace, publish
 from nokvfs.workspace import workbench as wb
 from tests.workspace_fixtures import (
     BLOCK,
@@ -25,6 +25,7 @@ from tests.workspace_fixtures import (
     body,
     crash_append_worker,
     crash_worker,
+    data_dir_fixture,  # noqa: F401 - fixtures
     entry,
     get_bytes,
     ledger,
@@ -37,7 +38,6 @@ from tests.workspace_fixtures import (
     revision,
     run_crash_child,
 )
-from tests.workspace_fixtures import data_dir  # noqa: F401 - fixture
 
 PATH = "outputs/model.bin"
 OLD = body(2 * BLOCK + 11, "old")

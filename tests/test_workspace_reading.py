@@ -12,8 +12,20 @@ import pytest
 
 from nokvfs.errors import IntegrityError, InvalidInput, ObjectMissing
 from nokvfs.workspace import namespace, reading
-from tests.workspace_fixtures import BLOCK, WB, block_keys, body, entry, flip_byte, get_bytes, local_object_path
-from tests.workspace_fixtures import bench, data_dir, root, root_holder  # noqa: F401 - fixtures
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
+    BLOCK,
+    WB,
+    bench_fixture,
+    block_keys,
+    body,
+    data_dir_fixture,
+    entry,
+    flip_byte,
+    get_bytes,
+    local_object_path,
+    root_fixture,
+    root_holder_fixture,
+)
 
 DATA = body(4 * BLOCK + 123, "read")
 

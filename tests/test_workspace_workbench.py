@@ -15,12 +15,20 @@ from nokvfs.errors import AlreadyExists, NameInvalid, NotFound
 from nokvfs.schema import keys
 from nokvfs.schema.enums import OperationKind, WorkspaceState
 from nokvfs.schema.ids import new_id16
-from nokvfs.schema.records import OperationRef, WorkspaceCurrent, WorkspaceIncarnationClaim
+from nokvfs.schema.records import (
+    OperationRef,
+    WorkspaceCurrent,
+    WorkspaceIncarnationClaim,
+)
 from nokvfs.workspace import listing, namespace
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.root import Built, intent_digest
-from tests.workspace_fixtures import all_rows, workspace_row
-from tests.workspace_fixtures import data_dir, root  # noqa: F401 - fixtures
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
+    all_rows,
+    data_dir_fixture,
+    root_fixture,
+    workspace_row,
+)
 
 
 class _Crash(BaseException):

@@ -2,8 +2,9 @@
 store, or S3 on the loopback moto server), readers of the durable rows the facade wrote, and the
 child-process workers the crash and two-process tests run.
 
-Use from a test module with ``pytest_plugins = ["tests.workspace_fixtures"]`` (S3 modules also add
-``"tests.s3_fixtures"``). Nothing here mocks the object store: every byte goes to a real store.
+Import the fixtures a module needs by their ``*_fixture`` names (pytest registers them under
+the short name: ``data_dir``, ``root``, ``root_holder``, ``bench``); S3 modules also use
+``pytest_plugins = ["tests.s3_fixtures"]``. Nothing here mocks the object store: every byte goes to a real store.
 """
 
 from __future__ import annotations
@@ -41,32 +42,32 @@ SPAWN = multiprocessing.get_context("spawn")
 # --- data directories ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def data_dir(tmp_path):
+@pytest.fixture(name="data_dir")
+def data_dir_fixture(tmp_path):
     """A fresh local data directory (local directory store, 4 KiB blocks)."""
     path = str(tmp_path / "data")
     datadir.init(path, block_size=BLOCK)
     return path
 
 
-@pytest.fixture
-def root(data_dir):
+@pytest.fixture(name="root")
+def root_fixture(data_dir):
     """The data directory's root, open; closed afterwards (whatever the test left open)."""
     holder = RootHolder(data_dir)
     yield holder.root
     holder.close()
 
 
-@pytest.fixture
-def root_holder(data_dir):
+@pytest.fixture(name="root_holder")
+def root_holder_fixture(data_dir):
     """A RootHolder: for tests that close and reopen the root (recovery runs on every open)."""
     holder = RootHolder(data_dir)
     yield holder
     holder.close()
 
 
-@pytest.fixture
-def bench(root):
+@pytest.fixture(name="bench")
+def bench_fixture(root):
     """A root with one Visible workbench WB."""
     wb.create(root, WB)
     return root
@@ -245,14 +246,16 @@ def body(size: int, seed: str) -> bytes:
 # --- child-process workers (spawned: importable at module level) --------------------------------
 
 
-def crash_worker(data_dir: str, path: str, data: bytes, expected_generation, crash_at: str, env: dict | None = None) -> None:
+def crash_worker(data_dir: str, path: str, data: bytes, expected_generation, crash_at: str, store_options: dict | None = None) -> None:
     """Open the root and publish `data` with NOKVFS_CRASH_AT=crash_at; expected to die by SIGKILL.
 
+    `store_options` are set as attributes of the opened store (e.g. a low multipart_threshold).
     Exits 0 if the publish finished and 3 if it raised (neither should happen when the crash
     point is reached).
     """
-    os.environ.update(env or {})
     root = datadir.open_root(data_dir)
+    for name, value in (store_options or {}).items():
+        setattr(root.store, name, value)
     os.environ[publish.CRASH_ENV] = crash_at
     from nokvfs.workspace import namespace
 
