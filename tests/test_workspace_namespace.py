@@ -145,9 +145,24 @@ def test_replace_moves_the_path_reference_and_zeroes_the_old_revision(bench):
     assert len(present_keys(root.store, block_keys(root, first.artifact_revision_id, 2))) == 2
 
 
-def test_expected_generation_is_a_cas_and_a_loser_is_cleaned(bench):
+def test_a_stale_expected_generation_fails_before_anything_is_uploaded(bench):
     root = bench
     namespace.put(root, WB, "outputs/f", b"one", expected_generation=0)
+    version = root.shard.commit_version
+    with pytest.raises(GenerationConflict):
+        namespace.put(root, WB, "outputs/f", b"again", expected_generation=0)
+    with pytest.raises(GenerationConflict):
+        namespace.put(root, WB, "outputs/f", body(3 * BLOCK, "lost"), expected_generation=7)
+    assert root.shard.commit_version == version  # no operation, no ledger, no upload
+    assert sorted(op.phase.name for op in publish_ops(root).values()) == ["Published"]
+    assert get_bytes(root, "outputs/f") == b"one"
+
+
+def test_expected_generation_is_a_cas_and_a_race_loser_is_cleaned(bench, monkeypatch):
+    root = bench
+    namespace.put(root, WB, "outputs/f", b"one", expected_generation=0)
+    # A concurrent writer wins between the precheck and the final command: the CAS decides.
+    monkeypatch.setattr(publish, "_precheck", lambda root, pub: None)
     with pytest.raises(GenerationConflict):
         namespace.put(root, WB, "outputs/f", b"again", expected_generation=0)
     with pytest.raises(GenerationConflict):

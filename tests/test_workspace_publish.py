@@ -436,3 +436,36 @@ def test_publish_into_a_missing_workbench_is_refused_at_begin(root):
     with pytest.raises(NotFound):
         publish.run(root, _publication("outputs/x", b"x"))
     assert publish_ops(root) == {}
+
+
+def test_a_body_larger_than_one_command_is_published_in_bounded_batches(tmp_path, monkeypatch):
+    """Ledger and manifest rows go in batches while Uploading; the final command stays bounded."""
+    from nokvfs.workspace import datadir as _datadir
+    from nokvfs.workspace import listing as _listing
+    from nokvfs.workspace import namespace as _namespace
+    from nokvfs.workspace import publish as _publish
+    from nokvfs.workspace import reading as _reading
+    from nokvfs.workspace import workbench as _workbench
+
+    monkeypatch.setattr(_publish, "ROW_BATCH", 8)
+    _datadir.init(str(tmp_path / "d"), block_size=4096)
+    root = _datadir.open_root(str(tmp_path / "d"))
+    try:
+        _workbench.create(root, "w")
+        data = bytes(range(256)) * (16 * 40)  # 40 blocks of 4 KiB
+        sizes = []
+        original = root.shard.apply
+
+        def counting(command):
+            sizes.append(len(command.mutations))
+            return original(command)
+
+        monkeypatch.setattr(root.shard, "apply", counting)
+        entry = _namespace.put(root, "w", "outputs/big", data)
+        assert max(sizes) <= 8 + 1 + 16  # a batch plus the operation row, or the bounded final command
+        with root.read() as view:
+            assert _reading.read(root, _listing.stat(view, root, "w", "outputs/big").entry) == data
+            assert view.seek("staged_object", root.root_id, within=root.root_id) is None  # ledger tidied
+        assert entry.logical_size == len(data)
+    finally:
+        root.close()

@@ -28,7 +28,7 @@ import os
 import signal
 from dataclasses import dataclass, field
 
-from nokvfs.engine.command import Absent, Delete, Put, State, ValueEquals
+from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
 from nokvfs.engine.scan import scan_prefix
 from nokvfs.errors import (
     AmbiguousResult,
@@ -71,7 +71,8 @@ log = logging.getLogger(__name__)
 RUN_MANIFEST = ("metadata", "run_manifest.json")
 RESTORE_MANIFEST = ("metadata", "restore_manifest.json")
 RESERVED_MANIFESTS = (RUN_MANIFEST, RESTORE_MANIFEST)
-LEDGER_BATCH = 256
+LEDGER_BATCH = 256  # objects deleted per cleanup command
+ROW_BATCH = 4096  # ledger or manifest rows per command (the engine bounds a command)
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 TERMINAL = (PublishPhase.Published, PublishPhase.Cleaned, PublishPhase.Quarantined)
 CRASH_ENV = "NOKVFS_CRASH_AT"
@@ -199,6 +200,7 @@ def run(root, pub: Publication) -> PathEntry:
     """Drive one publication to Published, or clean it up and raise."""
     check_publishable(pub.components)
     _check_key_lengths(root, pub)
+    _precheck(root, pub)
     lock = OperationLock(root.run_dir, pub.operation_id)
     lock.try_acquire()
     try:
@@ -223,6 +225,21 @@ def run(root, pub: Publication) -> PathEntry:
         return entry
     finally:
         lock.release(remove=True)
+
+
+def _precheck(root, pub: Publication) -> None:
+    """Fail fast, before a byte is uploaded, on what the final command would refuse now.
+
+    The final command checks the same conditions again at its own version: this only spares a
+    doomed upload, it guards no race.
+    """
+    with root.read() as view:
+        _, workbench = wb.visible(view, root.root_id, pub.workbench_id)
+        raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, pub.components))
+        old = None if raw is None else PathEntry.decode(raw)
+        _check_generation(pub.expected_generation, old, join(pub.components))
+        if old is None:
+            _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, pub.components)
 
 
 def _check_key_lengths(root, pub: Publication) -> None:
@@ -274,26 +291,36 @@ def _begin(root, pub: Publication) -> None:
             terminal_error=None,
             cleanup_cursor=b"",
         )
-        mutations = [Put("operation", op_key, operation)]
-        for block in pub.body.blocks:
-            mutations.append(
-                Put(
-                    "staged_object",
-                    _staged_key(root, pub.operation_id, block.index),
-                    StagedObject(
-                        artifact_revision_id=pub.revision_id,
-                        object_key=artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index),
-                        upload_id=None,
-                        expected_length=block.length,
-                        expected_digest_uri="sha256:" + block.sha256.hex(),
-                        provider_state=StagedProviderState.Planned,
-                        cleanup_state=StagedCleanupState.Owned,
-                    ),
-                )
-            )
-        return Built(predicates=[Absent("operation", op_key)], mutations=mutations)
+        mutations = [Put("operation", op_key, operation)] + staged_rows(pub.body.blocks[:ROW_BATCH])
+        return Built(predicates=[Absent("operation", op_key)], mutations=mutations, value=operation.encode())
 
-    root.apply(build, digest=intent_digest("publish.begin", pub.operation_id))
+    def staged_rows(blocks):
+        return [
+            Put(
+                "staged_object",
+                _staged_key(root, pub.operation_id, block.index),
+                StagedObject(
+                    artifact_revision_id=pub.revision_id,
+                    object_key=artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index),
+                    upload_id=None,
+                    expected_length=block.length,
+                    expected_digest_uri="sha256:" + block.sha256.hex(),
+                    provider_state=StagedProviderState.Planned,
+                    cleanup_state=StagedCleanupState.Owned,
+                ),
+            )
+            for block in blocks
+        ]
+
+    _, built = root.apply(build, digest=intent_digest("publish.begin", pub.operation_id))
+    # The rest of the ledger in bounded batches, all before the first byte is uploaded. A crash
+    # here leaves an Uploading operation whose partial ledger cleanup removes.
+    for start in range(ROW_BATCH, len(pub.body.blocks), ROW_BATCH):
+        batch = staged_rows(pub.body.blocks[start : start + ROW_BATCH])
+        root.apply(
+            lambda view, batch=batch: Built(predicates=[ValueEquals("operation", op_key, built.value)], mutations=batch),
+            digest=intent_digest("publish.ledger", pub.operation_id, start),
+        )
 
 
 def _upload(root, pub: Publication) -> None:
@@ -333,18 +360,31 @@ def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: 
 
 
 def _finalize(root, operation_id: bytes) -> None:
+    """Mark the ledger Uploaded and write the new revision's manifest rows, in bounded batches;
+    the last batch CASes Uploading -> Finalizing. Manifest rows of a revision that does not
+    exist yet are invisible; cleanup removes them if the publication never happens."""
     op_key = _operation_key(root, operation_id)
-
-    def build(view):
+    with root.read() as view:
         raw, operation = read_operation(view, root, operation_id)
-        if operation.phase != PublishPhase.Uploading:
-            raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
-        mutations = [Put("operation", op_key, dataclasses.replace(operation, phase=PublishPhase.Finalizing))]
-        for key, row in _ledger(view, root, operation_id):
-            mutations.append(Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded)))
-        return Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations)
-
-    root.apply(build, digest=intent_digest("publish.finalize", operation_id))
+        ledger = _ledger(view, root, operation_id)
+        rows = _manifest_rows(view, root, operation, ledger)
+    if operation.phase != PublishPhase.Uploading:
+        raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
+    puts = [Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded)) for key, row in ledger]
+    puts += [
+        Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, operation.artifact_revision_id, index).encode(), row)
+        for index, row in enumerate(rows)
+    ]
+    batches = [puts[i : i + ROW_BATCH] for i in range(0, len(puts), ROW_BATCH)] or [[]]
+    for number, batch in enumerate(batches):
+        last = number == len(batches) - 1
+        mutations = list(batch)
+        if last:
+            mutations.append(Put("operation", op_key, dataclasses.replace(operation, phase=PublishPhase.Finalizing)))
+        root.apply(
+            lambda view, mutations=mutations: Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations),
+            digest=intent_digest("publish.finalize", operation_id, number),
+        )
 
 
 def _publish(root, operation_id: bytes) -> PathEntry:
@@ -370,7 +410,9 @@ def _publish(root, operation_id: bytes) -> PathEntry:
         if old is None:
             _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, components)
         ledger = _ledger(view, root, operation_id)
-        rows = _manifest_rows(view, root, op, ledger)
+        rows = read_manifest(view, root, op.artifact_revision_id)
+        if rows != _manifest_rows(view, root, op, ledger):
+            raise PredicateFailed(f"publish {op.path}: the manifest rows written at finalize are incomplete")
         digest = manifest_digest(rows)
         dependencies = sorted({r.physical_owner_revision_id for r in rows} - {op.artifact_revision_id})
         refs = References(view, root.root_id)
@@ -420,13 +462,13 @@ def _publish(root, operation_id: bytes) -> PathEntry:
         wb_predicate, wb_mutation = wb.advance_revision(root.root_id, op.workbench_id, raw_wb, version)
         predicates.append(wb_predicate)
         mutations += [Put("path_current", path_key, entry), wb_mutation]
-        for index, row in enumerate(rows):
-            mutations.append(Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, op.artifact_revision_id, index).encode(), row))
         mutations += index_mutations(root.root_id, workbench.incarnation_id, components, old, entry)
         mutations.append(
             Put("operation", op_key, dataclasses.replace(op, phase=PublishPhase.Published, result=entry.encode()))
         )
-        mutations += [Delete("staged_object", key) for key, _ in ledger]
+        if len(ledger) <= ROW_BATCH:
+            # A bounded ledger goes with the publication; a larger one is tidied afterwards.
+            mutations += [Delete("staged_object", key) for key, _ in ledger]
         before = None if old is None else old.artifact_revision_id
         return Built(
             predicates=predicates,
@@ -439,9 +481,34 @@ def _publish(root, operation_id: bytes) -> PathEntry:
     crash_point("before-publish-command")
     outcome, built = root.apply(build, digest=intent_digest("publish.final", operation_id), request_id=operation.request_id)
     crash_point("after-publish-command")
+    if operation.object_count > ROW_BATCH:
+        _tidy_ledger(root, operation_id)
     if outcome.replayed:
         return PathEntry.decode(outcome.result)
     return built.value
+
+
+def _tidy_ledger(root, operation_id: bytes) -> None:
+    """After publication the manifest owns the objects: drop the ledger rows in bounded batches.
+
+    Best effort: rows a crash leaves behind only record ownership the manifest also records.
+    """
+    op_key = _operation_key(root, operation_id)
+    while True:
+        with root.read() as view:
+            raw, op = read_operation(view, root, operation_id)
+            page = scan_prefix(view, "staged_object", keys.staged_object_prefix(root.root_id, operation_id), limit=min(255, ROW_BATCH))
+        if op.phase != PublishPhase.Published or not page.items:
+            return
+        deletes = [Delete("staged_object", key) for key, _ in page.items]
+        try:
+            root.apply(
+                lambda view, deletes=deletes: Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=deletes),
+                digest=intent_digest("publish.tidy", operation_id, page.items[0][0]),
+            )
+        except NokvError as exc:
+            log.warning("publish %s: ledger tidy-up deferred: %s", operation_id.hex(), exc)
+            return
 
 
 def _check_generation(expected: int | None, old: PathEntry | None, path: str) -> None:
@@ -592,10 +659,37 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
             updates.append(Put("staged_object", key, dataclasses.replace(row, cleanup_state=state, provider_state=provider)))
         if updates:
             _apply_ledger_updates(root, operation_id, updates, start)
+    _drop_unpublished_manifest(root, operation_id)
     final = PublishPhase.Quarantined if quarantined else PublishPhase.Cleaned
     deletes = [] if quarantined else [Delete("staged_object", key) for key, _ in ledger]
     _set_phase(root, operation_id, PublishPhase.Cleaning, final, extra=deletes)
     return final
+
+
+def _drop_unpublished_manifest(root, operation_id: bytes) -> None:
+    """Manifest rows finalize wrote for a revision the publication never created."""
+    with root.read() as view:
+        _, op = read_operation(view, root, operation_id)
+        revision_key = keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode()
+        if view.get("artifact_revision", revision_key) is not None:
+            return
+        keys_to_drop = [k for k, _ in _scan_all(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, op.artifact_revision_id))]
+    for start in range(0, len(keys_to_drop), ROW_BATCH):
+        batch = [Delete("artifact_manifest", k) for k in keys_to_drop[start : start + ROW_BATCH]]
+        root.apply(
+            lambda view, batch=batch: Built(predicates=[Absent("artifact_revision", revision_key)], mutations=batch),
+            digest=intent_digest("publish.drop-manifest", operation_id, start),
+        )
+
+
+def _scan_all(view, tree: str, prefix: bytes):
+    marker = None
+    while True:
+        page = scan_prefix(view, tree, prefix, start_after=marker)
+        yield from page.items
+        if page.next_marker is None:
+            return
+        marker = page.next_marker
 
 
 def _delete_staged(root, row: StagedObject):
