@@ -136,5 +136,9 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
     if recover:
         from nokvfs.workspace import publish
 
-        publish.recover(root)
+        try:
+            publish.recover(root)
+        except BaseException:
+            root.close()
+            raise
     return root

@@ -80,8 +80,9 @@ def read(root, entry: PathEntry, offset: int = 0, size: int | None = None, *, vi
     return out
 
 
-def iter_body(root, entry: PathEntry, chunk: int = 4 * 1024 * 1024):
-    """The whole body in order, block by block (for get and append's rehash)."""
+def iter_body(root, entry: PathEntry, chunk: int | None = None):
+    """The whole body in order, a block at a time (for get and append's rehash)."""
+    chunk = chunk or root.block_size
     offset = 0
     while offset < entry.logical_size:
         data = read(root, entry, offset, chunk)
