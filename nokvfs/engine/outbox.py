@@ -66,6 +66,21 @@ def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes,
     return rows, digest
 
 
+def verify_record(lsn: int, header: OutboxHeader, payload: bytes, previous: bytes) -> bytes:
+    """The chain digest of record `lsn`, or OutboxCorrupt: its payload must match its header and
+    its chain must follow `previous`. Used on open, on outbox ranges and on shipped packs."""
+    if len(payload) != header.payload_length:
+        raise OutboxCorrupt(f"outbox record {lsn}: payload length differs from its header")
+    if hashlib.sha256(payload).digest() != header.payload_sha256:
+        raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 differs from its header")
+    if header.previous_chain_digest != previous:
+        raise OutboxCorrupt(f"outbox record {lsn}: previous chain digest does not follow")
+    digest = chain_digest(previous, lsn, header.record_kind, header.commit_version, payload)
+    if digest != header.chain_digest:
+        raise OutboxCorrupt(f"outbox record {lsn}: chain digest does not verify")
+    return digest
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     lsn: int
@@ -116,15 +131,7 @@ def iterate(txn, db, genesis: bytes, *, start_lsn: int = 1):
                 raise OutboxCorrupt(f"outbox chunk {lsn}/{index} does not decode: {exc}") from None
             more_chunks = chunks.next()
         payload = b"".join(parts)
-        if len(payload) != header.payload_length:
-            raise OutboxCorrupt(f"outbox record {lsn}: payload length differs from its header")
-        if hashlib.sha256(payload).digest() != header.payload_sha256:
-            raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 differs from its header")
-        if header.previous_chain_digest != previous:
-            raise OutboxCorrupt(f"outbox record {lsn}: previous chain digest does not follow")
-        digest = chain_digest(previous, lsn, header.record_kind, header.commit_version, payload)
-        if digest != header.chain_digest:
-            raise OutboxCorrupt(f"outbox record {lsn}: chain digest does not verify")
+        digest = verify_record(lsn, header, payload, previous)
         yield OutboxEntry(lsn, header, payload)
         previous = digest
         expected += 1

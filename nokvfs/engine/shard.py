@@ -56,9 +56,9 @@ from nokvfs.engine.records import (
     LeaseClock,
     LeaseClockRecord,
     MutationRow,
-    OwnerEpochRecord,
     OutboxChunk,
     OutboxHeader,
+    OwnerEpochRecord,
     OwnerRecord,
     PredicateRow,
     RecoveryTail,
@@ -215,15 +215,17 @@ class Shard:
 
     @staticmethod
     @_lmdb_errors
-    def _open_env(path: str, *, map_size: int = DEFAULT_MAP_SIZE, readonly: bool = False):
+    def _open_env(path: str, *, map_size: int = DEFAULT_MAP_SIZE, readonly: bool = False, sync: bool = True):
+        # sync=False is only for building a shard that is not live yet (a restore assembling in
+        # a temporary directory): commits are not flushed one by one, `Shard.sync` flushes all.
         return lmdb.open(
             path,
             map_size=map_size,
             max_dbs=len(family_keys.TREE_NAMES) + 4,
             subdir=True,
             readonly=readonly,
-            sync=True,
-            metasync=True,
+            sync=sync,
+            metasync=sync,
             readahead=False,
             max_readers=256,
         )
@@ -352,6 +354,11 @@ class Shard:
 
     def close(self) -> None:
         self._env.close()
+
+    @_lmdb_errors
+    def sync(self) -> None:
+        """Flush every committed transaction to disk (for environments opened with sync=False)."""
+        self._env.sync(True)
 
     def __enter__(self):
         return self
@@ -578,7 +585,7 @@ class Shard:
     # Read-only helpers: a consistent compacted copy, and verified outbox ranges after a point.
 
     @_lmdb_errors
-    def copy_to(self, path: str) -> "CopyPoint":
+    def copy_to(self, path: str) -> CopyPoint:
         """Write a compacted copy of the environment into the empty directory `path`.
 
         The copy runs inside one read transaction (`Environment.copy(compact=True, txn=...)`), so
@@ -607,8 +614,6 @@ class Shard:
         is verified like `outbox.iterate` does: framing, payload length and SHA-256, and the chain
         from the digest at `lsn`; a failure is OutboxCorrupt.
         """
-        import hashlib
-
         db = self._dbs[OUTBOX_TREE]
         with self._env.begin() as txn:
             if lsn == 0:
@@ -639,16 +644,9 @@ class Shard:
                     except FormatError as exc:
                         raise OutboxCorrupt(f"outbox chunk {current}/{index} does not decode: {exc}") from None
                 payload = b"".join(parts)
-                if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
-                    raise OutboxCorrupt(f"outbox record {current}: payload differs from its header")
-                if header.previous_chain_digest != previous:
-                    raise OutboxCorrupt(f"outbox record {current}: previous chain digest does not follow")
-                digest = outbox.chain_digest(previous, current, header.record_kind, header.commit_version, payload)
-                if digest != header.chain_digest:
-                    raise OutboxCorrupt(f"outbox record {current}: chain digest does not verify")
+                previous = verify_outbox_record(current, header, payload, previous)
                 entries.append(outbox.OutboxEntry(current, header, payload))
                 size += len(payload)
-                previous = digest
                 current += 1
         return digest_at_lsn, entries
 
@@ -658,6 +656,10 @@ class Shard:
             return OutboxHeader.decode(raw)
         except FormatError as exc:
             raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
+
+
+# Shipped packs and outbox ranges are verified by the same function that gates opening.
+verify_outbox_record = outbox.verify_record
 
 
 @dataclasses.dataclass(frozen=True)

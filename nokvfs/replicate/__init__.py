@@ -1,0 +1,26 @@
+"""A logical shard's durability in a bucket (the storage model of seed 004, for LMDB shards).
+
+    manifest.py    the strict `current` manifest (version 1), its chain validation, the key layout
+    packs.py       checkpoint packs (a compacted LMDB copy) and increment packs (outbox ranges)
+    remote.py      one shard's keys: conditional replacement of `current`, pack upload/fetch with
+                   SHA-256 and size, cleanup
+    replicator.py  Replicator: push_once, checkpoint_once, run_forever, claim_ownership, status
+    restore.py     restore(bucket_url, shard_path): checkpoint install + replay through the engine
+    errors.py      the typed errors (ManifestError family, PackCorrupt, ReplayFailed, ...)
+"""
+
+from nokvfs.replicate.manifest import Manifest
+from nokvfs.replicate.remote import ShardBucket, open_remote
+from nokvfs.replicate.replicator import CheckpointResult, PushResult, Replicator
+from nokvfs.replicate.restore import RestoreResult, restore
+
+__all__ = [
+    "CheckpointResult",
+    "Manifest",
+    "PushResult",
+    "Replicator",
+    "RestoreResult",
+    "ShardBucket",
+    "open_remote",
+    "restore",
+]

@@ -1,0 +1,187 @@
+"""Restore a logical shard from its bucket keys onto a machine that has nothing of it.
+
+1. Read and validate `current` (the whole chain, before any pack is touched).
+2. Download the active checkpoint pack straight into a temporary directory beside the target,
+   verifying its size and SHA-256 before anything is used, then its framing; open it with the
+   engine's full verification (schema gate, outbox chain, every tree's state digest) and check
+   its recovery tail and commit clock are the checkpoint's.
+3. For each increment: download, verify size and SHA-256, parse and verify its chain, and replay
+   every record through the shard's own write entrypoints -- `Shard.apply(command_from_record(
+   CommandRecord.decode(payload)))`, `observe_lease_clock`, `advance_owner_epoch` -- checking after
+   each that the shard appended exactly that record (same LSN, same chain digest). There is no
+   second apply path.
+4. Check the chain end to end: the restored recovery tail is the manifest's head.
+5. Rename the temporary directory into place. Any failure removes it: a corrupt or truncated
+   pack is an IntegrityError and materialises nothing.
+
+A stale reader that finds a referenced pack gone (a newer checkpoint's cleanup) rereads `current`
+and starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from nokvfs.engine.records import (
+    CommandRecord,
+    LeaseClockRecord,
+    OwnerEpochRecord,
+    RecoveryTail,
+)
+from nokvfs.engine.shard import Shard, command_from_record
+from nokvfs.errors import AlreadyExists, NokvError, NotFound
+from nokvfs.replicate.errors import PackCorrupt, PackMissing, ReplayFailed
+from nokvfs.replicate.manifest import CURRENT, Manifest
+from nokvfs.replicate.packs import CheckpointSink, parse_increment
+from nokvfs.replicate.remote import ShardBucket, open_remote
+from nokvfs.schema.enums import OutboxRecordKind
+
+log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    path: str
+    logical_shard_id: bytes
+    generation: int
+    applied_lsn: int
+    commit_version: int
+    owner_epoch: int
+    increments: int
+
+
+def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | str | None = None,
+            endpoint_url: str | None = None, region: str | None = None) -> RestoreResult:
+    """Restore the shard at `bucket_url` into `data_dir_shard_path` (absent or an empty directory).
+
+    `bucket_url` is `s3://bucket/prefix` (optionally ending in `shards/<hex>`) or an ObjectStore;
+    `logical_shard_id` is needed only when the prefix holds several shards.
+    """
+    bucket = open_remote(bucket_url, logical_shard_id=logical_shard_id, endpoint_url=endpoint_url, region=region)
+    target = os.path.abspath(data_dir_shard_path)
+    if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise AlreadyExists(f"{target} exists and is not an empty directory: restore needs a fresh one")
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    for attempt in range(MAX_RESTARTS + 1):
+        manifest, _ = bucket.read()
+        if manifest is None:
+            raise NotFound(f"{bucket.url}{CURRENT} does not exist: nothing to restore")
+        work = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.restore-", dir=parent)
+        try:
+            result = _materialise(bucket, manifest, work, target)
+            _install(work, target)
+            return result
+        except PackMissing:
+            shutil.rmtree(work, ignore_errors=True)
+            latest, _ = bucket.read()
+            if attempt == MAX_RESTARTS or latest is None or latest.generation == manifest.generation:
+                raise
+            log.info("a pack of generation %d was removed; restarting from generation %d", manifest.generation, latest.generation)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str) -> RestoreResult:
+    """Build the restored environment in `work`; nothing outside it is touched."""
+    checkpoint = manifest.checkpoint
+    sink = CheckpointSink(os.path.join(work, "data.mdb"))
+    try:
+        bucket.fetch(checkpoint.key, sha256=checkpoint.sha256, size=checkpoint.size, sink=sink)
+        header = sink.finish()
+    finally:
+        sink.close()
+    expected = (bucket.logical_shard_id, checkpoint.through_lsn, checkpoint.commit_version, checkpoint.chain_digest)
+    stated = (header.logical_shard_id, header.through_lsn, header.commit_version, header.chain_digest)
+    if stated != expected:
+        raise PackCorrupt(f"{checkpoint.key}: its header states another shard or through point than its descriptor")
+    # The shard is assembled in a temporary directory and renamed into place only when complete,
+    # so replay need not flush each record: one sync at the end makes the whole of it durable.
+    shard = Shard.open(work, verify=True, sync=False)
+    try:
+        if shard.logical_shard_id != bucket.logical_shard_id:
+            raise PackCorrupt(f"{checkpoint.key} holds logical shard {shard.logical_shard_id.hex()}")
+        if shard.recovery_tail != RecoveryTail(checkpoint.through_lsn, checkpoint.chain_digest) or (
+            shard.commit_version != checkpoint.commit_version
+        ):
+            raise PackCorrupt(f"{checkpoint.key}: the shard inside is not at the checkpoint's through point")
+        for increment in manifest.increments:
+            data = bucket.fetch(increment.key, sha256=increment.sha256, size=increment.size)
+            pack = parse_increment(data)
+            stated = (pack.logical_shard_id, pack.first_lsn, pack.last_lsn, pack.previous_chain_digest, pack.chain_digest)
+            expected = (bucket.logical_shard_id, increment.first_lsn, increment.last_lsn,
+                        increment.previous_chain_digest, increment.chain_digest)
+            if stated != expected:
+                raise PackCorrupt(f"{increment.key}: its header differs from its descriptor")
+            for entry in pack.entries:
+                replay(shard, entry)
+        head = manifest.head
+        if shard.recovery_tail != RecoveryTail(head.lsn, head.chain_digest) or shard.commit_version != head.commit_version:
+            raise ReplayFailed(f"the restored shard does not end at the manifest's head (LSN {head.lsn})")
+        if shard.owner_epoch != manifest.owner_epoch:
+            raise ReplayFailed(f"the restored owner epoch {shard.owner_epoch} is not the manifest's {manifest.owner_epoch}")
+        shard.sync()
+        return RestoreResult(
+            path=target,
+            logical_shard_id=shard.logical_shard_id,
+            generation=manifest.generation,
+            applied_lsn=head.lsn,
+            commit_version=head.commit_version,
+            owner_epoch=shard.owner_epoch,
+            increments=len(manifest.increments),
+        )
+    finally:
+        shard.close()
+
+
+def replay(shard: Shard, entry) -> None:
+    """Replay one outbox entry through the shard's own entrypoint; it must append exactly it."""
+    header = entry.header
+    tail = shard.recovery_tail
+    if tail.applied_lsn + 1 != entry.lsn or tail.chain_digest != header.previous_chain_digest:
+        raise ReplayFailed(f"record {entry.lsn} does not follow the shard's tail at LSN {tail.applied_lsn}")
+    kind = header.record_kind
+    try:
+        if kind == OutboxRecordKind.MetadataCommand:
+            outcome = shard.apply(command_from_record(CommandRecord.decode(entry.payload)))
+        elif kind == OutboxRecordKind.LeaseClockObservation:
+            shard.observe_lease_clock(LeaseClockRecord.decode(entry.payload).observed_unix_ms)
+        else:  # OwnerEpochAdvance: the enum codec refuses unknown kinds
+            shard.advance_owner_epoch(OwnerEpochRecord.decode(entry.payload).owner_epoch)
+    except NokvError as exc:
+        raise ReplayFailed(f"record {entry.lsn} ({kind.name}) does not replay: {type(exc).__name__}: {exc}") from exc
+    if kind == OutboxRecordKind.MetadataCommand and (
+        outcome.replayed or outcome.recovery_lsn != entry.lsn or outcome.commit_version != header.commit_version
+    ):
+        raise ReplayFailed(f"record {entry.lsn} replayed as LSN {outcome.recovery_lsn} at version {outcome.commit_version}")
+    if shard.recovery_tail != RecoveryTail(entry.lsn, header.chain_digest):
+        raise ReplayFailed(f"record {entry.lsn} ({kind.name}) replayed to another chain digest")
+
+
+def _install(work: str, target: str) -> None:
+    """Make the restored environment durable, then rename it into place (atomic on one fs)."""
+    for name in os.listdir(work):
+        if name != "data.mdb":
+            os.unlink(os.path.join(work, name))  # lock.mdb: recreated on open
+    _fsync(os.path.join(work, "data.mdb"))
+    _fsync(work, directory=True)
+    if os.path.isdir(target):
+        os.rmdir(target)  # empty, checked before we started
+    os.rename(work, target)
+    _fsync(os.path.dirname(target), directory=True)
+
+
+def _fsync(path: str, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
