@@ -110,9 +110,15 @@ class LenBytes(FieldCodec):
         out += value
 
     def decode(self, buf, pos):
-        n, pos = self.len_codec.decode(buf, pos)
-        self._need(buf, pos, n)
-        return bytes(buf[pos : pos + n]), pos + n
+        # Flat on purpose: this runs for every variable field of every point read.
+        width = self.len_codec.width
+        start = pos + width
+        if start > len(buf):
+            raise CorruptRecord(f"{self.name}: truncated, need {width} bytes at offset {pos}")
+        end = start + self.len_codec._struct.unpack_from(buf, pos)[0]
+        if end > len(buf):
+            raise CorruptRecord(f"{self.name}: truncated, need {end - start} bytes at offset {start}")
+        return bytes(buf[start:end]), end
 
 
 class LenStr(LenBytes):
@@ -132,11 +138,17 @@ class LenStr(LenBytes):
         super().encode(raw, out)
 
     def decode(self, buf, pos):
-        raw, pos = super().decode(buf, pos)
+        width = self.len_codec.width
+        start = pos + width
+        if start > len(buf):
+            raise CorruptRecord(f"{self.name}: truncated, need {width} bytes at offset {pos}")
+        end = start + self.len_codec._struct.unpack_from(buf, pos)[0]
+        if end > len(buf):
+            raise CorruptRecord(f"{self.name}: truncated, need {end - start} bytes at offset {start}")
         try:
-            return raw.decode("utf-8"), pos
+            return str(buf[start:end], "utf-8"), end
         except UnicodeDecodeError:
-            raise CorruptRecord(f"{self.name}: invalid UTF-8 before offset {pos}") from None
+            raise CorruptRecord(f"{self.name}: invalid UTF-8 before offset {end}") from None
 
 
 class EnumField(FieldCodec):
@@ -325,6 +337,7 @@ def record(version: int | None):
         cls.__codec_fields__ = tuple(
             (f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls)
         )
+        cls.__decode_plan__ = _plan(cls.__codec_fields__)
         cls.VERSION = version
         cls.encode = _encode
         cls.decode = classmethod(_decode)
@@ -332,6 +345,43 @@ def record(version: int | None):
         return cls
 
     return wrap
+
+
+class _FixedRun:
+    """Consecutive unsigned-integer and fixed-width byte fields, decoded with one struct call.
+
+    Only the decoder uses it (decoding is the hot path: every point read); it yields exactly
+    the values the per-field codecs would, and falls back to them for the error message.
+    """
+
+    def __init__(self, fields):
+        self.fields = fields
+        formats = []
+        for _, codec in fields:
+            formats.append(UInt._FORMATS[codec.width][1] if isinstance(codec, UInt) else f"{codec.length}s")
+        self.struct = struct.Struct(">" + "".join(formats))
+        self.names = tuple(name for name, _ in fields)
+
+
+def _plan(fields):
+    """Decode steps: _FixedRun for runs of two or more fixed-width fields, else (name, codec)."""
+    steps, run = [], []
+
+    def flush():
+        if len(run) >= 2:
+            steps.append(_FixedRun(tuple(run)))
+        else:
+            steps.extend(run)
+        run.clear()
+
+    for name, codec in fields:
+        if type(codec) in (UInt, FixedBytes):
+            run.append((name, codec))
+        else:
+            flush()
+            steps.append((name, codec))
+    flush()
+    return tuple(steps)
 
 
 def _encode_fields(obj, out: bytearray) -> None:
@@ -344,7 +394,18 @@ def _encode_fields(obj, out: bytearray) -> None:
 
 def _decode_fields(cls, buf, pos):
     values = {}
-    for name, codec in cls.__codec_fields__:
+    for step in cls.__decode_plan__:
+        if type(step) is _FixedRun:
+            if pos + step.struct.size > len(buf):
+                for name, codec in step.fields:  # truncated: let the field codec say where
+                    try:
+                        values[name], pos = codec.decode(buf, pos)
+                    except CorruptRecord as exc:
+                        raise CorruptRecord(f"{cls.__name__}.{name}: {exc}") from None
+            values.update(zip(step.names, step.struct.unpack_from(buf, pos)))
+            pos += step.struct.size
+            continue
+        name, codec = step
         try:
             values[name], pos = codec.decode(buf, pos)
         except CorruptRecord as exc:
