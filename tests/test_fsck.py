@@ -148,3 +148,20 @@ def test_state_digest(root):
         value[5] ^= 0x10
         txn.put(key, bytes(value), db=db)
     assert "STATE_DIGEST" in codes(fsck.check(root))
+
+
+def test_commit_seal_and_consumer_count(root):
+    from nokvfs.schema.records import Commit, CommitMember
+    from nokvfs.workspace import commit
+
+    result = commit.build(root, "w")
+    assert fsck.check(root).ok
+    with root.read() as view:
+        member_key, member_raw = next(iter(view._txn.cursor(view._dbs["commit_member"])))
+        commit_key = keys.CommitKey(root.root_id, result.commit_id).encode()
+        record = Commit.decode(view.get("commit", commit_key))
+    member = CommitMember.decode(member_raw)
+    inject(root, [Put("commit_member", member_key, dataclasses.replace(member, logical_size=member.logical_size + 1))])
+    assert "COMMIT_SEAL" in codes(fsck.check(root))
+    inject(root, [Put("commit_member", member_key, member), Put("commit", commit_key, dataclasses.replace(record, consumer_count=9))])
+    assert codes(fsck.check(root)) == ["CONSUMER_COUNT"]

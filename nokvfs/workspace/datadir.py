@@ -95,7 +95,8 @@ def read_config(data_dir: str) -> dict:
 
 
 def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = True, recover: bool = True) -> Root:
-    """Open the data directory's root for reading and writing; resumes or cleans dead publishes."""
+    """Open the data directory's root; with recover, resume or clean the publishes, commit
+    builds and restores whose owning process is gone."""
     from nokvfs.objects.blocks import BlockReader
     from nokvfs.objects.cache import BlockCache
     from nokvfs.objects.store import open_store
@@ -136,8 +137,12 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
     if recover:
         from nokvfs.workspace import publish
 
+        from nokvfs.workspace import commit, restore
+
         try:
             publish.recover(root)
+            commit.recover(root)
+            restore.recover(root)
         except BaseException:
             root.close()
             raise

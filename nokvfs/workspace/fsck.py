@@ -17,6 +17,9 @@ Checks:
   MANIFEST_COVERAGE               manifest rows do not tile the body, or block_count differs
   GC_CANDIDATE_MISSING            a zero-reference Available revision has no candidate
   HOLD                            an Active snapshot without its HistoryHold, or the reverse
+  COMMIT_SEAL                     a Sealed commit's member, revision or parent rows do not match
+                                  its count/digest seals
+  CONSUMER_COUNT                  a commit's consumer_count differs from its CommitConsumer rows
   BLOCK_MISSING / BLOCK_CORRUPT   a manifest object is absent, the wrong size or the wrong SHA-256
   ORPHAN_OBJECT                   a stored object no manifest and no ledger owns
 """
@@ -83,6 +86,7 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckRepo
         _paths(view, root, report, revisions, refs)
         manifests = _manifests(view, root, report, revisions)
         _holds(view, root, report)
+        _commits(view, root, report)
         ledger_keys = _ledger_keys(view, root)
     if verify_blocks:
         _blocks(root, report, manifests)
@@ -223,6 +227,33 @@ def _holds(view, root, report) -> None:
     for snapshot_id in holds - active:
         report.add("HOLD", f"snapshot {snapshot_id}", "HistoryHold without an Active snapshot")
     report.checked["snapshots"] = len(active)
+
+
+def _commits(view, root, report) -> None:
+    from nokvfs.schema.enums import CommitState
+    from nokvfs.schema.records import Commit
+    from nokvfs.workspace import commit as commits
+
+    consumers = Counter()
+    for key, _ in _all(view, "commit_consumer", root.root_id):
+        consumers[keys.CommitConsumerKey.decode(key).commit_id] += 1
+    count = 0
+    for key, value in _all(view, "commit", root.root_id):
+        commit_id = keys.CommitKey.decode(key).commit_id
+        try:
+            record = Commit.decode(value)
+        except FormatError as exc:
+            report.add("UNDECODABLE_ROW", f"commit {commit_id.hex()}", str(exc))
+            continue
+        count += 1
+        if record.consumer_count != consumers.get(commit_id, 0):
+            report.add("CONSUMER_COUNT", commit_id.hex(), f"consumer_count {record.consumer_count}, {consumers.get(commit_id, 0)} CommitConsumer rows")
+        if record.state == CommitState.Sealed:
+            try:
+                commits.verify_closure(view, root, commit_id, commits.commit_seals(record))
+            except NokvError as exc:
+                report.add("COMMIT_SEAL", commit_id.hex(), str(exc))
+    report.checked["commits"] = count
 
 
 def _ledger_keys(view, root) -> set:

@@ -738,9 +738,13 @@ def pending(view, root) -> list[tuple[bytes, PublishOperation]]:
 
 
 def recover(root) -> list[tuple[str, str]]:
-    """Resume or clean every publish whose owning process is gone. Returns (op hex, outcome)."""
+    """Resume or clean every publish whose owning process is gone. Returns (op hex, outcome).
+
+    Staged run and restore manifests are left alone: their commit or restore state machine owns
+    them and resumes them (a generic resume would make them visible outside that machine).
+    """
     with root.read() as view:
-        candidates = pending(view, root)
+        candidates = [(op_id, op) for op_id, op in pending(view, root) if normalize_path(op.path) not in RESERVED_MANIFESTS]
     outcomes = []
     for operation_id, operation in candidates:
         lock = OperationLock(root.run_dir, operation_id)
