@@ -16,7 +16,7 @@ cleanup() {
     [ "${KEEP:-0}" = 1 ] && echo "kept $WORK" || rm -rf "$WORK"
 }
 trap cleanup EXIT
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+if [ -t 1 ]; then step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }; else step() { printf '\n$ %s\n' "$*"; }; fi
 
 step "nokvfs init"; nokvfs init
 step "nokvfs workbench create demo"; nokvfs workbench create demo

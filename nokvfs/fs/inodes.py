@@ -1,0 +1,218 @@
+"""The inode table: deterministic inode numbers, the collision table, lookup counts and forget.
+
+An inode number is xxh3-64 over (view, workspace incarnation, path), so the same path of the same
+workbench incarnation gets the same number on every mount and after every daemon restart. The
+seed has no inode of its own (a path *is* the identity), so nothing durable is kept here.
+
+Numbers 0 and 1 (the root) and any number already held by another live node are never handed out:
+the key is re-hashed with seeds 1, 2, ... until a free number comes up, and the key keeps that
+number in the collision table while the daemon runs. A collision is therefore stable for one
+daemon's life; across restarts the first key looked up gets the primary hash (with 2**64 values
+this needs ~4 billion live paths to become likely).
+
+A node lives while the kernel holds a lookup count on it or a handle is open on it. A node whose
+path was removed or renamed over while the kernel still holds it is *detached*: it keeps its
+number and last attributes for the kernel, and a new file at that path gets a different number,
+so open descriptors of the old file never share page cache with the new one.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+import pyfuse3
+import xxhash
+
+from nokvfs.schema.ids import uuid7_unix_ms
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = pyfuse3.ROOT_INODE
+_RESERVED = range(0, 16)  # 0 is "no inode" to FUSE, 1 is the root; keep a little headroom
+_DOMAIN = b"nokvfs.inode.v1\0"
+
+
+class Kind(enum.Enum):
+    ROOT = "root"  # the mount's `/`: the Visible workbenches
+    WORKBENCH = "workbench"  # `/<wb>/`: the five sections
+    SECTION = "section"  # `/<wb>/<section>/`: always present, never removable
+    DIR = "dir"  # an implicit directory below a section
+    FILE = "file"
+
+    @property
+    def is_dir(self) -> bool:
+        return self is not Kind.FILE
+
+
+class Node:
+    """What the daemon knows about one inode the kernel may hold."""
+
+    __slots__ = (
+        "ino",
+        "kind",
+        "view",
+        "workbench_id",
+        "incarnation",
+        "components",
+        "nlookup",
+        "size",
+        "mtime_ns",
+        "kernel_revision",
+        "writers",
+        "readers",
+        "open_count",
+        "detached",
+    )
+
+    def __init__(self, ino: int, kind: Kind, view: str, workbench_id: str | None, incarnation: bytes | None, components: tuple):
+        self.ino = ino
+        self.kind = kind
+        self.view = view
+        self.workbench_id = workbench_id
+        self.incarnation = incarnation
+        self.components = components
+        self.nlookup = 0
+        # FILE: size and revision time last served (a node keeps these two numbers, not the
+        # whole PathEntry: a listing of 100,000 files makes 100,000 nodes). None: unknown.
+        self.size = None
+        self.mtime_ns = None
+        self.kernel_revision = None  # FILE: the revision whose bytes the kernel page cache may hold
+        self.writers = None  # FILE: set of open WriteHandles in this mount (lazily created)
+        self.readers = None  # FILE: set of open ReadHandles in this mount (lazily created)
+        self.open_count = 0  # open file and directory handles
+        self.detached = False
+
+    def learn(self, entry) -> None:
+        """Remember what the attributes need of a PathEntry."""
+        self.size = entry.logical_size
+        self.mtime_ns = uuid7_unix_ms(entry.artifact_revision_id) * 1_000_000
+
+    def unlearn(self) -> None:
+        self.size = self.mtime_ns = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.view, self.incarnation, self.components)
+
+    @property
+    def path(self) -> str:
+        return "/".join(self.components)
+
+    def describe(self) -> str:
+        if self.kind is Kind.ROOT:
+            return "/"
+        return f"/{self.workbench_id}/{self.path}".rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"Node({self.ino}, {self.kind.value}, {self.describe()!r}, nlookup={self.nlookup})"
+
+
+def hashed_inode(view: str, incarnation: bytes, components: tuple, seed: int = 0) -> int:
+    data = _DOMAIN + view.encode() + b"\0" + incarnation + b"\0" + "/".join(components).encode("utf-8")
+    return xxhash.xxh3_64_intdigest(data, seed=seed)
+
+
+class InodeTable:
+    def __init__(self):
+        self._by_ino: dict[int, Node] = {}
+        self._by_key: dict[tuple, Node] = {}
+        self._collided: dict[tuple, int] = {}  # key -> the non-primary number it was given
+        self.collisions = 0
+        self.root = Node(ROOT_INODE, Kind.ROOT, "live", None, None, ())
+        self.root.nlookup = 1 << 62  # the kernel never forgets the root
+        self._by_ino[ROOT_INODE] = self.root
+
+    def __len__(self) -> int:
+        return len(self._by_ino)
+
+    def get(self, ino: int) -> Node | None:
+        return self._by_ino.get(ino)
+
+    def find(self, view: str, incarnation: bytes, components: tuple) -> Node | None:
+        """The live, attached node of a path, if the kernel may hold one."""
+        return self._by_key.get((view, incarnation, components))
+
+    def node(self, kind: Kind, view: str, workbench_id: str, incarnation: bytes, components: tuple) -> Node:
+        """The node of a path, created with its deterministic number when it is not live."""
+        key = (view, incarnation, components)
+        node = self._by_key.get(key)
+        if node is not None:
+            node.kind = kind
+            return node
+        ino = self._allocate(key)
+        node = Node(ino, kind, view, workbench_id, incarnation, components)
+        self._by_ino[ino] = node
+        self._by_key[key] = node
+        return node
+
+    def _allocate(self, key: tuple) -> int:
+        remembered = self._collided.get(key)
+        if remembered is not None and remembered not in self._by_ino:
+            return remembered
+        seed = 0
+        while True:
+            ino = hashed_inode(key[0], key[1], key[2], seed)
+            if ino not in _RESERVED and ino not in self._by_ino:
+                if seed:
+                    self.collisions += 1
+                    self._collided[key] = ino
+                    log.info("inode collision for %r: using %d (seed %d)", key[2], ino, seed)
+                return ino
+            seed += 1
+
+    def remember(self, node: Node, count: int = 1) -> None:
+        """The kernel took `count` more lookup references (lookup, create, mkdir, readdirplus)."""
+        node.nlookup += count
+
+    def forget(self, ino: int, count: int) -> None:
+        node = self._by_ino.get(ino)
+        if node is None or node is self.root:
+            return
+        node.nlookup = max(0, node.nlookup - count)
+        self._maybe_drop(node)
+
+    def unused(self, node: Node) -> None:
+        """A node made for a reply the kernel did not take (readdir buffer full)."""
+        self._maybe_drop(node)
+
+    def closed(self, node: Node) -> None:
+        """A handle on the node was released."""
+        node.open_count = max(0, node.open_count - 1)
+        self._maybe_drop(node)
+
+    def _maybe_drop(self, node: Node) -> None:
+        if node.nlookup == 0 and node.open_count == 0 and not node.writers:
+            self._by_ino.pop(node.ino, None)
+            if self._by_key.get(node.key) is node:
+                del self._by_key[node.key]
+
+    def detach(self, node: Node) -> None:
+        """The path is gone (removed, renamed over): the node lives on only for the kernel."""
+        if self._by_key.get(node.key) is node:
+            del self._by_key[node.key]
+        node.detached = True
+        self._maybe_drop(node)
+
+    def move(self, node: Node, components: tuple) -> None:
+        """A rename: the kernel keeps the inode, so the node follows it to its new path."""
+        if self._by_key.get(node.key) is node:
+            del self._by_key[node.key]
+        displaced = self._by_key.get((node.view, node.incarnation, components))
+        if displaced is not None and displaced is not node:
+            self.detach(displaced)
+        node.components = components
+        node.detached = False
+        self._by_key[node.key] = node
+
+    def below(self, view: str, incarnation: bytes, components: tuple):
+        """Live nodes strictly below a directory (for renames and invalidation)."""
+        n = len(components)
+        return [
+            node
+            for key, node in list(self._by_key.items())
+            if key[0] == view and key[1] == incarnation and len(key[2]) > n and key[2][:n] == components
+        ]
+
+    def of_workbench(self, workbench_id: str):
+        return [node for node in list(self._by_ino.values()) if node.workbench_id == workbench_id]

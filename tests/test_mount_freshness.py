@@ -1,0 +1,103 @@
+"""Freshness: what another process changes is visible in the mount within a second."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from tests.mount_fixtures import REPO, env, mount, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted  # noqa: F401
+
+pytestmark = needs_fuse
+
+DEADLINE = 1.0
+
+
+def cli(m, *args, input=None):
+    done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, *args], input=input, capture_output=True, env=env(), cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    return done
+
+
+def within(predicate, deadline: float = DEADLINE) -> float:
+    """Seconds until predicate() held; fails past the deadline."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start > deadline:
+            raise AssertionError(f"not visible within {deadline} s")
+        time.sleep(0.01)
+
+
+def read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def test_a_cli_put_is_visible_in_the_mount_within_a_second(mount):
+    existing = mount.path("wb", "outputs", "existing.txt")
+    with open(existing, "w") as f:
+        f.write("old")
+    assert read(existing) == b"old"  # the kernel has its data and attributes cached now
+    fresh = mount.path("wb", "outputs", "new", "file.txt")
+    assert not os.path.exists(fresh)  # and a negative entry for the new name
+    assert not os.path.exists(mount.path("wb", "outputs", "new"))
+
+    cli(mount, "put", "wb:outputs/new/file.txt", "-", input=b"from the CLI\n")
+    within(lambda: read(fresh) == b"from the CLI\n")
+    assert "new" in os.listdir(mount.path("wb", "outputs"))
+
+    cli(mount, "put", "wb:outputs/existing.txt", "-", input=b"replaced by another process")
+    within(lambda: read(existing) == b"replaced by another process")
+    assert os.stat(existing).st_size == len(b"replaced by another process")
+
+    cli(mount, "rm", "wb:outputs/new/file.txt")
+    within(lambda: not os.path.exists(fresh))
+    within(lambda: not os.path.exists(mount.path("wb", "outputs", "new")))
+
+    cli(mount, "mv", "wb:outputs/existing.txt", "wb:outputs/moved.txt")
+    within(lambda: not os.path.exists(existing) and read(mount.path("wb", "outputs", "moved.txt")) == b"replaced by another process")
+
+    cli(mount, "workbench", "create", "later")
+    within(lambda: "later" in os.listdir(mount.mountpoint))
+    assert sorted(os.listdir(mount.path("later"))) == ["input", "logs", "metadata", "outputs", "scripts"]
+
+
+def test_an_append_from_another_process_is_seen_by_a_reader_that_reopens(mount):
+    path = mount.path("wb", "logs", "stream.log")
+    with open(path, "w") as f:
+        f.write("line 1\n")
+    assert read(path) == b"line 1\n"
+    mount.facade("append.append(root, 'wb', 'logs/stream.log', b'line 2\\n')")
+    within(lambda: read(path) == b"line 1\nline 2\n")
+
+
+def test_two_mounts_of_one_data_directory_see_each_other(tmp_path):
+    base = str(tmp_path)
+    with mounted(base) as first:
+        second_mnt = os.path.join(base, "mnt2")
+        os.makedirs(second_mnt)
+        log = os.path.join(base, "daemon2.log")
+        proc = start_daemon(first.data_dir, second_mnt, log)
+        try:
+            wait_mounted(second_mnt, proc, log)
+            a = first.path("wb", "outputs", "shared.txt")
+            b = os.path.join(second_mnt, "wb", "outputs", "shared.txt")
+            assert read(b) is None
+            with open(a, "w") as f:
+                f.write("written by the first mount")
+            within(lambda: read(b) == b"written by the first mount")
+            with open(b, "w") as f:
+                f.write("rewritten by the second")
+            within(lambda: read(a) == b"rewritten by the second")
+            with open(log) as f:
+                assert "reads uncached" in f.read()  # one cache directory, one owner
+        finally:
+            unmount(second_mnt)
+            stop(proc)
+        assert not os.path.ismount(second_mnt)

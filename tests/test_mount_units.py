@@ -1,0 +1,254 @@
+"""The mount's parts without a kernel: inode numbers, errnos, the overlay, listings, the block
+fetcher and the change-feed follower."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import pytest
+import trio
+
+from nokvfs import errors as E
+from nokvfs.fs import errors as fs_errors
+from nokvfs.fs import inodes
+from nokvfs.fs.freshness import ChangeFollower
+from nokvfs.fs.handles import DirHandle
+from nokvfs.fs.inodes import InodeTable, Kind
+from nokvfs.fs.overlay import Overlay
+from nokvfs.fs.prefetch import BlockFetcher, Stream
+from nokvfs.fs.threads import Workers
+from nokvfs.fs.tree import Tree
+from nokvfs.fs.views import LiveView
+from nokvfs.schema.enums import ChangeEventKind
+from nokvfs.workspace import datadir, namespace, workbench
+
+INC = bytes(range(16))
+
+
+# --- inode numbers ------------------------------------------------------------------------------
+
+
+def test_inode_numbers_are_a_pure_function_of_view_incarnation_and_path():
+    a, b = InodeTable(), InodeTable()
+    first = a.node(Kind.FILE, "live", "wb", INC, ("outputs", "x")).ino
+    assert first == b.node(Kind.FILE, "live", "wb", INC, ("outputs", "x")).ino
+    assert first == inodes.hashed_inode("live", INC, ("outputs", "x"))
+    assert first != a.node(Kind.FILE, "live", "wb", bytes(16), ("outputs", "x")).ino
+    assert first != a.node(Kind.FILE, "snapshot:1", "wb", INC, ("outputs", "x")).ino
+
+
+def test_a_colliding_path_gets_the_next_seed_and_keeps_it(monkeypatch):
+    real = inodes.hashed_inode
+
+    def collide(view, incarnation, components, seed=0):
+        if seed == 0:
+            return 12345  # every path collides on the primary hash
+        return real(view, incarnation, components, seed)
+
+    monkeypatch.setattr(inodes, "hashed_inode", collide)
+    table = InodeTable()
+    one = table.node(Kind.FILE, "live", "wb", INC, ("outputs", "a"))
+    two = table.node(Kind.FILE, "live", "wb", INC, ("outputs", "b"))
+    assert one.ino == 12345 and two.ino != 12345 and table.collisions == 1
+    table.remember(two)
+    table.forget(two.ino, 1)  # gone from the kernel ...
+    assert table.get(two.ino) is None
+    again = table.node(Kind.FILE, "live", "wb", INC, ("outputs", "b"))
+    assert again.ino == two.ino  # ... and back with the number the collision table kept
+
+
+def test_reserved_numbers_are_never_handed_out(monkeypatch):
+    calls = iter([0, 1, 7, 99999])
+    monkeypatch.setattr(inodes, "hashed_inode", lambda *a, **k: next(calls))
+    assert InodeTable().node(Kind.FILE, "live", "wb", INC, ("outputs", "a")).ino == 99999
+
+
+def test_forget_drops_a_node_only_when_nothing_holds_it():
+    table = InodeTable()
+    node = table.node(Kind.FILE, "live", "wb", INC, ("outputs", "a"))
+    table.remember(node, 3)
+    node.open_count = 1
+    table.forget(node.ino, 3)
+    assert table.get(node.ino) is node  # an open handle keeps it
+    table.closed(node)
+    assert table.get(node.ino) is None
+    table.forget(inodes.ROOT_INODE, 10**9)
+    assert table.get(inodes.ROOT_INODE) is table.root
+
+
+def test_a_detached_node_keeps_its_number_and_the_path_gets_another():
+    table = InodeTable()
+    old = table.node(Kind.FILE, "live", "wb", INC, ("outputs", "a"))
+    table.remember(old)
+    table.detach(old)
+    new = table.node(Kind.FILE, "live", "wb", INC, ("outputs", "a"))
+    assert new is not old and new.ino != old.ino and table.get(old.ino) is old
+    table.move(new, ("outputs", "b"))
+    assert table.find("live", INC, ("outputs", "b")) is new and table.find("live", INC, ("outputs", "a")) is None
+
+
+# --- errnos ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc, number",
+    [
+        (E.NotFound("x"), errno.ENOENT),
+        (E.AlreadyExists("x"), errno.EEXIST),
+        (E.GenerationConflict("x"), errno.EBUSY),
+        (E.ReservedPath("x"), errno.EPERM),
+        (E.PathInvalid("x"), errno.EINVAL),
+        (E.StoreFull("x"), errno.ENOSPC),
+        (E.ObjectMissing("x"), errno.EIO),
+        (E.IntegrityError("x"), errno.EIO),
+        (E.AmbiguousResult("x"), errno.EIO),
+        (E.OwnerFenced("x"), errno.EROFS),
+        (E.IsADirectory("x"), errno.EISDIR),
+        (E.NotADirectory("x"), errno.ENOTDIR),
+        (OSError(errno.ENOSPC, "full"), errno.ENOSPC),
+        (RuntimeError("bug"), errno.EIO),
+    ],
+)
+def test_every_error_has_one_errno(exc, number):
+    assert fs_errors.errno_of(exc) == number
+
+
+def test_a_lost_creation_race_is_eexist_and_nothing_escapes_translation():
+    assert fs_errors.errno_of(E.GenerationConflict("x"), creating=True) == errno.EEXIST
+    import pyfuse3
+
+    for exc in (E.StoreFull("x"), ValueError("bug"), OSError(errno.EACCES, "no")):
+        with pytest.raises(pyfuse3.FUSEError):
+            with fs_errors.translated("test"):
+                raise exc
+
+
+# --- the overlay and directory handles ---------------------------------------------------------
+
+
+def test_overlay_directories_vanish_once_a_file_below_them_is_published():
+    overlay = Overlay()
+    overlay.add_dir(INC, ("outputs", "a", "b"))
+    assert overlay.is_dir(INC, ("outputs", "a")) and overlay.children(INC, ("outputs",)) == [("a", "dir")]
+    overlay.add_file(INC, ("outputs", "a", "b", "f"), object())
+    assert overlay.children(INC, ("outputs", "a", "b")) == [("f", "file")]
+    overlay.published(INC, ("outputs", "a", "b", "f"))
+    assert not overlay.is_dir(INC, ("outputs", "a")) and not overlay.has_children(INC, ("outputs",))
+
+
+def test_a_directory_handle_remembers_a_bounded_history_of_positions():
+    handle = DirHandle(1, None)
+    for pos in range(1, 3000):
+        handle.pos = pos
+        handle.anchor = str(pos).encode()
+        handle.remember("scan")
+    assert len(handle.history) == DirHandle.HISTORY
+    assert handle.restore(2999) and handle.anchor == b"2999"
+    assert not handle.restore(5)
+
+
+# --- with a real root (no kernel) ----------------------------------------------------------------
+
+
+@pytest.fixture
+def root(tmp_path):
+    datadir.init(str(tmp_path / "data"), block_size=64 * 1024)
+    root = datadir.open_root(str(tmp_path / "data"), verify=False)
+    workbench.create(root, "wb")
+    yield root
+    if root.blocks.cache is not None:
+        root.blocks.cache.close()
+    root.close()
+
+
+def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):
+    body = random.Random(5).randbytes(40 * 64 * 1024 + 17)  # 41 blocks
+    entry = namespace.put(root, "wb", "input/blob", body)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(root, Workers(), window=4)
+            fetcher.start(nursery)
+            stream = Stream()
+            rng = random.Random(1)
+            touched = set()
+            for _ in range(20):
+                offset = rng.randrange(len(body))
+                if offset == stream.next_offset:
+                    continue
+                data = await fetcher.read(entry, offset, 100, stream)
+                assert data == body[offset : offset + 100]
+                touched |= {offset // 65536, (offset + 99) // 65536} if offset + 99 < len(body) else {offset // 65536}
+            assert fetcher.prefetched == 0 and fetcher.fetched == len(touched)
+            sequential = BlockFetcher(root, Workers(), window=4, memory_bytes=64 << 20)
+            sequential.start(nursery)
+            stream = Stream()
+            out = bytearray()
+            while len(out) < len(body):
+                out += await sequential.read(entry, len(out), 32 * 1024, stream)
+                await trio.sleep(0)
+            assert bytes(out) == body
+            await trio.sleep(0.2)
+            assert sequential.prefetched > 0 and sequential.fetched + sequential.prefetched == 41
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class RecordingInvalidator:
+    def __init__(self):
+        self.calls = []
+
+    def entry(self, parent_ino, name, deleted=0):
+        self.calls.append(("entry", parent_ino, name, deleted))
+
+    def inode(self, ino, *, attr_only=False):
+        self.calls.append(("inode", ino, attr_only))
+
+
+def test_the_follower_invalidates_foreign_changes_and_skips_this_mounts_own(root):
+    invalidator = RecordingInvalidator()
+    tree = Tree(root, LiveView(root), Workers(), invalidator)
+    follower = ChangeFollower(root, tree)
+    wbnode = tree.lookup(tree.inodes.root, "wb")
+    section = tree.lookup(wbnode, "outputs")
+    for node in (wbnode, section):
+        tree.inodes.remember(node)
+    namespace.put(root, "wb", "outputs/f", b"1")
+    assert tree.lookup(section, "missing") is None
+    file_node = tree.lookup(section, "f")
+    tree.inodes.remember(file_node)
+    follower.poll()
+    invalidator.calls.clear()
+
+    namespace.put(root, "wb", "outputs/f", b"22")  # another process replaces it
+    namespace.put(root, "wb", "outputs/missing", b"now")  # and creates a name looked up before
+    follower.poll()
+    assert ("inode", file_node.ino, False) in invalidator.calls
+    assert ("entry", section.ino, "missing", 0) in invalidator.calls
+
+    invalidator.calls.clear()
+    mine = namespace.put(root, "wb", "outputs/f", b"333")
+    tree.own(ChangeEventKind.PathPut, mine.artifact_revision_id)
+    follower.poll()
+    assert invalidator.calls == []
+
+    tree.begin_change(file_node.incarnation, ("outputs", "f"))  # a change of ours in flight ...
+    mine = namespace.put(root, "wb", "outputs/f", b"4444")
+    follower.poll()
+    assert invalidator.calls == []  # ... defers its event until we know it is ours
+    tree.own(ChangeEventKind.PathPut, mine.artifact_revision_id)
+    tree.end_change(file_node.incarnation, ("outputs", "f"))
+    assert invalidator.calls == []
+
+    namespace.remove(root, "wb", "outputs/f")
+    follower.poll()
+    assert ("entry", section.ino, "f", file_node.ino) in invalidator.calls
+    assert tree.inodes.find("live", file_node.incarnation, ("outputs", "f")) is None
+
+    invalidator.calls.clear()
+    workbench.create(root, "fresh")
+    follower.poll()
+    assert ("entry", inodes.ROOT_INODE, "fresh", 0) in invalidator.calls
+    assert "fresh" in [w.workbench_id for w in tree.refresh_workbenches()]
