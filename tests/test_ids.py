@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nokvfs.errors import IdInvalid, InvalidInput
 from nokvfs.schema import ids
-from nokvfs.schema.ids import Uuid7Generator
+from nokvfs.schema.ids import Uuid7Generator, new_id16
 
 FROZEN_MS = 1_730_000_000_123
 
@@ -223,3 +223,16 @@ def test_object_index_hex_is_fixed_width_and_ordered(index):
 
 def test_id_invalid_is_invalid_input():
     assert issubclass(IdInvalid, InvalidInput)
+
+
+def test_creation_time_is_read_only_from_real_uuid7_ids():
+    from nokvfs.schema.ids import creation_unix_ms, is_uuid7, uuid7_from, uuid7_unix_ms
+
+    made = new_id16()
+    assert is_uuid7(made) and creation_unix_ms(made) == uuid7_unix_ms(made)
+    derived = bytes(range(16))  # not UUIDv7-shaped
+    assert not is_uuid7(derived) and creation_unix_ms(derived, fallback=-1) == -1
+    far_future = (2**48 - 1).to_bytes(6, "big") + made[6:]
+    assert is_uuid7(far_future) and creation_unix_ms(far_future) == 0
+    stamped = uuid7_from(made[:6], b"\xff" * 10)
+    assert is_uuid7(stamped) and uuid7_unix_ms(stamped) == uuid7_unix_ms(made)

@@ -517,7 +517,7 @@ def test_a_restore_killed_after_any_command_is_cleaned_by_its_members(tmp_path, 
             assert ref.consumer_count == 0
         for pub in publish_ops(root).values():
             assert pub.phase in publish.TERMINAL
-        staged = revision(root, restore.manifest_revision_id(root.root_id, op_id))
+        staged = revision(root, restore.manifest_revision_id(root.root_id, op_id, inc))
         assert staged is None or staged.strong_reference_count == 0
         assert fsck.check(root).findings == []
         # The name can be reclaimed: a new attempt gets a new incarnation.

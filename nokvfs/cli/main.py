@@ -49,6 +49,7 @@ from nokvfs.cli.common import UsageError
 COMMAND_MODULES = [
     "nokvfs.cli.commands",
     "nokvfs.cli.history_commands",
+    "nokvfs.cli.commit_commands",
     "nokvfs.cli.maintenance_commands",
     "nokvfs.cli.mount_commands",
     "nokvfs.cli.shard_commands",

@@ -14,7 +14,7 @@ import enum
 import json
 import sys
 
-from nokvfs.schema.ids import uuid7_unix_ms
+from nokvfs.schema.ids import creation_unix_ms
 
 
 def jsonable(value):
@@ -64,7 +64,7 @@ class JsonArray:
 
 
 def mtime_ms(entry) -> int:
-    return uuid7_unix_ms(entry.artifact_revision_id)
+    return creation_unix_ms(entry.artifact_revision_id)
 
 
 def iso_ms(ms: int, *, seconds: bool = False) -> str:

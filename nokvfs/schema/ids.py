@@ -119,3 +119,27 @@ def new_id16() -> bytes:
 def uuid7_unix_ms(value: bytes) -> int:
     """The millisecond timestamp embedded in a UUIDv7."""
     return int.from_bytes(check_id16(value)[:6], "big")
+
+
+def is_uuid7(value: bytes) -> bool:
+    value = check_id16(value)
+    return value[6] >> 4 == 0x7 and value[8] >> 6 == 0b10
+
+
+def creation_unix_ms(value: bytes, *, fallback: int = 0) -> int:
+    """The creation time of an id made by `new_id16`, or `fallback` for any other id (a derived
+    one, or one whose clock is implausibly far in the future), so no reader sees a wild date."""
+    if not is_uuid7(value):
+        return fallback
+    ms = uuid7_unix_ms(value)
+    return ms if ms <= time.time_ns() // 1_000_000 + 86_400_000 else fallback
+
+
+def uuid7_from(timestamp: bytes, randomness: bytes) -> bytes:
+    """A UUIDv7 with the given 6-byte millisecond timestamp and bits taken from `randomness`."""
+    if len(timestamp) != 6 or len(randomness) < 10:
+        raise IdInvalid("uuid7_from needs a 6-byte timestamp and 10 bytes of randomness")
+    rand_a = int.from_bytes(randomness[:2], "big") & 0x0FFF
+    rand_b = int.from_bytes(randomness[2:10], "big") & ((1 << 62) - 1)
+    value = (int.from_bytes(timestamp, "big") << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
+    return value.to_bytes(16, "big")

@@ -115,7 +115,7 @@ from nokvfs.schema.enums import (
     SnapshotState,
     WorkspaceState,
 )
-from nokvfs.schema.ids import check_commit_id, check_id16, check_snapshot_id, new_id16
+from nokvfs.schema.ids import check_commit_id, check_id16, check_snapshot_id, new_id16, uuid7_from
 from nokvfs.schema.names import check_workbench_id
 from nokvfs.schema.paths import join, normalize_path, unordered_path
 from nokvfs.schema.records import (
@@ -235,8 +235,12 @@ def initialization_digest(identity: bytes, encoded_entry: bytes) -> bytes:
     ).digest()
 
 
-def manifest_revision_id(root_id: bytes, op_id: bytes) -> bytes:
-    return hashlib.sha256(b"nokv.restore.manifest-revision.v1\0" + root_id + op_id).digest()[:16]
+def manifest_revision_id(root_id: bytes, op_id: bytes, destination_incarnation: bytes) -> bytes:
+    """A deterministic UUIDv7 for the restore manifest's revision: the destination incarnation's
+    timestamp (frozen in the operation, so every retry derives the same id) and hash bits, so the
+    revision's creation time reads truthfully like every other revision's."""
+    digest = hashlib.sha256(b"nokv.restore.manifest-revision.v2\0" + root_id + op_id).digest()
+    return uuid7_from(destination_incarnation[:6], digest)
 
 
 def manifest_publish_id(op_id: bytes, attempt: int) -> bytes:
@@ -266,7 +270,7 @@ def manifest_bytes(op_id: bytes, request: RestoreRequest) -> bytes:
 def manifest_entry(root, op_id: bytes, request: RestoreRequest, version: int) -> tuple[PathEntry, bodies.Body]:
     """The sealed PathEntry of metadata/restore_manifest.json and the body it describes."""
     body = bodies.from_bytes(manifest_bytes(op_id, request), root.block_size)
-    revision_id = manifest_revision_id(root.root_id, op_id)
+    revision_id = manifest_revision_id(root.root_id, op_id, request.destination_incarnation)
     rows = commits.planned_manifest(root, revision_id, body)
     entry = PathEntry(
         generation=1,
