@@ -66,7 +66,7 @@ def test_sigkill_mid_command_leaves_all_or_nothing(shard_env, delay):
     assert len(commands) == number
 
 
-def _racer(path, root_id, generation, start, results, index):
+def _racer(path, root_id, generation, ready, start, results, index):
     shard = Shard.open(path, verify=False)
     read_version = shard.commit_version
     command = MetadataCommand(
@@ -78,6 +78,7 @@ def _racer(path, root_id, generation, start, results, index):
         read_version=read_version,
         mutations=(Put("path_current", b"\x0d" * 32 + bytes([index]), b"\x02"),),
     )
+    ready.set()  # built at read_version: only now may the race start
     start.wait()
     try:
         outcome = shard.apply(command)
@@ -92,13 +93,15 @@ def test_two_processes_never_commit_at_the_same_version(shard_env):
     ctx = multiprocessing.get_context("spawn")
     for _round in range(5):
         start, results = ctx.Event(), ctx.Queue()
+        ready = [ctx.Event() for _ in range(2)]
         procs = [
-            ctx.Process(target=_racer, args=(shard_env.path, shard_env.root_id, shard_env.placement_generation, start, results, i))
+            ctx.Process(target=_racer, args=(shard_env.path, shard_env.root_id, shard_env.placement_generation, ready[i], start, results, i))
             for i in range(2)
         ]
         for p in procs:
             p.start()
-        time.sleep(0.5)
+        for event in ready:  # both commands are built at the same read version
+            assert event.wait(60), "a racer never built its command"
         start.set()
         outcomes = [results.get(timeout=60) for _ in procs]
         for p in procs:
