@@ -23,6 +23,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOUNT_TIMEOUT = 30.0
+# What `ls -a /<wb>` lists (without . and ..): the read-only views' dot-names, then the sections.
+WORKBENCH_LISTING = [".commits", ".snapshots", ".tags", "input", "logs", "metadata", "outputs", "scripts"]
 
 needs_fuse = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None and os.geteuid() != 0,

@@ -45,9 +45,13 @@ WORKER = textwrap.dedent(
             continue
         name = probe.split(os.sep)
         w, i = int(name[-2][1:]), int(name[-1][1:])
-        # A file is its first or its rewritten content; while it is being written here, readers
-        # in this mount see the bytes written so far (as on a local filesystem): a prefix.
-        assert any(full.startswith(data) for full in (content(w, i), content(w, i, 1))), ("other", w, i, len(data))
+        # A file is its first or its rewritten content. While it is being rewritten through this
+        # mount, a reader sees what a local filesystem would show: at each page, the bytes of one
+        # version or the other (a reader that opened before O_TRUNC can cross into the new bytes).
+        versions = (content(w, i), content(w, i, 1))
+        for at in range(0, len(data), 4096):
+            page = data[at : at + 4096]
+            assert any(v[at : at + len(page)] == page for v in versions), ("other", w, i, at, len(data))
         checked += 1
     for index in range(0, files, 5):
         path = os.path.join(base, f"w{me}", f"f{index}")

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.mount_fixtures import mount, mounted, needs_fuse  # noqa: F401
+from tests.mount_fixtures import WORKBENCH_LISTING, mount, mounted, needs_fuse  # noqa: F401
 
 pytestmark = needs_fuse
 
@@ -63,7 +63,7 @@ def test_sections_and_workbenches_cannot_be_removed_renamed_or_shadowed(two):
     assert errno_of(open, two.path("wb", "loose.txt"), "w") == errno.EPERM
     assert errno_of(open, two.path("at-the-root.txt"), "w") == errno.EPERM
     assert errno_of(os.unlink, two.path("wb", "outputs")) in (errno.EISDIR, errno.EPERM)
-    assert sorted(os.listdir(two.path("wb"))) == ["input", "logs", "metadata", "outputs", "scripts"]
+    assert sorted(os.listdir(two.path("wb"))) == WORKBENCH_LISTING
 
 
 def test_reserved_manifests_accept_no_direct_writes(two):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tests.mount_fixtures import REPO, env, mount, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted  # noqa: F401
+from tests.mount_fixtures import REPO, WORKBENCH_LISTING, env, mount, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted  # noqa: F401
 
 pytestmark = needs_fuse
 
@@ -65,7 +65,7 @@ def test_a_cli_put_is_visible_in_the_mount_within_a_second(mount):
 
     cli(mount, "workbench", "create", "later")
     within(lambda: "later" in os.listdir(mount.mountpoint))
-    assert sorted(os.listdir(mount.path("later"))) == ["input", "logs", "metadata", "outputs", "scripts"]
+    assert sorted(os.listdir(mount.path("later"))) == WORKBENCH_LISTING
 
 
 def test_an_append_from_another_process_is_seen_by_a_reader_that_reopens(mount):

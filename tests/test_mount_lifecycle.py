@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.mount_fixtures import REPO, env, init_data_dir, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted
+from tests.mount_fixtures import REPO, WORKBENCH_LISTING, env, init_data_dir, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted
 
 pytestmark = needs_fuse
 
@@ -41,7 +41,7 @@ def test_mount_detaches_once_live_and_umount_waits_for_the_daemon(tmp_path):
         done = nokvfs("mount", data, mnt)
         assert done.returncode == 0, done.stderr
         assert os.path.ismount(mnt)  # live the moment the parent exits 0
-        assert sorted(os.listdir(os.path.join(mnt, "wb"))) == ["input", "logs", "metadata", "outputs", "scripts"]
+        assert sorted(os.listdir(os.path.join(mnt, "wb"))) == WORKBENCH_LISTING
         [pid_path] = glob.glob(os.path.join(data, "run", "mount-*.json"))
         with open(pid_path) as f:
             record = json.load(f)
@@ -146,7 +146,14 @@ def test_umount_of_a_busy_mount_fails_and_lazy_detaches(tmp_path):
         os.makedirs(m.path("wb", "outputs", "d"))
         busy = subprocess.Popen(["sleep", "30"], cwd=m.path("wb", "outputs", "d"))
         try:
-            time.sleep(0.2)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until the child really sits in the mount
+                try:
+                    if os.readlink(f"/proc/{busy.pid}/cwd") == m.path("wb", "outputs", "d"):
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.02)
             done = nokvfs("umount", m.mountpoint, extra_env={"NOKVFS_DATA_DIR": m.data_dir})
             assert done.returncode == 1 and os.path.ismount(m.mountpoint)
             done = nokvfs("umount", "--lazy", m.mountpoint, extra_env={"NOKVFS_DATA_DIR": m.data_dir})

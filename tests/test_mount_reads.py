@@ -13,7 +13,7 @@ import time
 import pytest
 
 from nokvfs.schema.ids import uuid7_unix_ms
-from tests.mount_fixtures import Mount, init_data_dir, mount, mounted, needs_fuse, populate_many  # noqa: F401
+from tests.mount_fixtures import WORKBENCH_LISTING, Mount, init_data_dir, mount, mounted, needs_fuse, populate_many  # noqa: F401
 
 pytestmark = needs_fuse
 
@@ -55,7 +55,7 @@ def test_root_lists_visible_workbenches_and_never_staging_ones(tmp_path):
         assert not os.path.exists(m.path("staged"))
         os.mkdir(m.path("gamma"))  # mkdir at the root creates a workbench
         assert sorted(os.listdir(m.mountpoint)) == ["alpha", "beta", "gamma"]
-        assert sorted(os.listdir(m.path("gamma"))) == SECTIONS
+        assert sorted(os.listdir(m.path("gamma"))) == WORKBENCH_LISTING
         done = m.facade(
             """
             with root.read() as v:
@@ -66,7 +66,7 @@ def test_root_lists_visible_workbenches_and_never_staging_ones(tmp_path):
 
 
 def test_a_workbench_always_shows_its_five_sections(mount):
-    assert sorted(os.listdir(mount.path("wb"))) == SECTIONS
+    assert sorted(os.listdir(mount.path("wb"))) == WORKBENCH_LISTING
     for section in SECTIONS:
         st = os.stat(mount.path("wb", section))
         assert stat.S_ISDIR(st.st_mode)
@@ -134,7 +134,9 @@ def test_an_open_reader_keeps_its_revision(mount):
     try:
         assert os.pread(fd, 10, 0) == b"A" * 10
         mount.facade("namespace.put(root, 'wb', 'outputs/r.txt', b'B' * 50)")
-        time.sleep(0.6)  # the change feed has been followed
+        deadline = time.monotonic() + 10
+        while os.stat(path).st_size != 50 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the change feed has been followed (well under a second idle)
         assert os.fstat(fd).st_size == 100000
         assert os.pread(fd, 10, 50000) == b"A" * 10
         with open(path, "rb") as f:

@@ -9,7 +9,8 @@ What the attributes say, and where it comes from:
   does not move when its contents do. `touch`/utime are accepted and not stored.
 * st_blocks: 512-byte units of the logical size; st_blksize: the preferred I/O size (1 MiB,
   the largest FUSE request), so cp/cat use large buffers.
-* st_mode: 0644/0755, 0444/0555 on read-only views; owner: the daemon's uid/gid.
+* st_mode: 0644/0755, 0444/0555 on read-only views (and `.commits`/`.tags`, where nothing can be
+  made; `.snapshots` is 0755: mkdir mints, rmdir retires); owner: the daemon's uid/gid.
 * generation: 0 for every inode. The seed's synthesized directory generation (the workspace
   revision) and a file's path generation are served as the `user.nokvfs.generation` xattr, not
   as the FUSE generation: Linux marks a cached inode bad (EIO on every open descriptor and on a
@@ -18,7 +19,10 @@ What the attributes say, and where it comes from:
 Timeouts are deliberate per kind. The change-feed follower invalidates what another process
 changes within ~200 ms, so the timeouts only bound staleness when an invalidation is missed:
 sections and workbench directories never go away (Visible is terminal), implicit directories and
-files are re-checked after a few seconds, negative entries after one.
+files are re-checked after a few seconds, negative entries after one. Everything inside a
+snapshot, commit or tag view is immutable (its inode numbers include the view's identity), so it
+is cached for an hour; the view names in `.snapshots/`, `.commits/` and `.tags/` are invalidated
+by the SnapshotMinted/SnapshotRetired/CommitPublished/TagSet/TagDeleted events.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ TIMEOUTS = {
     Kind.SECTION: (3600.0, 10.0),
     Kind.DIR: (10.0, 10.0),
     Kind.FILE: (10.0, 10.0),
+    Kind.HISTORY: (3600.0, 10.0),  # always present beside the sections
+    Kind.VIEW: (3600.0, 3600.0),  # entries invalidated by the mint/retire/commit/tag events
 }
 READ_ONLY_TIMEOUTS = (3600.0, 3600.0)  # immutable views
 NEGATIVE_TIMEOUT = 1.0

@@ -16,6 +16,11 @@ Opening the root runs the publish recovery (`datadir.open_root`): operations of 
 are resumed or cleaned. Spool files a killed daemon left under `<data dir>/spool/mount/` are never
 deleted; the start-up log counts them.
 
+Replication (`--replicate s3://bucket/prefix [--replicate-endpoint-url URL] [--replicate-interval
+SECONDS]`): once the mount is live the shard is pushed to the bucket every interval, and after the
+unmount one last push ships the rest before the shard closes (nokvfs.fs.replication). Its
+failures are logged and never end the mount.
+
 Shutdown. SIGTERM, SIGINT and SIGHUP end the FUSE loop and unmount; so does `nokvfs umount`
 (fusermount3 -u, or umount(8)), after which the daemon exits by itself. Files still open for
 writing at shutdown are not published (their writer never closed them): their spools are kept
@@ -42,6 +47,7 @@ DEFAULT_WORKERS = 8
 DEFAULT_MEMORY_MB = 96
 DEFAULT_READ_AHEAD_KB = 1024
 READY_TIMEOUT = 300.0
+DEFAULT_REPLICATE_INTERVAL = 5.0
 
 
 # --- systemd readiness (sd_notify over NOTIFY_SOCKET, no dependency) --------------------------
@@ -186,6 +192,19 @@ def add_mount_arguments(parser: argparse.ArgumentParser, *, debug_option: bool =
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker threads for uploads, downloads and commits (default {DEFAULT_WORKERS})")
     parser.add_argument("--memory-cache-mb", type=int, default=DEFAULT_MEMORY_MB, help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})")
     parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
+    parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
+    parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
+    parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86400 * 365:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
 
 
 def add_umount_arguments(parser: argparse.ArgumentParser) -> None:
@@ -334,6 +353,9 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
             store=getattr(args, "store", None),
             endpoint_url=getattr(args, "endpoint_url", None),
             ready=lambda: _report(ready_fd, "READY"),
+            replicate=getattr(args, "replicate", None),
+            replicate_endpoint_url=getattr(args, "replicate_endpoint_url", None),
+            replicate_interval=getattr(args, "replicate_interval", DEFAULT_REPLICATE_INTERVAL),
         )
     except Exception as exc:  # noqa: BLE001 - reported to the waiting parent and the log
         log.error("mount of %s at %s failed: %s", data_dir, mountpoint, exc, exc_info=args.debug)
@@ -347,8 +369,12 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
                 pass
 
 
-def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None) -> int:
-    """Open the root, mount it and serve until unmounted or signalled. Returns the exit code."""
+def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL) -> int:
+    """Open the root, mount it and serve until unmounted or signalled. Returns the exit code.
+
+    With `replicate` (a bucket URL) the shard is replicated while mounted (nokvfs.fs.replication):
+    started once the mount is live, stopped with one last push after the unmount.
+    """
     import pyfuse3
     import trio
 
@@ -356,6 +382,7 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
     from nokvfs.fs.handles import spool_dir
     from nokvfs.fs.operations import Operations
     from nokvfs.fs.prefetch import BlockFetcher
+    from nokvfs.fs.replication import Replication
     from nokvfs.fs.threads import Workers
     from nokvfs.fs.tree import Tree
     from nokvfs.fs.views import LiveView
@@ -364,6 +391,7 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
     started = time.monotonic()
     _tame_malloc()
     root = open_root(data_dir, store=store, endpoint_url=endpoint_url)
+    replication = None if not replicate else Replication(root.shard, replicate, endpoint_url=replicate_endpoint_url, interval=replicate_interval)
     try:
         if root.blocks.cache is None:
             log.warning("the block cache of %s is held by another process: this mount reads uncached", data_dir)
@@ -389,7 +417,7 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
         pyfuse3.init(operations, mountpoint, options)
         unmounted = False
         try:
-            trio.run(_main, mountpoint, data_dir, fetcher, follower, invalidator, ready, started, read_ahead_kb)
+            trio.run(_main, mountpoint, data_dir, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication)
         except BaseException:
             pyfuse3.close(unmount=True)
             unmounted = True
@@ -404,6 +432,8 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
         )
         return 0
     finally:
+        if replication is not None:
+            replication.stop_blocking()  # the kernel has let go: nothing more can be written
         _remove_pid_file(data_dir, mountpoint)
         cache = getattr(root.blocks, "cache", None)
         if cache is not None:
@@ -429,7 +459,7 @@ def _tame_malloc() -> None:
         pass
 
 
-async def _main(mountpoint, data_dir, fetcher, follower, invalidator, ready, started, read_ahead_kb) -> None:
+async def _main(mountpoint, data_dir, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication=None) -> None:
     import pyfuse3
     import trio
 
@@ -438,7 +468,7 @@ async def _main(mountpoint, data_dir, fetcher, follower, invalidator, ready, sta
         nursery.start_soon(invalidator.run)
         nursery.start_soon(follower.run)
         nursery.start_soon(_signals)
-        nursery.start_soon(_announce, mountpoint, data_dir, ready, started, read_ahead_kb)
+        nursery.start_soon(_announce, mountpoint, data_dir, ready, started, read_ahead_kb, replication)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -472,7 +502,7 @@ def _set_read_ahead(device: int, kib: int) -> None:
         log.debug("cannot set %s: %s", path, exc)
 
 
-async def _announce(mountpoint, data_dir, ready, started, read_ahead_kb) -> None:
+async def _announce(mountpoint, data_dir, ready, started, read_ahead_kb, replication=None) -> None:
     import trio
 
     # The stat blocks until the kernel's INIT and GETATTR were answered by the loop running now.
@@ -483,6 +513,8 @@ async def _announce(mountpoint, data_dir, ready, started, read_ahead_kb) -> None
     sd_notify(f"READY=1\nSTATUS=mounted {mountpoint}\nMAINPID={os.getpid()}")
     if ready is not None:
         ready()
+    if replication is not None:
+        replication.start()  # in the background: the bucket may be slow or unreachable
 
 
 def _write_pid_file(data_dir: str, mountpoint: str) -> None:

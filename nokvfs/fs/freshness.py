@@ -3,8 +3,11 @@
 Every ~200 ms the follower reads the shard's commit clock (one System point read). When it has
 moved, it scans the ChangeEvent rows written after the last version it saw (key
 `root | u64 commit_version | u32 seq`, bounded pages of 255) and hands each event to the tree,
-which decides which kernel entries and inodes are stale. Changes this mount made itself are
-skipped (the kernel already knows them), so a local `cp -r` does not invalidate what it created.
+which decides which kernel entries and inodes are stale: paths (PathPut/Appended/Removed/
+Renamed, and the run manifest a CommitPublished writes), the workbench list, and the names in
+`/<wb>/.snapshots/`, `.commits/` and `.tags/` (SnapshotMinted/Retired, CommitPublished,
+TagSet/Deleted). Changes this mount made itself are skipped (the kernel already knows them), so a
+local `cp -r` does not invalidate what it created.
 
 Invalidations never run inside a request: entries go through pyfuse3's notify thread
 (`invalidate_entry_async`), inodes through a single worker thread here, because invalidating an

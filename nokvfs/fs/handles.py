@@ -248,14 +248,17 @@ class WriteHandle:
 class DirHandle:
     """One open directory: where its listing stands, so readdir pages from an anchor."""
 
-    __slots__ = ("fh", "node", "pos", "anchor", "buffer", "phase", "overlay_index", "history", "workbenches")
+    __slots__ = ("fh", "node", "pos", "anchor", "buffer", "phase", "overlay_index", "history", "static")
 
     HISTORY = 1024  # positions remembered for seekdir/rewinddir (bounded)
 
     def __init__(self, fh: int, node):
         self.fh = fh
         self.node = node
-        self.workbenches = None  # the root's listing, taken at opendir
+        # The whole listing, taken at opendir, for directories whose names are not a delimiter
+        # scan (the root's workbenches, a workbench's sections and views, `.snapshots/` ...);
+        # the anchor is then an index into it. None: page the scan.
+        self.static = None
         self.reset()
 
     def reset(self) -> None:

@@ -2,7 +2,10 @@
 
 An inode number is xxh3-64 over (view, workspace incarnation, path), so the same path of the same
 workbench incarnation gets the same number on every mount and after every daemon restart. The
-seed has no inode of its own (a path *is* the identity), so nothing durable is kept here.
+seed has no inode of its own (a path *is* the identity), so nothing durable is kept here. The
+view is "live" or the identity of a read-only view (`snapshot:<id>[:<alias>]`,
+`commit:<hex>[:<prefix>]`, `tag:<hex>:<name>`, see nokvfs.fs.views), so a past version of a path
+never shares a number -- or page cache -- with its live version.
 
 Numbers 0 and 1 (the root) and any number already held by another live node are never handed out:
 the key is re-hashed with seeds 1, 2, ... until a free number comes up, and the key keeps that
@@ -24,7 +27,7 @@ import logging
 import pyfuse3
 import xxhash
 
-from nokvfs.schema.ids import uuid7_unix_ms
+from nokvfs.schema.ids import creation_unix_ms
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ class Kind(enum.Enum):
     SECTION = "section"  # `/<wb>/<section>/`: always present, never removable
     DIR = "dir"  # an implicit directory below a section
     FILE = "file"
+    HISTORY = "history"  # `/<wb>/.snapshots`, `/<wb>/.commits`, `/<wb>/.tags`: the as-of views
+    VIEW = "view"  # `/<wb>/.snapshots/<name>/` ...: a read-only view's workbench directory
 
     @property
     def is_dir(self) -> bool:
@@ -86,7 +91,7 @@ class Node:
     def learn(self, entry) -> None:
         """Remember what the attributes need of a PathEntry."""
         self.size = entry.logical_size
-        self.mtime_ns = uuid7_unix_ms(entry.artifact_revision_id) * 1_000_000
+        self.mtime_ns = creation_unix_ms(entry.artifact_revision_id) * 1_000_000
 
     def unlearn(self) -> None:
         self.size = self.mtime_ns = None
@@ -102,6 +107,8 @@ class Node:
     def describe(self) -> str:
         if self.kind is Kind.ROOT:
             return "/"
+        if self.view != "live":
+            return f"/{self.workbench_id}@{self.view}/{self.path}".rstrip("/")
         return f"/{self.workbench_id}/{self.path}".rstrip("/")
 
     def __repr__(self) -> str:

@@ -3,7 +3,8 @@
 Each handler decodes the request, asks the tree (names, nodes, rules), the handles (spools) or
 the block fetcher (bytes), and turns the answer into EntryAttributes/FileInfo -- or, through
 `nokvfs.fs.errors.translated`, into the one errno mapping. Unsupported calls (symlink, link,
-mknod, setxattr, removexattr) answer ENOTSUP with a log line that says why.
+mknod; setxattr and removexattr, which are EROFS inside a read-only view) answer ENOTSUP with a
+log line that says why. Extended attributes: see nokvfs.fs.xattrs.
 """
 
 from __future__ import annotations
@@ -58,8 +59,7 @@ class Operations(pyfuse3.Operations):
         with translated("setattr"):
             tree = self.tree
             node = tree.node(inode)
-            if tree.read_only:
-                raise refuse(errno.EROFS, f"setattr {node.describe()}: read-only")
+            tree.check_writable(f"setattr {node.describe()}", node)
             if fields.update_size:
                 await tree.truncate(node, attr.st_size, None if fh is None else self.handles.get(fh))
             # Mode, owner and times are not part of the namespace: accepted, not stored (so tar,
@@ -246,13 +246,16 @@ class Operations(pyfuse3.Operations):
             return self.tree.xattr(self.tree.node(inode), name)
 
     async def listxattr(self, inode, ctx):
-        return []
+        with translated("listxattr"):
+            return self.tree.listxattr(self.tree.node(inode))
 
     async def setxattr(self, inode, name, value, ctx):
-        raise refuse(errno.ENOTSUP, "extended attributes are not stored")
+        with translated("setxattr"):
+            raise self.tree.refuse_xattr_change(self.tree.node(inode))
 
     async def removexattr(self, inode, name, ctx):
-        raise refuse(errno.ENOTSUP, "extended attributes are not stored")
+        with translated("removexattr"):
+            raise self.tree.refuse_xattr_change(self.tree.node(inode))
 
     # --- unsupported -----------------------------------------------------------------------------
 

@@ -1,7 +1,12 @@
 """The mount's directory tree: names to nodes, and the rules of what may change where.
 
     /                     the Visible workbenches (mkdir creates one; nothing else lives here)
-    /<wb>/                the five sections, always present, never removed, renamed or shadowed
+    /<wb>/                the five sections, always present, never removed, renamed or shadowed,
+                          and beside them the dot-names of the read-only views (`ls -a`):
+    /<wb>/.snapshots/     Active snapshots by id and alias; mkdir <alias> mints, rmdir retires
+    /<wb>/.commits/       the head's first-parent log by full id; any unique prefix resolves
+    /<wb>/.tags/          the tags
+    /<wb>/.snapshots/<name>/<section>/...   the workbench as of that point (nokvfs.fs.views)
     /<wb>/<section>/...   artifacts and implicit directories (plus this daemon's overlay)
 
 Reads follow the seed's cost model. A cold lookup is one WorkspaceCurrent point read (it also
@@ -16,7 +21,10 @@ worker threads. What the tree refuses, and with which errno:
 
 * EPERM:  removing, renaming or replacing a workbench or a section; files or directories directly
           in `/` or `/<wb>/`; writes to `metadata/run_manifest.json`, `metadata/restore_manifest.json`
-* EROFS:  any change on a read-only view or a `--read-only` mount
+* EROFS:  any change inside a snapshot, commit or tag view, in `.commits/` or `.tags/`, or on a
+          `--read-only` mount (`.snapshots/` takes mkdir and rmdir only)
+* EINVAL: mkdir of a numeric name (or an invalid alias) in `.snapshots/`
+* EBUSY:  rmdir of a snapshot a restore/fork still consumes
 * EXDEV:  rename across workbenches (or views); rename of a directory that holds published files
           (directories are implicit prefixes: moving one is one rename per file, not one command,
           so like overlayfs the mount answers EXDEV and `mv` falls back to copy and remove)
@@ -33,14 +41,16 @@ import time
 
 from nokvfs.errors import GenerationConflict, NameInvalid, NotFound, PathInvalid
 from nokvfs.fs import attrs, overlay as overlays
+from nokvfs.fs import views as views_
+from nokvfs.fs import xattrs
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.handles import DirHandle, ReadHandle, WriteHandle
 from nokvfs.fs.inodes import ROOT_INODE, InodeTable, Kind, Node
 from nokvfs.schema.enums import ChangeEventKind
-from nokvfs.schema.ids import uuid7_unix_ms
-from nokvfs.schema.names import check_workbench_id
+from nokvfs.schema.ids import creation_unix_ms
+from nokvfs.schema.names import check_snapshot_alias, check_workbench_id
 from nokvfs.schema.paths import check_component, normalize_path, ordered_component
-from nokvfs.workspace import namespace, publish
+from nokvfs.workspace import namespace, publish, snapshot
 from nokvfs.workspace import workbench as wb
 
 log = logging.getLogger(__name__)
@@ -50,6 +60,15 @@ RENAME_EXCHANGE = 2
 PAGE = 255
 _OWN_CHANGES_BOUND = 65536
 _PATH_KINDS = (ChangeEventKind.PathPut, ChangeEventKind.PathAppended, ChangeEventKind.PathRemoved, ChangeEventKind.PathRenamed)
+_HISTORY_KINDS = (
+    ChangeEventKind.SnapshotMinted,
+    ChangeEventKind.SnapshotRetired,
+    ChangeEventKind.CommitPublished,
+    ChangeEventKind.TagSet,
+    ChangeEventKind.TagDeleted,
+)
+_VIEW_CACHE = 4096  # read-only view objects kept (each is rebuilt from its identity on demand)
+LIVE = views_.LIVE
 
 
 def _ms_to_ns(ms: int) -> int:
@@ -76,6 +95,7 @@ class Tree:
         self._inflight = collections.Counter()
         self._deferred: dict[tuple, list] = {}
         self._statfs = None
+        self._views = collections.OrderedDict()  # (identity, incarnation) -> read-only view
         self.refresh_workbenches()
 
     # --- names ------------------------------------------------------------------------------------
@@ -98,9 +118,43 @@ class Tree:
             raise refuse(errno.ESTALE, f"inode {ino} is not known to this mount")
         return node
 
-    def _writable(self, what: str) -> None:
+    def _writable(self, what: str, *nodes: Node) -> None:
+        """EROFS for a change inside a read-only view (or `.commits`/`.tags`) or on a --read-only mount."""
+        for node in nodes:
+            if node.view != LIVE or node.kind in (Kind.HISTORY, Kind.VIEW):
+                raise refuse(errno.EROFS, f"{what}: {node.describe()} is in a read-only view")
         if self.read_only:
-            raise refuse(errno.EROFS, f"{what}: the view is read-only")
+            raise refuse(errno.EROFS, f"{what}: the mount is read-only")
+
+    def check_writable(self, what: str, node: Node) -> None:
+        self._writable(what, node)
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def view_of(self, node: Node):
+        """The view a node reads from: the live view, or the read-only view its identity names."""
+        if node.view == LIVE:
+            return self.view
+        key = (node.view, node.incarnation)
+        view = self._views.get(key)
+        if view is None:
+            view = views_.from_identity(self.root, node.view, node.workbench_id, node.incarnation)
+            self._keep_view(view)
+        else:
+            self._views.move_to_end(key)
+        return view
+
+    def _keep_view(self, view) -> None:
+        self._views[(view.name, view.incarnation)] = view
+        while len(self._views) > _VIEW_CACHE:
+            self._views.popitem(last=False)
+
+    def _history_node(self, workbench_node: Node, family: str) -> Node:
+        return self.inodes.node(Kind.HISTORY, LIVE, workbench_node.workbench_id, workbench_node.incarnation, (family,))
+
+    def _view_root(self, view) -> Node:
+        self._keep_view(view)
+        return self.inodes.node(Kind.VIEW, view.name, view.workbench_id, view.incarnation, ())
 
     # --- workbenches -----------------------------------------------------------------------------
 
@@ -108,7 +162,7 @@ class Tree:
         with self.view.read() as v:
             found = self.view.workbenches(v)
         for workbench in found:
-            self._workbench_times.setdefault(workbench.workbench_id, _ms_to_ns(uuid7_unix_ms(workbench.incarnation_id)))
+            self._workbench_times.setdefault(workbench.workbench_id, _ms_to_ns(creation_unix_ms(workbench.incarnation_id)))
         self._workbenches = sorted(found, key=lambda w: w.workbench_id)
         if self._workbench_times:
             self._root_mtime_ns = max(self._workbench_times.values())
@@ -123,7 +177,12 @@ class Tree:
     def parent_of(self, node: Node) -> Node:
         if node.kind in (Kind.ROOT, Kind.WORKBENCH):
             return self.inodes.root
+        if node.kind is Kind.VIEW:
+            family = self.view_of(node).family
+            return self.inodes.node(Kind.HISTORY, LIVE, node.workbench_id, node.incarnation, (family,))
         components = node.components[:-1]
+        if not components and node.view != LIVE:
+            return self.inodes.node(Kind.VIEW, node.view, node.workbench_id, node.incarnation, ())
         kind = Kind.WORKBENCH if not components else Kind.SECTION if len(components) == 1 else Kind.DIR
         return self.inodes.node(kind, node.view, node.workbench_id, node.incarnation, components)
 
@@ -138,19 +197,29 @@ class Tree:
             return self.parent_of(parent)
         if parent.kind is Kind.FILE:
             raise refuse(errno.ENOTDIR, f"{parent.describe()} is a file")
-        with self.view.read() as v:
+        if parent.kind is Kind.HISTORY:
+            with self.view.read() as v:
+                workbench = self.view.require(v, parent.workbench_id, parent.incarnation)
+            view = views_.resolve(self.root, workbench, parent.components[0], name)
+            return None if view is None else self._view_root(view)
+        view = self.view_of(parent)
+        with view.read() as v:
             if parent.kind is Kind.ROOT:
                 try:
                     check_workbench_id(name)
                     return self._workbench_node(self.view.workbench(v, name))
                 except (NameInvalid, NotFound):
                     return None
-            workbench = self.view.require(v, parent.workbench_id, parent.incarnation)
+            workbench = view.require(v, parent.workbench_id, parent.incarnation)
             if parent.kind is Kind.WORKBENCH:
+                if name in views_.HISTORY_DIRS:
+                    return self._history_node(parent, name)
+                return self._child(parent, Kind.SECTION, name) if name in wb.SECTIONS else None
+            if parent.kind is Kind.VIEW:
                 return self._child(parent, Kind.SECTION, name) if name in wb.SECTIONS else None
             components = parent.components + (name,)
             try:
-                found = self.view.stat(v, workbench, components)
+                found = view.stat(v, workbench, components)
             except NotFound:
                 found = None
         if found is not None and found.entry is not None:
@@ -159,6 +228,8 @@ class Tree:
             return node
         if found is not None:
             return self._child(parent, Kind.DIR, name)
+        if parent.view != LIVE:
+            return None
         pending = self.overlay.pending(parent.incarnation, components)
         if pending is not None:
             return pending
@@ -173,15 +244,17 @@ class Tree:
         if kind.is_dir:
             mtime = self._workbench_times.get(node.workbench_id)
             if mtime is None:
-                mtime = _ms_to_ns(uuid7_unix_ms(node.incarnation))
+                mtime = _ms_to_ns(creation_unix_ms(node.incarnation))
             return self._attrs(node, 0, mtime)
-        writer = self.latest_writer(node)
+        writer = self.latest_writer(node) if node.view == LIVE else None
         if writer is not None:
-            mtime = writer.mtime_ns if writer.dirty or writer.base is None else _ms_to_ns(uuid7_unix_ms(writer.base.artifact_revision_id))
+            mtime = writer.mtime_ns if writer.dirty or writer.base is None else _ms_to_ns(creation_unix_ms(writer.base.artifact_revision_id))
             return self._attrs(node, writer.size, mtime)
-        if (fresh or node.mtime_ns is None) and not node.detached:
-            with self.view.read() as v:
-                entry = self.view.entry(v, node.incarnation, node.components)
+        view = self.view_of(node)
+        # A view's file never changes: what a lookup or listing learnt of it stays true.
+        if ((fresh and not view.immutable) or node.mtime_ns is None) and not node.detached:
+            with view.read() as v:
+                entry = view.entry(v, node.incarnation, node.components)
             if entry is not None:
                 node.learn(entry)
         if node.mtime_ns is None:
@@ -189,8 +262,11 @@ class Tree:
         return self._attrs(node, node.size, node.mtime_ns)
 
     def _attrs(self, node: Node, size: int, mtime_ns: int):
-        timeouts = attrs.READ_ONLY_TIMEOUTS if self.view.immutable and node.kind is not Kind.ROOT else None
-        return attrs.build(node, size=size, mtime_ns=mtime_ns, uid=self.uid, gid=self.gid, read_only=self.read_only, timeouts=timeouts)
+        in_view = node.view != LIVE
+        timeouts = attrs.READ_ONLY_TIMEOUTS if in_view else None
+        # `.snapshots` takes mkdir and rmdir; `.commits` and `.tags` take nothing.
+        read_only = self.read_only or in_view or (node.kind is Kind.HISTORY and node.components[0] != views_.SNAPSHOTS)
+        return attrs.build(node, size=size, mtime_ns=mtime_ns, uid=self.uid, gid=self.gid, read_only=read_only, timeouts=timeouts)
 
     @staticmethod
     def latest_writer(node: Node):
@@ -205,8 +281,24 @@ class Tree:
         if not node.kind.is_dir:
             raise refuse(errno.ENOTDIR, f"{node.describe()} is a file")
         handle = DirHandle(fh, node)
+        # Directories with a short, fixed or facade-listed set of names are listed from a list
+        # taken at opendir (like the root's workbenches); the others page the delimiter scan.
+        sections = [(name, Kind.SECTION, None, None) for name in sorted(wb.SECTIONS)]
         if node.kind is Kind.ROOT:
-            handle.workbenches = self.refresh_workbenches()
+            handle.static = [(w.workbench_id, Kind.WORKBENCH, w, None) for w in self.refresh_workbenches()]
+        elif node.kind is Kind.WORKBENCH:
+            with self.view.read() as v:
+                self.view.require(v, node.workbench_id, node.incarnation)
+            handle.static = [(name, Kind.HISTORY, None, None) for name in views_.HISTORY_DIRS] + sections
+        elif node.kind is Kind.HISTORY:
+            with self.view.read() as v:
+                workbench = self.view.require(v, node.workbench_id, node.incarnation)
+            handle.static = [(name, Kind.VIEW, view, None) for name, view in views_.names(self.root, workbench, node.components[0])]
+        elif node.kind is Kind.VIEW:
+            view = self.view_of(node)
+            with view.read() as v:
+                view.require(v, node.workbench_id, node.incarnation)
+            handle.static = sections
         node.open_count += 1
         return handle
 
@@ -229,23 +321,23 @@ class Tree:
     def fill(self, handle: DirHandle) -> bool:
         """Fetch the next page of children into handle.buffer; False at the end of the listing.
 
-        Items are (name, kind, PathEntry | Workbench | None, overlay index | None).
+        Items are (name, kind, PathEntry | Workbench | view | None, overlay index | None).
         """
         node = handle.node
         if handle.phase == "done":
             return False
-        if node.kind is Kind.ROOT:
+        if handle.static is not None:
             index = handle.anchor or 0
-            for workbench in handle.workbenches[index : index + PAGE]:
-                handle.buffer.append((workbench.workbench_id, Kind.WORKBENCH, workbench, None))
+            handle.buffer.extend(handle.static[index : index + PAGE])
             if not handle.buffer:
                 handle.phase = "done"
             return bool(handle.buffer)
         if handle.phase == "scan":
-            with self.view.read() as v:
-                workbench = self.view.require(v, node.workbench_id, node.incarnation)
-                children, anchor = self.view.children(v, workbench, node.components, start_after=handle.anchor, limit=PAGE)
-            child_kind = Kind.SECTION if node.kind is Kind.WORKBENCH else Kind.DIR
+            view = self.view_of(node)
+            with view.read() as v:
+                workbench = view.require(v, node.workbench_id, node.incarnation)
+                children, anchor = view.children(v, workbench, node.components, start_after=handle.anchor, limit=PAGE)
+            child_kind = Kind.SECTION if node.kind in (Kind.WORKBENCH, Kind.VIEW) else Kind.DIR
             for child in children:
                 if child.entry is not None:
                     handle.buffer.append((child.name, Kind.FILE, child.entry, None))
@@ -256,7 +348,7 @@ class Tree:
             if handle.buffer:
                 return True
         if handle.phase == "overlay":
-            if node.kind is not Kind.WORKBENCH:
+            if node.kind is not Kind.WORKBENCH and node.view == LIVE:
                 names = self.overlay.children(node.incarnation, node.components)
                 with self.view.read() as v:
                     for index in range(handle.overlay_index, len(names)):
@@ -274,6 +366,10 @@ class Tree:
         parent = handle.node
         if kind is Kind.WORKBENCH:
             return self._workbench_node(extra)
+        if kind is Kind.HISTORY:
+            return self._history_node(parent, name)
+        if kind is Kind.VIEW:
+            return self._view_root(extra)
         if overlay_index is not None and kind is Kind.FILE:
             return self.overlay.pending(parent.incarnation, parent.components + (name,))
         node = self._child(parent, kind, name)
@@ -286,7 +382,7 @@ class Tree:
         handle.pos += 1
         if item[3] is not None:
             handle.overlay_index = item[3] + 1
-        elif handle.node.kind is Kind.ROOT:
+        elif handle.static is not None:
             handle.anchor = (handle.anchor or 0) + 1
         else:
             handle.anchor = ordered_component(item[0])
@@ -314,19 +410,21 @@ class Tree:
         if node.kind.is_dir:
             raise refuse(errno.EISDIR, f"{node.describe()} is a directory")
         writing = flags & os.O_ACCMODE != os.O_RDONLY
-        if writing:
-            self._writable(f"open {node.describe()} for writing")
+        if writing or flags & os.O_TRUNC:
+            self._writable(f"open {node.describe()} for writing", node)
             self._publishable(node, node.components)
+        view = self.view_of(node)
         entry = None
         if not node.detached:
-            with self.view.read() as v:
-                entry = self.view.entry(v, node.incarnation, node.components)
+            with view.read() as v:
+                entry = view.entry(v, node.incarnation, node.components)
         elif node.readers and not writing:
             entry = next(iter(node.readers)).entry  # a detached file reopened (/proc/PID/fd/N)
         pending = self.overlay.pending(node.incarnation, node.components) is node
         if entry is None and not pending and not node.writers:
             raise refuse(errno.ENOENT, f"{node.describe()} no longer exists")
-        keep_cache = entry is not None and node.kernel_revision == entry.artifact_revision_id
+        # A view's inode only ever has one revision: its page cache is always right.
+        keep_cache = entry is not None and (view.immutable or node.kernel_revision == entry.artifact_revision_id)
         if entry is not None:
             node.learn(entry)
             node.kernel_revision = entry.artifact_revision_id
@@ -356,11 +454,11 @@ class Tree:
 
     def create(self, fh: int, parent: Node, name: str, flags: int):
         """A new file (pending in the overlay until its first close publishes it)."""
+        self._writable(f"create {name}", parent)
         if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
             raise refuse(errno.EPERM, f"files live below a section {wb.SECTIONS}, not in {parent.describe()}")
         if parent.kind is Kind.FILE:
             raise refuse(errno.ENOTDIR, f"{parent.describe()} is a file")
-        self._writable(f"create {name}")
         components = parent.components + (name,)
         self._publishable(parent, components)
         existing = self.lookup(parent, name)
@@ -494,7 +592,9 @@ class Tree:
     # --- directories -----------------------------------------------------------------------------
 
     async def mkdir(self, parent: Node, name: str) -> Node:
-        self._writable(f"mkdir {name}")
+        if parent.kind is Kind.HISTORY and parent.components[0] == views_.SNAPSHOTS:
+            return await self._mint(parent, name)
+        self._writable(f"mkdir {name}", parent)
         if parent.kind is Kind.ROOT:
             try:
                 check_workbench_id(name)
@@ -505,8 +605,8 @@ class Tree:
             self.refresh_workbenches()
             return self._workbench_node(created)
         if parent.kind is Kind.WORKBENCH:
-            if name in wb.SECTIONS:
-                raise refuse(errno.EEXIST, f"{name} is a section")
+            if name in wb.SECTIONS or name in views_.HISTORY_DIRS:
+                raise refuse(errno.EEXIST, f"{name} is a section or a view directory")
             raise refuse(errno.EPERM, f"directories live below a section {wb.SECTIONS}, not in {parent.describe()}")
         if parent.kind is Kind.FILE:
             raise refuse(errno.ENOTDIR, f"{parent.describe()} is a file")
@@ -523,10 +623,13 @@ class Tree:
                 raise refuse(errno.ENOENT, f"no workbench {name}")
             raise refuse(errno.EPERM, "a Visible workbench is never removed")
         if parent.kind is Kind.WORKBENCH:
-            if name in wb.SECTIONS:
-                raise refuse(errno.EPERM, f"{name} is a section: it cannot be removed")
+            if name in wb.SECTIONS or name in views_.HISTORY_DIRS:
+                raise refuse(errno.EPERM, f"{name} is a section or a view directory: it cannot be removed")
             raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
-        self._writable(f"rmdir {name}")
+        if parent.kind is Kind.HISTORY and parent.components[0] == views_.SNAPSHOTS:
+            await self._retire(parent, name)
+            return
+        self._writable(f"rmdir {name}", parent)
         node = self.lookup(parent, name)
         if node is None:
             raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
@@ -539,6 +642,36 @@ class Tree:
         self.overlay.remove_dir(node.incarnation, node.components)
         self.inodes.detach(node)
 
+    # --- snapshots: mkdir mints, rmdir retires (as in ZFS's .zfs/snapshot) -------------------------
+
+    async def _mint(self, parent: Node, name: str) -> Node:
+        """mkdir /<wb>/.snapshots/<alias>: mint a snapshot with that alias (the default lease)."""
+        self._writable(f"mkdir {name}")
+        if name.isascii() and name.isdigit():
+            raise refuse(errno.EINVAL, f"{name!r} is numeric: snapshot ids are given by the root, an alias must not look like one")
+        try:
+            check_snapshot_alias(name)
+        except NameInvalid as exc:
+            raise refuse(errno.EINVAL, str(exc)) from None
+        if self.lookup(parent, name) is not None:
+            raise refuse(errno.EEXIST, f"snapshot {name!r} exists (rmdir retires it)")
+        minted = await self.workers.run(snapshot.mint, self.root, parent.workbench_id, alias=name)
+        if minted.workbench.incarnation_id != parent.incarnation:
+            raise refuse(errno.ENOENT, f"{parent.describe()} is another incarnation now")
+        log.info("minted snapshot %d (%s) of %s at version %d", minted.snapshot_id, name, parent.workbench_id, minted.read_version)
+        return self._view_root(views_.SnapshotView(self.root, parent.workbench_id, parent.incarnation, minted.snapshot_id, name))
+
+    async def _retire(self, parent: Node, name: str) -> None:
+        """rmdir /<wb>/.snapshots/<alias-or-id>: retire it (EBUSY while a restore/fork consumes it)."""
+        self._writable(f"rmdir {name}")
+        node = self.lookup(parent, name)
+        if node is None:
+            raise refuse(errno.ENOENT, f"{parent.describe()}/{name} is not an Active snapshot")
+        view = self.view_of(node)
+        retired = await self.workers.run(snapshot.retire, self.root, parent.workbench_id, view.snapshot_id)
+        log.info("retired snapshot %d (%s) of %s", retired, name, parent.workbench_id)
+        self.inodes.detach(node)
+
     # --- files -------------------------------------------------------------------------------------
 
     async def unlink(self, parent: Node, name: str) -> None:
@@ -546,7 +679,7 @@ class Tree:
             if self.lookup(parent, name) is None:
                 raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
             raise refuse(errno.EPERM, f"{parent.describe()}/{name} is a workbench or a section")
-        self._writable(f"unlink {name}")
+        self._writable(f"unlink {name}", parent)
         await self._quiesce(self.lookup(parent, name))
         node = self.lookup(parent, name)
         if node is None:
@@ -582,6 +715,9 @@ class Tree:
                     pass
 
     async def rename(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str, flags: int) -> None:
+        for parent in (old_parent, new_parent):
+            if parent.view != LIVE or parent.kind is Kind.HISTORY:
+                raise refuse(errno.EROFS, f"rename in {parent.describe()}: views are read-only")
         for parent in (old_parent, new_parent):
             if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
                 raise refuse(errno.EPERM, f"entries of {parent.describe()} (workbenches, sections) cannot be renamed or replaced")
@@ -666,7 +802,7 @@ class Tree:
     async def truncate(self, node: Node, size: int, handle=None) -> None:
         if node.kind.is_dir:
             raise refuse(errno.EISDIR, f"{node.describe()} is a directory")
-        self._writable(f"truncate {node.describe()}")
+        self._writable(f"truncate {node.describe()}", node)
         self._publishable(node, node.components)
         writer = handle if isinstance(handle, WriteHandle) else self.latest_writer(node)
         if writer is not None:
@@ -692,17 +828,28 @@ class Tree:
 
     # --- extended attributes ---------------------------------------------------------------------
 
+    def _file_entry(self, node: Node):
+        """The PathEntry a file node shows now (an open reader's, once detached), or None."""
+        if not node.detached:
+            view = self.view_of(node)
+            with view.read() as v:
+                return view.entry(v, node.incarnation, node.components)
+        if node.readers:
+            return next(iter(node.readers)).entry
+        return None
+
     def xattr(self, node: Node, name: bytes) -> bytes:
-        """Read-only facts as `user.nokvfs.*` (listxattr shows none, so cp -a/rsync -X copy none)."""
+        """A file's index fields as `user.nokv.<name>` (see nokvfs.fs.xattrs), and read-only
+        facts as `user.nokvfs.*` (not listed, so cp -a/rsync -X copy only the index fields)."""
         if node.kind is Kind.FILE:
-            entry = None
-            if not node.detached:
-                with self.view.read() as v:
-                    entry = self.view.entry(v, node.incarnation, node.components)
-            elif node.readers:
-                entry = next(iter(node.readers)).entry
+            entry = self._file_entry(node)
             if entry is None:
                 raise refuse(errno.ENODATA, "not published yet")
+            if name.startswith(xattrs.INDEX_PREFIX):
+                value = xattrs.index_value(entry, name)
+                if value is None:
+                    raise refuse(errno.ENODATA, f"{node.describe()} has no index field {name[len(xattrs.INDEX_PREFIX):]!r}")
+                return value
             facts = {
                 b"user.nokvfs.generation": str(entry.generation),
                 b"user.nokvfs.revision": entry.artifact_revision_id.hex(),
@@ -712,6 +859,17 @@ class Tree:
             }
         elif node.kind is Kind.ROOT:
             facts = {b"user.nokvfs.root": self.root.root_id.hex()}
+        elif node.view != LIVE:
+            view = self.view_of(node)
+            with view.read() as v:
+                workbench = view.require(v, node.workbench_id, node.incarnation)
+                generation = view.stat(v, workbench, node.components).generation
+            facts = {
+                b"user.nokvfs.generation": str(generation),
+                b"user.nokvfs.incarnation": workbench.incarnation_id.hex(),
+                b"user.nokvfs.workbench": workbench.workbench_id,
+                **(view.facts() if node.kind is Kind.VIEW else {}),
+            }
         else:
             with self.view.read() as v:
                 workbench = self.view.require(v, node.workbench_id, node.incarnation)
@@ -725,6 +883,19 @@ class Tree:
             raise refuse(errno.ENODATA, f"no attribute {name!r}")
         return value.encode()
 
+    def listxattr(self, node: Node) -> list[bytes]:
+        """The `user.nokv.<name>` attributes of a file's index fields (none elsewhere)."""
+        if node.kind is not Kind.FILE:
+            return []
+        entry = self._file_entry(node)
+        return [] if entry is None else xattrs.index_names(entry)
+
+    def refuse_xattr_change(self, node: Node):
+        """setxattr/removexattr: EROFS inside a view, else ENOTSUP (nothing is stored)."""
+        if node.view != LIVE or node.kind in (Kind.HISTORY, Kind.VIEW) or self.read_only:
+            return refuse(errno.EROFS, f"extended attributes of {node.describe()}: read-only")
+        return refuse(errno.ENOTSUP, "extended attributes are not stored (index fields are set at publication)")
+
     # --- the change feed -------------------------------------------------------------------------
 
     def changed(self, version: int, event) -> None:
@@ -737,6 +908,13 @@ class Tree:
                 return
             self.invalidator.entry(ROOT_INODE, event.workbench_id)
             self.invalidator.inode(ROOT_INODE, attr_only=True)
+            return
+        if kind in _HISTORY_KINDS:
+            self._history_changed(event)
+            if kind is ChangeEventKind.CommitPublished and event.path:
+                # The commit also published metadata/run_manifest.json in the live view (the event
+                # names the commit, not the manifest's revision: the kernel's copy is dropped).
+                self._path_changed(event.workspace_incarnation_id, tuple(event.path.split("/")), False, None)
             return
         if kind not in _PATH_KINDS or event.path is None:
             return
@@ -774,7 +952,7 @@ class Tree:
                 self.inodes.detach(node)
             else:
                 node.unlearn()
-                cached = node.kernel_revision == revision
+                cached = revision is not None and node.kernel_revision == revision
                 if not cached:
                     node.kernel_revision = None
                 self.invalidator.inode(node.ino, attr_only=cached)
@@ -795,6 +973,39 @@ class Tree:
                         self.inodes.detach(dir_node)
                 elif dir_node is None and above is not None:
                     self.invalidator.entry(above.ino, directory[-1])
+
+    def _history_changed(self, event) -> None:
+        """A snapshot minted or retired, a commit published, a tag set or deleted: the names in
+        `/<wb>/.snapshots/`, `.commits/` or `.tags/` the kernel may hold (or hold as negative)
+        are invalidated, so the next lookup resolves them again."""
+        kind, incarnation = event.kind, event.workspace_incarnation_id
+        names = []
+        if kind in (ChangeEventKind.SnapshotMinted, ChangeEventKind.SnapshotRetired):
+            family = views_.SNAPSHOTS
+            if event.path:
+                names.append(event.path)  # the alias
+            raw = event.after if kind is ChangeEventKind.SnapshotMinted else event.before
+            if raw:
+                names.append(str(int.from_bytes(raw, "big")))
+        elif kind is ChangeEventKind.CommitPublished:
+            family = views_.COMMITS
+            if event.after:
+                names.append(event.after.hex())
+            # A prefix that named one commit may name two now: every prefix the kernel holds.
+            for node in self.inodes.of_workbench(event.workbench_id):
+                if node.kind is Kind.VIEW and node.incarnation == incarnation and node.view.startswith("commit:"):
+                    view = self.view_of(node)
+                    if view.entry_name != view.commit_id.hex():
+                        names.append(view.entry_name)
+        else:
+            family = views_.TAGS
+            if event.path:
+                names.append(event.path)
+        history = self.inodes.find(LIVE, incarnation, (family,))
+        if history is None:
+            return  # the kernel holds nothing below it
+        for name in dict.fromkeys(names):
+            self.invalidator.entry(history.ino, name)
 
     def caught_up(self, version: int) -> None:
         """The follower has applied everything up to `version`."""

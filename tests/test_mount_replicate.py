@@ -1,0 +1,143 @@
+"""`nokvfs mount --replicate s3://...`: the shard reaches the bucket while mounted, a last push at
+unmount ships the rest, a restore elsewhere has every file -- and replication never breaks the mount.
+
+The bucket is a moto S3 server on 127.0.0.1 (tests/s3_fixtures.py); nothing else is contacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import time
+
+from nokvfs.engine.shard import Shard
+from nokvfs.replicate import Replicator
+from nokvfs.replicate.restore import restore
+from tests.mount_fixtures import mounted, needs_fuse
+
+pytest_plugins = ["tests.s3_fixtures"]
+pytestmark = needs_fuse
+
+
+def files_of(data_dir: str) -> dict[str, str]:
+    """workbench:path -> SHA-256 of the body, for every file of every Visible workbench (the facade)."""
+    from nokvfs.workspace import datadir, listing, reading
+    from nokvfs.workspace import workbench as wb
+
+    root = datadir.open_root(data_dir, verify=True, recover=False)
+    try:
+        out = {}
+        with root.read() as view:
+            for workbench in wb.list_visible(view, root.root_id):
+                cursor = None
+                while True:
+                    page = listing.list_recursive(view, root, workbench.workbench_id, cursor=cursor)
+                    for child in page.children:
+                        body = reading.read(root, child.entry, view=view)
+                        out[f"{workbench.workbench_id}:{child.name}"] = hashlib.sha256(body).hexdigest()
+                    cursor = page.cursor
+                    if cursor is None:
+                        break
+        return out
+    finally:
+        if root.blocks.cache is not None:
+            root.blocks.cache.close()
+        root.close()
+
+
+def replication_status(data_dir: str, url: str, endpoint: str) -> dict:
+    """The bucket's view of the shard next to its local applied LSN, read from another process's
+    handle on the shard (LMDB is multi-process), without writing anything."""
+    shard = Shard.open(os.path.join(data_dir, "shard"), verify=False)
+    try:
+        return Replicator.from_url(shard, url, endpoint_url=endpoint).status()
+    finally:
+        shard.close()
+
+
+def write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_files_written_through_the_mount_are_replicated_and_restore_elsewhere(tmp_path, s3_bucket, s3_endpoint):
+    url = f"s3://{s3_bucket}/mounted"
+    args = ("--replicate", url, "--replicate-endpoint-url", s3_endpoint, "--replicate-interval", "0.2")
+    rng = random.Random(9)
+    with mounted(str(tmp_path), extra_args=args) as m:
+        write(m.path("wb", "outputs", "model.bin"), rng.randbytes(5 * 1024 * 1024 + 3))
+        write(m.path("wb", "logs", "run.log"), b"started\n")
+        with open(m.path("wb", "logs", "run.log"), "ab") as f:
+            f.write(b"finished\n")
+        os.mkdir(m.path("wb", ".snapshots", "replicated"))
+        # The loop pushes by itself: wait until the bucket's head is the shard's applied LSN.
+        deadline = time.monotonic() + 30
+        while True:
+            status = replication_status(m.data_dir, url, s3_endpoint)
+            if status.get("head_lsn") == status["local_applied_lsn"] and status["lag"] == 0:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+        assert status["generation"] >= 1 and not status["fenced"]
+        # Written just before the unmount: only the last push can ship this one.
+        write(m.path("wb", "outputs", "last-second.txt"), b"written right before umount")
+        log_path = m.log_path
+    with open(log_path) as f:
+        log = f.read()
+    assert "replicating shard" in log and "last push to" in log
+    assert "ERROR" not in log and "Traceback" not in log
+
+    data_dir = str(tmp_path / "data")
+    status = replication_status(data_dir, url, s3_endpoint)
+    assert status["head_lsn"] == status["local_applied_lsn"] and status["lag"] == 0
+
+    # Another machine: the shard from the bucket, the data directory's configuration and the
+    # control plane beside it (the object store is shared: blocks live outside the shard).
+    fresh = tmp_path / "elsewhere"
+    result = restore(url, str(fresh / "shard"), endpoint_url=s3_endpoint)
+    assert result.applied_lsn == status["local_applied_lsn"]
+    shutil.copy(os.path.join(data_dir, "nokvfs.json"), fresh / "nokvfs.json")
+    shutil.copytree(os.path.join(data_dir, "control"), fresh / "control")
+    original, restored = files_of(data_dir), files_of(str(fresh))
+    assert restored == original
+    assert {"wb:outputs/model.bin", "wb:logs/run.log", "wb:outputs/last-second.txt"} <= set(restored)
+    from nokvfs.workspace import datadir, reading, snapshot
+
+    root = datadir.open_root(str(fresh), verify=False, recover=False)
+    try:
+        assert snapshot.get(root, "wb", "replicated").ref.state.name == "Active"
+        from nokvfs.workspace import listing
+
+        with root.read() as view:
+            entry = listing.stat(view, root, "wb", "logs/run.log").entry
+            assert reading.read(root, entry, view=view) == b"started\nfinished\n"
+    finally:
+        root.blocks.cache.close()
+        root.close()
+
+
+def test_a_bucket_that_cannot_be_reached_never_breaks_the_mount(tmp_path, aws_test_env, closed_loopback_port):
+    endpoint = f"http://127.0.0.1:{closed_loopback_port}"
+    args = ("--replicate", "s3://nowhere/prefix", "--replicate-endpoint-url", endpoint, "--replicate-interval", "0.5")
+    with mounted(str(tmp_path), extra_args=args) as m:
+        write(m.path("wb", "outputs", "f.txt"), b"still served")
+        deadline = time.monotonic() + 20
+        while "cannot open s3://nowhere/prefix yet" not in m.log():  # the first open gave up
+            assert time.monotonic() < deadline, m.log()
+            write(m.path("wb", "outputs", "f.txt"), b"still served")  # and the mount serves on
+            time.sleep(0.2)
+        with open(m.path("wb", "outputs", "f.txt"), "rb") as f:
+            assert f.read() == b"still served"
+        log_path = m.log_path
+        ending = time.monotonic()
+    assert time.monotonic() - ending < 10  # a retry in flight does not hold up the unmount
+    with open(log_path) as f:
+        log = f.read()
+    # Opening the bucket is retried in the background; at unmount the operator is told how to
+    # ship what this mount could not.
+    assert "cannot open s3://nowhere/prefix yet" in log
+    assert "replication to s3://nowhere/prefix never started" in log and "nokvfs shard push --to s3://nowhere/prefix" in log
+    assert "unmounted" in log and "Traceback" not in log
