@@ -144,7 +144,7 @@ def run_workload(root, seed: int, steps: int):
     failures = []
 
     def collector():
-        while not stop.is_set():
+        while not stop.wait(0.005):  # a collector runs now and then, not in a hot loop
             try:
                 gc.collect(root)
             except (GenerationConflict, NotFound):

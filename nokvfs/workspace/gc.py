@@ -115,8 +115,29 @@ def collect(root, *, dry_run: bool = False, progress=None) -> GcReport:
     return report
 
 
+def _needs_barrier(root) -> bool:
+    """Whether a candidate's zero is at the current version: only then must the clock move on
+    for the quiescent floor to pass it. (An idle collector therefore writes nothing.)"""
+    with root.read() as view:
+        for _, value in _scan(view, "gc_candidate", root.root_id):
+            candidate = GcCandidate.decode(value)
+            if candidate.claim_state == GcClaimState.Candidate and candidate.last_zero_ref_version >= view.version:
+                return True
+    return False
+
+
+def _scan(view, tree: str, prefix: bytes):
+    marker = None
+    while True:
+        page = scan_prefix(view, tree, prefix, start_after=marker)
+        yield from page.items
+        if page.next_marker is None:
+            return
+        marker = page.next_marker
+
+
 def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
-    if not dry_run:
+    if not dry_run and _needs_barrier(root):
         _advance_barrier(root)
     with root.read() as view:
         # A dry run does not advance the barrier: judge it as the barrier would leave it.

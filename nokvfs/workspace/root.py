@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import time
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import MetadataCommand
@@ -86,7 +88,7 @@ class Root:
     def apply(self, build, *, digest: bytes, request_id: bytes | None = None):
         """Build against the current version and apply; returns (CommandOutcome, Built)."""
         request_id = request_id or new_id16()
-        for _ in range(MAX_REBUILDS):
+        for attempt in range(MAX_REBUILDS):
             with self.shard.read() as view:
                 built = build(view)
                 read_version = view.version
@@ -106,6 +108,9 @@ class Root:
             try:
                 return self.shard.apply(command), built
             except ReadVersionStale:
+                # Another writer committed in between. Back off a little, at random, so two
+                # busy writers do not keep invalidating each other's rebuilt commands.
+                time.sleep(random.random() * 0.002 * (attempt + 1))
                 continue
         raise ReadVersionStale(
             f"the shard kept moving: gave up after {MAX_REBUILDS} rebuilds",
