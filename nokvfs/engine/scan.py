@@ -93,3 +93,14 @@ def scan_prefix(view, tree: str, prefix: bytes, *, start_after: bytes | None = N
         position = found[0] + b"\x00"
     next_marker = None if exhausted else items[-1][0]
     return Page(tuple(items), view.version, next_marker, view.ops - ops_before)
+
+
+def iter_prefix(view, tree: str, prefix: bytes):
+    """Every (key, value) under `prefix`, in key order, fetched in bounded pages."""
+    marker = None
+    while True:
+        page = scan_prefix(view, tree, prefix, start_after=marker)
+        yield from page.items
+        if page.next_marker is None:
+            return
+        marker = page.next_marker

@@ -30,7 +30,7 @@ import hashlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from nokvfs.engine.scan import scan_prefix
+from nokvfs.engine.scan import iter_prefix
 from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, StoreError
 from nokvfs.objects.keys import parse_artifact_block_key
 from nokvfs.schema import keys
@@ -67,16 +67,6 @@ class FsckReport:
         return not self.findings
 
 
-def _all(view, tree: str, prefix: bytes):
-    marker = None
-    while True:
-        page = scan_prefix(view, tree, prefix, start_after=marker)
-        yield from page.items
-        if page.next_marker is None:
-            return
-        marker = page.next_marker
-
-
 def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckReport:
     report = FsckReport()
     _engine(root, report)
@@ -106,7 +96,7 @@ def _engine(root, report: FsckReport) -> None:
 
 def _revisions(view, root, report) -> dict:
     revisions = {}
-    for key, value in _all(view, "artifact_revision", root.root_id):
+    for key, value in iter_prefix(view, "artifact_revision", root.root_id):
         revision_id = key[16:]
         try:
             revisions[revision_id] = ArtifactRevision.decode(value)
@@ -119,7 +109,7 @@ def _revisions(view, root, report) -> dict:
 def _references(view, root, report, revisions) -> dict:
     """RevisionRef rows grouped: (kind, owner) lists per revision id."""
     refs = defaultdict(list)
-    for key, _ in _all(view, "revision_ref", root.root_id):
+    for key, _ in iter_prefix(view, "revision_ref", root.root_id):
         try:
             decoded = keys.RevisionRefKey.decode(key)
         except FormatError as exc:
@@ -155,7 +145,7 @@ def _paths(view, root, report, revisions, refs) -> None:
     }
     seen_owners = set()
     count = 0
-    for key, value in _all(view, "path_current", root.root_id):
+    for key, value in iter_prefix(view, "path_current", root.root_id):
         count += 1
         try:
             decoded = keys.PathCurrentKey.decode(key)
@@ -213,12 +203,12 @@ def _manifests(view, root, report, revisions) -> dict:
 
 def _holds(view, root, report) -> None:
     holds = set()
-    for key, _ in _all(view, "history_hold", root.root_id):
+    for key, _ in iter_prefix(view, "history_hold", root.root_id):
         decoded = keys.HistoryHoldKey.decode(key)
         if decoded.hold_kind == HistoryHoldKind.Snapshot:
             holds.add(int.from_bytes(decoded.hold_id, "big"))
     active = set()
-    for key, value in _all(view, "snapshot_ref", root.root_id):
+    for key, value in iter_prefix(view, "snapshot_ref", root.root_id):
         decoded = keys.SnapshotRefKey.decode(key)
         if SnapshotRef.decode(value).state == SnapshotState.Active:
             active.add(decoded.snapshot_id)
@@ -235,10 +225,10 @@ def _commits(view, root, report) -> None:
     from nokvfs.workspace import commit as commits
 
     consumers = Counter()
-    for key, _ in _all(view, "commit_consumer", root.root_id):
+    for key, _ in iter_prefix(view, "commit_consumer", root.root_id):
         consumers[keys.CommitConsumerKey.decode(key).commit_id] += 1
     count = 0
-    for key, value in _all(view, "commit", root.root_id):
+    for key, value in iter_prefix(view, "commit", root.root_id):
         commit_id = keys.CommitKey.decode(key).commit_id
         try:
             record = Commit.decode(value)
@@ -260,11 +250,11 @@ def _ledger_keys(view, root) -> set:
     """Object keys owned by the ledger of any publish that is not Cleaned."""
     owned = set()
     prefix = keys.operation_prefix(root.root_id, OperationKind.Publish)
-    for key, value in _all(view, "operation", prefix):
+    for key, value in iter_prefix(view, "operation", prefix):
         operation_id = keys.OperationKey.decode(key).operation_id
         if PublishOperation.decode(value).phase == PublishPhase.Cleaned:
             continue
-        for _, row in _all(view, "staged_object", keys.staged_object_prefix(root.root_id, operation_id)):
+        for _, row in iter_prefix(view, "staged_object", keys.staged_object_prefix(root.root_id, operation_id)):
             owned.add(StagedObject.decode(row).object_key)
     return owned
 

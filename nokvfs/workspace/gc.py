@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
-from nokvfs.engine.scan import scan_prefix
+from nokvfs.engine.scan import iter_prefix, scan_prefix
 from nokvfs.errors import AmbiguousResult, NokvError, PredicateFailed, StoreError
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
@@ -119,21 +119,11 @@ def _needs_barrier(root) -> bool:
     """Whether a candidate's zero is at the current version: only then must the clock move on
     for the quiescent floor to pass it. (An idle collector therefore writes nothing.)"""
     with root.read() as view:
-        for _, value in _scan(view, "gc_candidate", root.root_id):
+        for _, value in iter_prefix(view, "gc_candidate", root.root_id):
             candidate = GcCandidate.decode(value)
             if candidate.claim_state == GcClaimState.Candidate and candidate.last_zero_ref_version >= view.version:
                 return True
     return False
-
-
-def _scan(view, tree: str, prefix: bytes):
-    marker = None
-    while True:
-        page = scan_prefix(view, tree, prefix, start_after=marker)
-        yield from page.items
-        if page.next_marker is None:
-            return
-        marker = page.next_marker
 
 
 def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:

@@ -29,7 +29,7 @@ import signal
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
-from nokvfs.engine.scan import scan_prefix
+from nokvfs.engine.scan import iter_prefix, scan_prefix
 from nokvfs.errors import (
     AmbiguousResult,
     GenerationConflict,
@@ -673,23 +673,13 @@ def _drop_unpublished_manifest(root, operation_id: bytes) -> None:
         revision_key = keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode()
         if view.get("artifact_revision", revision_key) is not None:
             return
-        keys_to_drop = [k for k, _ in _scan_all(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, op.artifact_revision_id))]
+        keys_to_drop = [k for k, _ in iter_prefix(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, op.artifact_revision_id))]
     for start in range(0, len(keys_to_drop), ROW_BATCH):
         batch = [Delete("artifact_manifest", k) for k in keys_to_drop[start : start + ROW_BATCH]]
         root.apply(
             lambda view, batch=batch: Built(predicates=[Absent("artifact_revision", revision_key)], mutations=batch),
             digest=intent_digest("publish.drop-manifest", operation_id, start),
         )
-
-
-def _scan_all(view, tree: str, prefix: bytes):
-    marker = None
-    while True:
-        page = scan_prefix(view, tree, prefix, start_after=marker)
-        yield from page.items
-        if page.next_marker is None:
-            return
-        marker = page.next_marker
 
 
 def _delete_staged(root, row: StagedObject):
