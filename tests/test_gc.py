@@ -190,7 +190,8 @@ def test_gc_never_deletes_a_referenced_object_under_concurrent_publishes(root):
         t.join()
     stop.set()
     gc.collect(root)
-    assert not [e for e in errors if not type(e).__name__ in ("GenerationConflict", "NotFound")]
+    unexpected = [e for e in errors if type(e).__name__ not in ("GenerationConflict", "NotFound")]
+    assert not unexpected, [f"{type(e).__name__}: {e}" for e in unexpected]
     with root.read() as view:
         files = listing.list_recursive(view, root, "w").children
     referenced = sum(c.entry.logical_size for c in files)

@@ -73,7 +73,6 @@ from nokvfs.errors import (
     FenceError,
     FormatError,
     GenerationConflict,
-    HistoryNotRetained,
     IntegrityError,
     InvalidInput,
     KeyTooLong,

@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 
 from nokvfs.errors import IntegrityError, InvalidInput
-from nokvfs.schema.records import ArtifactManifest, PathEntry
+from nokvfs.schema.records import PathEntry
 from nokvfs.workspace import publish
 
 

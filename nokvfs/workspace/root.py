@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +58,9 @@ class Root:
         os.makedirs(self.run_dir, exist_ok=True)
         os.makedirs(self.spool_dir, exist_ok=True)
         self.manifests = ManifestCache()
+        # Threads of one process build and apply one command at a time: LMDB serializes writers
+        # anyway, and otherwise they would only keep making each other's built commands stale.
+        self._writer = threading.RLock()
         self.root_id = root_id
         self.logical_shard_id = shard.logical_shard_id
         self.placement_generation = placement_generation
@@ -89,29 +93,30 @@ class Root:
         """Build against the current version and apply; returns (CommandOutcome, Built)."""
         request_id = request_id or new_id16()
         for attempt in range(MAX_REBUILDS):
-            with self.shard.read() as view:
-                built = build(view)
-                read_version = view.version
-            command = MetadataCommand(
-                root_id=self.root_id,
-                logical_shard_id=self.logical_shard_id,
-                placement_generation=self.placement_generation,
-                owner_epoch=self.owner_epoch,
-                request_id=request_id,
-                read_version=read_version,
-                predicates=tuple(built.predicates),
-                mutations=tuple(built.mutations),
-                events=tuple(built.events),
-                result=built.result,
-                command_digest=digest,
-            )
-            try:
-                return self.shard.apply(command), built
-            except ReadVersionStale:
-                # Another writer committed in between. Back off a little, at random, so two
-                # busy writers do not keep invalidating each other's rebuilt commands.
-                time.sleep(random.random() * 0.002 * (attempt + 1))
-                continue
+            with self._writer:
+                with self.shard.read() as view:
+                    built = build(view)
+                    read_version = view.version
+                command = MetadataCommand(
+                    root_id=self.root_id,
+                    logical_shard_id=self.logical_shard_id,
+                    placement_generation=self.placement_generation,
+                    owner_epoch=self.owner_epoch,
+                    request_id=request_id,
+                    read_version=read_version,
+                    predicates=tuple(built.predicates),
+                    mutations=tuple(built.mutations),
+                    events=tuple(built.events),
+                    result=built.result,
+                    command_digest=digest,
+                )
+                try:
+                    return self.shard.apply(command), built
+                except ReadVersionStale:
+                    pass
+            # Another process committed in between. Back off a little, at random, so two busy
+            # processes do not keep invalidating each other's rebuilt commands.
+            time.sleep(random.random() * 0.002 * (attempt + 1))
         raise ReadVersionStale(
             f"the shard kept moving: gave up after {MAX_REBUILDS} rebuilds",
             expected=read_version,
