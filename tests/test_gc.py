@@ -199,3 +199,28 @@ def test_gc_never_deletes_a_referenced_object_under_concurrent_publishes(root):
         with root.read() as view:
             assert len(reading.read(root, child.entry, view=view)) == child.entry.logical_size
     assert stored_bytes(root) == referenced
+
+
+def test_a_killed_collector_is_resumed_behind_more_than_one_page_of_finished_operations(root):
+    """Finished GC operations accumulate; resumption must look past the first bounded page."""
+    from nokvfs.engine.command import Put
+    from nokvfs.workspace.root import Built, intent_digest
+
+    # 300 finished operations whose ids sort before any real (hash-derived) one.
+    finished = [
+        Put(
+            "operation",
+            keys.OperationKey(root.root_id, OperationKind.Gc, bytes(14) + i.to_bytes(2, "big")).encode(),
+            GcOperation(bytes(16), 1, GcPhase.Deleted, 0, b"", 0, b"", None, None, 1),
+        )
+        for i in range(300)
+    ]
+    root.apply(lambda view: Built(mutations=finished), digest=intent_digest("test.finished-gc-ops"))
+    stuck = namespace.put(root, "w", "outputs/stuck", b"s" * 100)
+    namespace.remove(root, "w", "outputs/stuck")
+    epoch = revision(root, stuck.artifact_revision_id).reference_epoch
+    gc._advance_barrier(root)
+    gc._claim(root, stuck.artifact_revision_id, epoch)  # the collector dies right after claiming
+    report = gc.collect(root)
+    assert stuck.artifact_revision_id.hex() in report.freed
+    assert revision(root, stuck.artifact_revision_id).state == RevisionState.Deleted

@@ -157,6 +157,7 @@ from nokvfs.schema.records import (
     WorkbenchCommitHead,
     WorkspaceCurrent,
 )
+from nokvfs.workspace import operations
 from nokvfs.workspace import body as bodies
 from nokvfs.workspace import listing, publish
 from nokvfs.workspace import workbench as wb
@@ -1501,17 +1502,7 @@ def _clean(root, op_id: bytes, batch: int = MEMBER_BATCH) -> BuildCommitPhase:
 
 
 def pending(view, root) -> list[tuple[bytes, BuildCommitOperation]]:
-    prefix = keys.operation_prefix(root.root_id, OperationKind.BuildCommit)
-    out, marker = [], None
-    while True:
-        page = scan_prefix(view, "operation", prefix, start_after=marker)
-        for key, value in page.items:
-            op = BuildCommitOperation.decode(value)
-            if op.phase not in BUILD_TERMINAL:
-                out.append((keys.OperationKey.decode(key).operation_id, op))
-        if page.next_marker is None:
-            return out
-        marker = page.next_marker
+    return operations.pending(view, root, OperationKind.BuildCommit, BUILD_TERMINAL)
 
 
 def recover(root) -> list[tuple[str, str]]:
@@ -1773,17 +1764,7 @@ def _finish_retire(op: CommitRetireOperation, commit: Commit):
 
 
 def _pending_retirements(view, root):
-    prefix = keys.operation_prefix(root.root_id, OperationKind.CommitRetire)
-    out, marker = [], None
-    while True:
-        page = scan_prefix(view, "operation", prefix, start_after=marker)
-        for key, value in page.items:
-            op = CommitRetireOperation.decode(value)
-            if op.phase not in RETIRE_TERMINAL:
-                out.append((keys.OperationKey.decode(key).operation_id, op))
-        if page.next_marker is None:
-            return out
-        marker = page.next_marker
+    return operations.pending(view, root, OperationKind.CommitRetire, RETIRE_TERMINAL)
 
 
 # --- lookup -----------------------------------------------------------------------------------

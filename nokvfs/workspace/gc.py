@@ -31,6 +31,7 @@ from nokvfs.errors import AmbiguousResult, NokvError, PredicateFailed, StoreErro
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
 from nokvfs.schema.records import ArtifactRevision, GcBarrier, GcCandidate, GcOperation, HistoryHold
+from nokvfs.workspace import operations
 from nokvfs.workspace import publish
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
@@ -228,16 +229,12 @@ def _claim(root, revision_id: bytes, epoch: int) -> None:
 
 
 def _resume(root, report: GcReport) -> None:
-    """Drive every GC operation a killed collector left in Deleting."""
-    prefix = keys.operation_prefix(root.root_id, OperationKind.Gc)
+    """Drive every GC operation a killed collector left in Deleting (every page, not just one)."""
     with root.read() as view:
-        pending = [
-            keys.OperationKey.decode(k).operation_id
-            for k, v in scan_prefix(view, "operation", prefix, limit=255).items
-            if GcOperation.decode(v).phase == GcPhase.Deleting
-        ]
-    for op_id in pending:
-        _drive(root, op_id, report)
+        stuck = operations.pending(view, root, OperationKind.Gc, (GcPhase.Deleted, GcPhase.Quarantined))
+    for op_id, operation in stuck:
+        if operation.phase == GcPhase.Deleting:
+            _drive(root, op_id, report)
 
 
 def _drive(root, op_id: bytes, report: GcReport) -> None:

@@ -61,6 +61,7 @@ from nokvfs.schema.records import (
     SecondaryIndex,
     StagedObject,
 )
+from nokvfs.workspace import operations
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.body import Body
 from nokvfs.workspace.refs import References
@@ -714,17 +715,7 @@ def _apply_ledger_updates(root, operation_id: bytes, updates, start: int) -> Non
 
 def pending(view, root) -> list[tuple[bytes, PublishOperation]]:
     """Every publish operation not yet in a terminal phase."""
-    prefix = keys.operation_prefix(root.root_id, OperationKind.Publish)
-    out, marker = [], None
-    while True:
-        page = scan_prefix(view, "operation", prefix, start_after=marker)
-        for key, value in page.items:
-            op = PublishOperation.decode(value)
-            if op.phase not in TERMINAL:
-                out.append((keys.OperationKey.decode(key).operation_id, op))
-        if page.next_marker is None:
-            return out
-        marker = page.next_marker
+    return operations.pending(view, root, OperationKind.Publish, TERMINAL)
 
 
 def recover(root) -> list[tuple[str, str]]:

@@ -130,6 +130,7 @@ from nokvfs.schema.records import (
     WorkspaceCurrent,
     WorkspaceIncarnationClaim,
 )
+from nokvfs.workspace import operations
 from nokvfs.workspace import body as bodies
 from nokvfs.workspace import commit as commits
 from nokvfs.workspace import publish, snapshot
@@ -1022,17 +1023,7 @@ def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
 
 
 def pending(view, root) -> list[tuple[bytes, RestoreOperation]]:
-    prefix = keys.operation_prefix(root.root_id, OperationKind.Restore)
-    out, marker = [], None
-    while True:
-        page = scan_prefix(view, "operation", prefix, start_after=marker)
-        for key, value in page.items:
-            op = RestoreOperation.decode(value)
-            if op.phase not in TERMINAL:
-                out.append((keys.OperationKey.decode(key).operation_id, op))
-        if page.next_marker is None:
-            return out
-        marker = page.next_marker
+    return operations.pending(view, root, OperationKind.Restore, TERMINAL)
 
 
 def recover(root) -> list[tuple[str, str]]:
