@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -62,3 +63,57 @@ def shard_env(tmp_path):
     env = make_shard_env(tmp_path)
     yield env
     env.shard.close()
+
+
+# --- fsck after every workload ------------------------------------------------------------------
+# As s3ql's tests do: whatever a test did to a data directory, the metadata must still check out.
+# After each test (its own fixtures torn down first: mounts unmounted, roots closed), every nokvfs
+# data directory under its tmp_path is opened the way the next process would open it (recovery of
+# dead owners' operations included) and fsck'd with every block read. A test that damages a store
+# on purpose says so with @pytest.mark.damages_store("why").
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "damages_store(reason): the test leaves its data directory damaged on purpose (no fsck after it)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.call_failed = report.failed
+
+
+def data_dirs_under(top: str):
+    """Every nokvfs data directory below `top` (not descending into one, nor into a mount)."""
+    for dirpath, dirnames, filenames in os.walk(top):
+        if "nokvfs.json" in filenames:
+            dirnames[:] = []
+            yield dirpath
+            continue
+        dirnames[:] = [d for d in dirnames if not os.path.ismount(os.path.join(dirpath, d))]
+
+
+def fsck_data_dir(data_dir: str):
+    from nokvfs.workspace import datadir, fsck
+
+    root = datadir.open_root(data_dir)
+    try:
+        return fsck.check(root)
+    finally:
+        root.close()
+
+
+@pytest.fixture(autouse=True)
+def fsck_after_workload(request, tmp_path):
+    yield
+    if request.node.get_closest_marker("damages_store") or getattr(request.node, "call_failed", True):
+        return
+    for data_dir in data_dirs_under(str(tmp_path)):
+        report = fsck_data_dir(data_dir)
+        assert report.ok, f"fsck of {data_dir} after the test: " + "; ".join(
+            f"{f.code} {f.subject}: {f.detail}" for f in report.findings
+        )

@@ -533,6 +533,7 @@ def test_if_absent_on_an_existing_path_exits_4(cli):
     assert cli.ok("get", "wb1:outputs/x") == b"1"
 
 
+@pytest.mark.damages_store("corrupts a block")
 def test_a_corrupted_block_exits_5_and_prints_nothing(cli, tmp_path):
     cli.ok("put", "wb1:outputs/c.bin", stdin=b"precious bytes" * 100)
     revision = cli.json("stat", "wb1:outputs/c.bin")["artifact_revision_id"]
@@ -549,6 +550,7 @@ def test_a_corrupted_block_exits_5_and_prints_nothing(cli, tmp_path):
     assert not dest.exists() and not [n for n in os.listdir(tmp_path) if "nokvfs-tmp" in n]
 
 
+@pytest.mark.damages_store("deletes a block")
 def test_a_missing_block_exits_6(cli):
     cli.ok("put", "wb1:outputs/m.bin", stdin=b"m" * 10)
     revision = cli.json("stat", "wb1:outputs/m.bin")["artifact_revision_id"]

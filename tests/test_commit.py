@@ -729,6 +729,7 @@ def _tamper(root, *mutations):
 
 
 @pytest.mark.parametrize("broken", ["member", "revision-ref", "parent-consumer"])
+@pytest.mark.damages_store("injects closure rows that break counts")
 def test_a_closure_row_that_does_not_match_its_seal_refuses_the_seal(bench, broken):
     from nokvfs.engine.command import Delete, Put
 

@@ -56,6 +56,7 @@ def test_a_healthy_store_has_no_findings(root):
     assert report.checked["objects"] >= 3 and report.checked["paths"] == 1
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_ref_count(root):
     _, _, entry = entry_of(root)
     key, revision = revision_row(root, entry.artifact_revision_id)
@@ -63,6 +64,7 @@ def test_ref_count(root):
     assert "REF_COUNT" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_ref_dangling_and_path_ref_orphan(root):
     wbk, _, _ = entry_of(root)
     owner = publish.path_owner(wbk.incarnation_id, ("outputs", "ghost"))
@@ -71,6 +73,7 @@ def test_ref_dangling_and_path_ref_orphan(root):
     assert {"REF_DANGLING", "PATH_REF_ORPHAN"} <= set(codes(fsck.check(root)))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_path_ref_missing(root):
     wbk, _, entry = entry_of(root)
     owner = publish.path_owner(wbk.incarnation_id, ("outputs", "a"))
@@ -78,6 +81,7 @@ def test_path_ref_missing(root):
     assert {"PATH_REF_MISSING", "REF_COUNT"} <= set(codes(fsck.check(root)))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_path_revision(root):
     _, _, entry = entry_of(root)
     key, revision = revision_row(root, entry.artifact_revision_id)
@@ -85,6 +89,7 @@ def test_path_revision(root):
     assert "PATH_REVISION" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_dependency_count(root):
     _, _, entry = entry_of(root)
     key, revision = revision_row(root, entry.artifact_revision_id)
@@ -92,6 +97,7 @@ def test_dependency_count(root):
     assert "DEPENDENCY_COUNT" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_manifest_coverage(root):
     _, _, entry = entry_of(root)
     key = keys.ArtifactManifestKey(root.root_id, entry.artifact_revision_id, 0).encode()
@@ -101,6 +107,7 @@ def test_manifest_coverage(root):
     assert "MANIFEST_COVERAGE" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_gc_candidate_missing(root):
     with root.read() as view:
         candidates = [k for k, _ in view._txn.cursor(view._dbs["gc_candidate"])]
@@ -108,12 +115,14 @@ def test_gc_candidate_missing(root):
     assert "GC_CANDIDATE_MISSING" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_hold(root):
     snap = snapshot.get(root, "w", "s")
     inject(root, [Delete("history_hold", keys.HistoryHoldKey(root.root_id, HistoryHoldKind.Snapshot, snap.snapshot_id.to_bytes(8, "big")).encode())])
     assert "HOLD" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_block_missing_and_block_corrupt(root):
     _, _, entry = entry_of(root)
     with root.read() as view:
@@ -139,6 +148,7 @@ def test_orphan_object_is_repaired_only_with_gc_proofs(root):
     assert fsck.check(root).ok
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_state_digest(root):
     # A byte changed under the engine (not through a command).
     _, key, _ = entry_of(root)
@@ -150,6 +160,7 @@ def test_state_digest(root):
     assert "STATE_DIGEST" in codes(fsck.check(root))
 
 
+@pytest.mark.damages_store("injects the damage fsck must find")
 def test_commit_seal_and_consumer_count(root):
     from nokvfs.schema.records import Commit, CommitMember
     from nokvfs.workspace import commit

@@ -121,6 +121,7 @@ def _object_files(data_dir: str) -> list[str]:
     return found
 
 
+@pytest.mark.damages_store("corrupts a block")
 def test_a_corrupted_block_reads_as_eio(tmp_path):
     with mounted(str(tmp_path)) as m:
         m.facade("namespace.put(root, 'wb', 'input/fragile.bin', b'intact bytes' * 1000)")
@@ -135,6 +136,7 @@ def test_a_corrupted_block_reads_as_eio(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.damages_store("its store is a tmpfs unmounted afterwards")
 def test_a_full_store_fails_close_with_enospc_and_keeps_the_spool(tmp_path):
     import glob
     import subprocess as sp

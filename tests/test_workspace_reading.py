@@ -54,6 +54,7 @@ def test_negative_ranges_are_invalid(published):
         reading.read(root, found, 0, -4)
 
 
+@pytest.mark.damages_store("corrupts a block")
 def test_a_corrupt_block_is_integrity_error_and_returns_no_bytes(data_dir, published):
     root, found = published
     key = block_keys(root, found.artifact_revision_id, 5)[2]
@@ -71,6 +72,7 @@ def test_a_corrupt_block_is_integrity_error_and_returns_no_bytes(data_dir, publi
     assert root.blocks.cache.get(root.manifests.get(root, found.artifact_revision_id)[1][2].digest_uri) is None
 
 
+@pytest.mark.damages_store("truncates and extends blocks")
 def test_a_truncated_or_overlong_block_is_integrity_error(data_dir, published):
     root, found = published
     keys_ = block_keys(root, found.artifact_revision_id, 5)
@@ -82,6 +84,7 @@ def test_a_truncated_or_overlong_block_is_integrity_error(data_dir, published):
         reading.read(root, found, 3 * BLOCK, 1)
 
 
+@pytest.mark.damages_store("deletes a block")
 def test_a_missing_block_is_object_missing(data_dir, published):
     root, found = published
     key = block_keys(root, found.artifact_revision_id, 5)[4]
@@ -103,6 +106,7 @@ def test_a_corrupt_cache_entry_is_dropped_and_refetched(data_dir, published):
     assert root.blocks.cache.stats().corrupt_drops == 1
 
 
+@pytest.mark.damages_store("deletes blocks the cache still serves")
 def test_a_cached_block_survives_reopen(data_dir, root_holder):
     from nokvfs.workspace import workbench as wb
 

@@ -125,6 +125,7 @@ def test_concurrent_replacers_on_s3_have_one_winner_and_the_loser_is_cleaned(s3_
     assert present_keys(root.store, block_keys(root, lost.artifact_revision_id, 3)) == []
 
 
+@pytest.mark.damages_store("corrupts and deletes objects")
 def test_a_corrupt_or_missing_object_on_s3(s3_holder, s3_bucket, s3_client):
     root = s3_holder.root
     data = body(3 * BLOCK, "s3-damage")
