@@ -255,7 +255,14 @@ class Tree:
         if ((fresh and not view.immutable) or node.mtime_ns is None) and not node.detached:
             with view.read() as v:
                 entry = view.entry(v, node.incarnation, node.components)
-            if entry is not None:
+            if entry is not None and node.readers and all(
+                h.entry is None or h.entry.artifact_revision_id != entry.artifact_revision_id for h in node.readers
+            ):
+                # The path was replaced under open readers and the change feed has not said so
+                # yet: this inode stays the file they opened (size included), as the follower
+                # would leave it, and the path gets a fresh inode at its next lookup.
+                self._path_changed(node.incarnation, node.components, False, entry.artifact_revision_id)
+            elif entry is not None:
                 node.learn(entry)
         if node.mtime_ns is None:
             return self._attrs(node, 0, self.mounted_ns)
@@ -671,6 +678,15 @@ class Tree:
         retired = await self.workers.run(snapshot.retire, self.root, parent.workbench_id, view.snapshot_id)
         log.info("retired snapshot %d (%s) of %s", retired, name, parent.workbench_id)
         self.inodes.detach(node)
+        # The kernel drops `name` itself; the same snapshot under its other name (the alias or the
+        # numeric id) is gone too, and must not wait for the change feed to come round to it.
+        for other in list(self.inodes.of_workbench(parent.workbench_id)):
+            if other is node or other.kind is not Kind.VIEW or other.incarnation != parent.incarnation:
+                continue
+            other_view = self.view_of(other)
+            if isinstance(other_view, views_.SnapshotView) and other_view.snapshot_id == view.snapshot_id:
+                self.invalidator.entry(parent.ino, other_view.entry_name, deleted=other.ino)
+                self.inodes.detach(other)
 
     # --- files -------------------------------------------------------------------------------------
 
