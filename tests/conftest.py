@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
+import signal
+import time
 
 import pytest
 
@@ -56,6 +59,24 @@ def make_shard_env(tmp_path) -> ShardEnv:
     placements.close()
     install_root_fence(shard, root_id, placement)
     return ShardEnv(shard, path, root_id, placement.placement_generation)
+
+
+def sigkill_once_ready(target, args, *, delay: float = 0.0, timeout: float = 60.0) -> None:
+    """Run target(*args, ready) in a spawned child; once it sets `ready`, let it run `delay`
+    seconds more and SIGKILL it. The child is always reaped, whatever happens."""
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=target, args=(*args, ready))
+    proc.start()
+    try:
+        assert ready.wait(timeout), f"{target.__name__} never got ready"
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
-import time
 
 import pytest
 
@@ -13,6 +11,7 @@ from nokvfs.engine.command import MetadataCommand, Put
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import ReadVersionStale
 from nokvfs.schema.ids import new_id16
+from tests.conftest import sigkill_once_ready
 
 MUTATIONS_PER_COMMAND = 2_000
 
@@ -42,19 +41,7 @@ def _writer(path, root_id, generation, marker, ready):
 def test_sigkill_mid_command_leaves_all_or_nothing(shard_env, delay):
     marker = b"\x0c" * 32
     shard_env.shard.close()
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    proc = ctx.Process(target=_writer, args=(shard_env.path, shard_env.root_id, shard_env.placement_generation, marker, ready))
-    proc.start()
-    try:
-        assert ready.wait(60), "writer never committed"
-        time.sleep(delay)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(10)
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    sigkill_once_ready(_writer, (shard_env.path, shard_env.root_id, shard_env.placement_generation, marker), delay=delay)
     shard_env.shard = Shard.open(shard_env.path)  # full verification: outbox chain and digests
     with shard_env.shard.read() as view:
         values = {view.get("path_current", marker + i.to_bytes(4, "big")) for i in range(MUTATIONS_PER_COMMAND)}

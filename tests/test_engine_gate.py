@@ -153,6 +153,18 @@ def test_a_flipped_byte_in_a_record_refuses_to_open(shard_env):
     shard_env.shard = Shard.open(shard_env.path, verify=False)
 
 
+def test_a_history_floor_beyond_the_commit_clock_refuses_to_open(shard_env):
+    from nokvfs.engine.records import SYS_HISTORY_FLOOR, HistoryFloor
+
+    clock = shard_env.shard.commit_version
+    shard_env.shard.close()
+    _rewrite_system(shard_env.path, SYS_HISTORY_FLOOR, lambda raw: HistoryFloor(clock + 1).encode())
+    with pytest.raises(IntegrityError, match=f"history floor {clock + 1} is beyond the commit clock {clock}"):
+        Shard.open(shard_env.path, verify=False)
+    _rewrite_system(shard_env.path, SYS_HISTORY_FLOOR, lambda raw: HistoryFloor(clock).encode())
+    shard_env.shard = Shard.open(shard_env.path, verify=False)
+
+
 def _outbox_rows(path):
     env = raw_env(path)
     with env.begin() as txn:

@@ -8,10 +8,8 @@ cursors, System and the outbox included) and every family read through ReadView 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
-import signal
 import threading
 import time
 
@@ -39,8 +37,9 @@ from nokvfs.replicate.errors import (
 )
 from nokvfs.schema import keys as family_keys
 from nokvfs.schema.keys import RootFenceKey
-from nokvfs.schema.records import RootFence
-from tests.conftest import make_shard_env
+from nokvfs.schema.enums import OutboxRecordKind, WorkspaceState
+from nokvfs.schema.records import RootFence, WorkspaceCurrent
+from tests.conftest import make_shard_env, sigkill_once_ready
 
 pytest_plugins = ["tests.s3_fixtures"]
 
@@ -150,7 +149,8 @@ def populate(env, commands: int, *, seed: int = 1) -> None:
         if rng.random() < 0.3:
             mutations.append(Delete("path_current", key(rng.randrange(64))))
         if rng.random() < 0.2:
-            mutations.append(Put("workspace_current", env.root_id + b"\x00\x03wb" + bytes([n % 7]), b"\x02ws"))
+            marker = WorkspaceCurrent(bytes([n % 3]) * 16, n, rng.choice(list(WorkspaceState)), None, 1, n)
+            mutations.append(Put("workspace_current", env.root_id + b"\x00\x03wb" + bytes([n % 7]), marker.encode()))
         env.apply(
             mutations=mutations,
             predicates=predicates,
@@ -183,8 +183,9 @@ def assert_equal_shards(source: Shard, restored: Shard, *, versions=None) -> Non
     assert restored.commit_version == source.commit_version
     assert restored.owner_epoch == source.owner_epoch
     assert restored.lease_clock_ms == source.lease_clock_ms
+    assert restored.history_floor == source.history_floor
     assert raw_rows(restored) == raw_rows(source)
-    for version in versions or range(1, source.commit_version + 1):
+    for version in versions or range(max(1, source.history_floor), source.commit_version + 1):
         with source.read(version) as a, restored.read(version) as b:
             for family in family_keys.FAMILIES:
                 assert scan(a, family.name) == scan(b, family.name), (family.name, version)
@@ -239,6 +240,30 @@ def test_restore_on_an_empty_directory_equals_the_source(source, store, tmp_path
     result, restored = restored_shard(store, tmp_path, "empty")
     with restored:
         assert result.applied_lsn == source.shard.recovery_tail.applied_lsn
+        assert_equal_shards(source.shard, restored)
+
+
+def test_history_pruning_replays_to_an_identical_replica(source, store, tmp_path):
+    replicator = Replicator(source.shard, store, checkpoint_packs=100)
+    replicator.push_once()  # an empty checkpoint: everything below is replayed from increments
+    rng = random.Random(11)
+    for round_ in range(6):
+        populate(source, 25, seed=100 + round_)
+        shard = source.shard
+        start = b""
+        while True:  # prune in small batches, each one outbox record
+            outcome = shard.prune_history(owner_epoch=shard.owner_epoch, floor_version=shard.commit_version - rng.randrange(10),
+                                          start_key=start, max_rows=rng.randint(3, 30))
+            if outcome.next_key is None:
+                break
+            start = outcome.next_key
+        replicator.push_once()
+    kinds = [e.header.record_kind for e in source.shard.outbox_entries()]
+    assert kinds.count(OutboxRecordKind.HistoryPrune) >= 6 and source.shard.history_floor > 0
+    manifest, _ = replicator.bucket.read()
+    assert manifest.checkpoint.through_generation == 1 and len(manifest.increments) == 6
+    result, restored = restored_shard(store, tmp_path)
+    with restored:
         assert_equal_shards(source.shard, restored)
 
 
@@ -463,18 +488,7 @@ def test_a_pusher_killed_between_pack_upload_and_manifest_write(source, store, s
     replicator.push_once()
     populate(source, 5)
     before = pack_keys(store, source.shard)
-    ctx = multiprocessing.get_context("spawn")
-    uploaded = ctx.Event()
-    child = ctx.Process(target=_push_then_die, args=(source.path, s3_bucket, s3_endpoint, uploaded))
-    child.start()
-    try:
-        assert uploaded.wait(120), "the child never uploaded its pack"
-        os.kill(child.pid, signal.SIGKILL)
-        child.join(30)
-    finally:
-        if child.is_alive():
-            child.kill()
-            child.join()
+    sigkill_once_ready(_push_then_die, (source.path, s3_bucket, s3_endpoint), timeout=120)
     (orphan,) = pack_keys(store, source.shard) - before
     assert orphan.startswith(mf.INCREMENTS)
     assert replicator.bucket.read()[0].generation == 1, "the killed push published nothing"

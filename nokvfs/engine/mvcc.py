@@ -8,13 +8,20 @@ after V, so that change is the row just before `set_range(K-prefix | inverted(V)
 Seeking at an old version merges the current tree with the keys its History knows. History keys
 are grouped by user-key length, so the merge visits each length group present for the family;
 reads at the current version never touch History.
+
+History below the floor is pruned (nokvfs.engine.history), so reads below it are refused, except
+visibility reads: `at(v, visibility=True)` may go below the floor for the trees whose History
+keeps every change of a projection (WorkspaceCurrent's incarnation and state), and only point
+reads of those trees.
 """
 
 from __future__ import annotations
 
 import struct
 
+from nokvfs.engine.history import RETAINED_TREES
 from nokvfs.engine.records import HistoryValue
+from nokvfs.errors import HistoryNotRetained, ReadVersionStale
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -29,9 +36,11 @@ def inverted(version: int) -> bytes:
 class ReadView:
     """One consistent LMDB read transaction, read at `version`. Not thread-safe; cheap to open."""
 
-    def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int, floor: int = 0):
+    def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int, floor: int = 0,
+                 *, visibility_only: bool = False):
         self._txn = txn
         self.floor = floor
+        self._visibility_only = visibility_only
         self._dbs = dbs
         self._tags = tags
         self._history = history_db
@@ -41,19 +50,24 @@ class ReadView:
         self._cursors: dict = {}
         self._groups: dict = {}
 
-    def at(self, version: int) -> "ReadView":
-        """A view of the same transaction at another retained version."""
-        from nokvfs.errors import HistoryNotRetained, ReadVersionStale
-
+    def at(self, version: int, *, visibility: bool = False) -> "ReadView":
+        """A view of the same transaction at another retained version. With `visibility`, a
+        version below the history floor gives a view that point-reads only RETAINED_TREES, whose
+        rows there carry the exact projection (incarnation, state) of that version."""
         if version > self.current_version:
             raise ReadVersionStale(
                 f"version {version} is newer than the shard's {self.current_version}",
                 expected=version,
                 current=self.current_version,
             )
-        if version < self.floor:
+        below = version < self.floor
+        if below and not visibility:
             raise HistoryNotRetained(f"version {version} is older than the history floor {self.floor}")
-        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor)
+        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor, visibility_only=below)
+
+    def _refuse_below_floor(self, tree: str) -> None:
+        if self._visibility_only and tree not in RETAINED_TREES:
+            raise HistoryNotRetained(f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain")
 
     @property
     def is_current(self) -> bool:
@@ -70,6 +84,8 @@ class ReadView:
 
     def get(self, tree: str, key: bytes) -> bytes | None:
         self.ops += 1
+        if self._visibility_only:
+            self._refuse_below_floor(tree)
         if not self.is_current:
             changed, previous = self._previous_after(self._tags[tree], key)
             if changed:
@@ -96,6 +112,8 @@ class ReadView:
 
         `within` bounds the search to keys starting with it (None once past it).
         """
+        if self._visibility_only:
+            self._refuse_below_floor("")  # visibility views point-read only
         cursor = self._cursor(tree)
         if self.is_current:
             self.ops += 1

@@ -192,3 +192,17 @@ class LeaseClockRecord:
 @record(version=2)
 class OwnerEpochRecord:
     owner_epoch: U64
+
+
+@record(version=2)
+class HistoryPruneRecord:
+    """One batch of History pruning (Shard.prune_history): the History rows in [start_key,
+    end_key) that the rule of nokvfs.engine.history removes at floor_version. A replica replays
+    the range and must remove exactly pruned_rows rows with this digest of their keys."""
+
+    owner_epoch: U64
+    floor_version: U64
+    start_key: Bytes
+    end_key: Opt(Bytes)  # None: to the end of the History tree
+    pruned_rows: U64
+    pruned_digest: Id32

@@ -6,8 +6,9 @@ only if its named databases are exactly the registry's trees, its marker and reg
 match, its recovery outbox verifies end to end against the System tail, and (with verify=True) the
 state digest of every tree recomputes to the stored one. Each check names what differs.
 
-The three write entrypoints the recovery outbox covers are `apply` (a MetadataCommand),
-`observe_lease_clock` and `advance_owner_epoch`. Each is one LMDB write transaction.
+The write entrypoints the recovery outbox covers are the seed's three -- `apply` (a
+MetadataCommand), `observe_lease_clock` and `advance_owner_epoch` -- and `prune_history` (below
+the history floor; replayed by `replay_history_prune`). Each is one LMDB write transaction.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import blake3
 import lmdb
 
-from nokvfs.engine import outbox
+from nokvfs.engine import history, outbox
 from nokvfs.engine.command import (
     FORMAT_VERSION,
     SCHEMA_ID,
@@ -52,6 +53,7 @@ from nokvfs.engine.records import (
     CommandRecord,
     CommitClock,
     HistoryFloor,
+    HistoryPruneRecord,
     HistoryValue,
     LeaseClock,
     LeaseClockRecord,
@@ -171,6 +173,7 @@ class Shard:
         self._dbs = dbs
         self._family_dbs = {f.name: dbs[f.name] for f in family_keys.FAMILIES}
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
+        self._family_dbs_by_tag = {f.tag: dbs[f.name] for f in family_keys.FAMILIES}
         with env.begin() as txn:
             identity = ShardIdentity.decode(txn.get(SYS_SHARD, db=dbs[SYSTEM_TREE]))
         self.logical_shard_id = identity.logical_shard_id
@@ -320,8 +323,9 @@ class Shard:
                 tail = RecoveryTail.decode(txn.get(SYS_RECOVERY, db=system))
                 clock = CommitClock.decode(txn.get(SYS_CLOCK, db=system)).commit_version
                 digests = StateDigest.decode(txn.get(SYS_STATE_DIGEST, db=system))
-                for key, rec in ((SYS_OWNER, OwnerRecord), (SYS_LEASE_CLOCK, LeaseClock), (SYS_HISTORY_FLOOR, HistoryFloor)):
+                for key, rec in ((SYS_OWNER, OwnerRecord), (SYS_LEASE_CLOCK, LeaseClock)):
                     rec.decode(txn.get(key, db=system))
+                floor = HistoryFloor.decode(txn.get(SYS_HISTORY_FLOOR, db=system)).floor_version
             except FormatError as exc:
                 raise SchemaMismatch(f"{self.path}: a System record is malformed: {exc}") from None
             summary = outbox.verify(txn, self._dbs[OUTBOX_TREE], self._genesis)
@@ -330,6 +334,8 @@ class Shard:
                     f"{self.path}: recovery outbox ends at LSN {summary.last_lsn}, System tail says "
                     f"{tail.applied_lsn}" + ("" if summary.last_lsn != tail.applied_lsn else " with another chain digest")
                 )
+            if floor > clock:
+                raise IntegrityError(f"{self.path}: history floor {floor} is beyond the commit clock {clock}")
             if summary.last_commit_version != clock:
                 raise IntegrityError(
                     f"{self.path}: commit clock {clock} differs from the outbox's last commit "
@@ -580,6 +586,79 @@ class Shard:
             self._put_system(txn, SYS_OWNER, OwnerRecord(new_epoch))
             return new_epoch
 
+    @_lmdb_errors
+    def prune_history(self, *, owner_epoch: int, floor_version: int, start_key: bytes = b"",
+                      max_rows: int = history.MAX_PRUNED_ROWS, max_visits: int = history.MAX_VISITED_ROWS) -> "PruneOutcome":
+        """Advance the history floor towards `floor_version` and prune one bounded batch of History
+        rows at it, from `start_key`; the outcome's next_key is where the next batch starts.
+
+        The floor is clamped inside the transaction to the commit clock and to the oldest read
+        version of every HistoryHold on the shard, and never moves back: history a hold (a
+        snapshot, a commit build, a restore) still reads is never pruned, whatever the caller
+        asks. Which rows go is nokvfs.engine.history's rule. A batch that changes something is one
+        write transaction with one HistoryPrune outbox record, so replicas prune exactly the same
+        rows; a stale owner epoch is OwnerFenced.
+        """
+        with self._env.begin(write=True) as txn:
+            return self._prune(txn, owner_epoch, floor_version, start_key, limits=(max_rows, max_visits))
+
+    @_lmdb_errors
+    def replay_history_prune(self, record: HistoryPruneRecord) -> "PruneOutcome":
+        """Apply a recorded HistoryPrune batch: the same floor, the same range and exactly the same
+        rows (count and digest), or IntegrityError and nothing applied."""
+        with self._env.begin(write=True) as txn:
+            return self._prune(txn, record.owner_epoch, record.floor_version, record.start_key, recorded=record)
+
+    @_lmdb_errors
+    def prunable_history(self, floor_version: int) -> tuple[int, int]:
+        """(the floor prune_history would reach now, how many History rows would go at it): a read-only estimate."""
+        with self._env.begin() as txn:
+            floor = self._prune_floor(txn, floor_version)
+            planned = history.plan(txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, b"", max_rows=None, max_visits=None)
+            return floor, len(planned.deletions)
+
+    def _prune_floor(self, txn, floor_version: int) -> int:
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        old = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+        floor = min(floor_version, clock)
+        for _, value in txn.cursor(self._family_dbs["history_hold"]).iternext():
+            floor = min(floor, family_records.HistoryHold.decode(value).read_version)
+        return max(old, floor)
+
+    def _prune(self, txn, owner_epoch: int, floor_version: int, start_key: bytes, *, limits=(None, None),
+               recorded: HistoryPruneRecord | None = None) -> "PruneOutcome":
+        epoch = self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
+        if owner_epoch != epoch:
+            raise OwnerFenced(f"owner epoch {owner_epoch} is not the shard's current {epoch}")
+        old = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+        floor = self._prune_floor(txn, floor_version)
+        if recorded is not None and floor != recorded.floor_version:
+            raise IntegrityError(f"the recorded history floor {recorded.floor_version} is not reachable here ({floor})")
+        planned = history.plan(
+            txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, start_key,
+            end=None if recorded is None else recorded.end_key, max_rows=limits[0], max_visits=limits[1],
+        )
+        if recorded is None and not planned.deletions and floor == old:
+            return PruneOutcome(floor, 0, planned.end_key, None)
+        digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
+        db = self._dbs[HISTORY_TREE]
+        for key, value in planned.deletions:
+            txn.delete(key, db=db)
+            digests.change(HISTORY_TREE, key, value, None)
+        record = HistoryPruneRecord(owner_epoch, floor, start_key, planned.end_key, len(planned.deletions), planned.digest())
+        if recorded is not None and record != recorded:
+            raise IntegrityError(
+                f"the recorded prune removed {recorded.pruned_rows} History rows; replayed here it removes "
+                f"{record.pruned_rows}" + ("" if record.pruned_rows != recorded.pruned_rows else " other ones")
+            )
+        tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        lsn = tail.applied_lsn + 1
+        self._append_outbox(txn, lsn, OutboxRecordKind.HistoryPrune, clock, record.encode(), tail)
+        self._put_system(txn, SYS_HISTORY_FLOOR, HistoryFloor(floor))
+        self._put_system(txn, SYS_STATE_DIGEST, digests.record())
+        return PruneOutcome(floor, len(planned.deletions), planned.end_key, lsn)
+
     # --- replication support (nokvfs.replicate) ------------------------------------------------
     # Read-only helpers: a consistent compacted copy, and verified outbox ranges after a point.
 
@@ -659,6 +738,17 @@ class Shard:
 
 # Shipped packs and outbox ranges are verified by the same function that gates opening.
 verify_outbox_record = outbox.verify_record
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneOutcome:
+    """One prune_history batch: the floor now in force, the rows removed, where the next batch
+    starts (None: the pass reached the end of History) and the outbox record (None: no change)."""
+
+    floor_version: int
+    pruned_rows: int
+    next_key: bytes | None
+    recovery_lsn: int | None
 
 
 @dataclasses.dataclass(frozen=True)

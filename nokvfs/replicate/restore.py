@@ -7,7 +7,8 @@
    its recovery tail and commit clock are the checkpoint's.
 3. For each increment: download, verify size and SHA-256, parse and verify its chain, and replay
    every record through the shard's own write entrypoints -- `Shard.apply(command_from_record(
-   CommandRecord.decode(payload)))`, `observe_lease_clock`, `advance_owner_epoch` -- checking after
+   CommandRecord.decode(payload)))`, `observe_lease_clock`, `advance_owner_epoch`,
+   `replay_history_prune` (which removes exactly the recorded History rows) -- checking after
    each that the shard appended exactly that record (same LSN, same chain digest). There is no
    second apply path.
 4. Check the chain end to end: the restored recovery tail is the manifest's head.
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from nokvfs.engine.records import (
     CommandRecord,
+    HistoryPruneRecord,
     LeaseClockRecord,
     OwnerEpochRecord,
     RecoveryTail,
@@ -154,6 +156,8 @@ def replay(shard: Shard, entry) -> None:
             outcome = shard.apply(command_from_record(CommandRecord.decode(entry.payload)))
         elif kind == OutboxRecordKind.LeaseClockObservation:
             shard.observe_lease_clock(LeaseClockRecord.decode(entry.payload).observed_unix_ms)
+        elif kind == OutboxRecordKind.HistoryPrune:
+            shard.replay_history_prune(HistoryPruneRecord.decode(entry.payload))
         else:  # OwnerEpochAdvance: the enum codec refuses unknown kinds
             shard.advance_owner_epoch(OwnerEpochRecord.decode(entry.payload).owner_epoch)
     except NokvError as exc:

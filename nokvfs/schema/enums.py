@@ -203,11 +203,13 @@ class ChangeEventKind(IntEnum):
 
 
 class OutboxRecordKind(IntEnum):
-    """The three shard-local write entrypoints the recovery outbox covers."""
+    """The shard-local write entrypoints the recovery outbox covers: the seed's three, and
+    History pruning (a nokvfs extension: replicas must prune exactly the same rows)."""
 
     MetadataCommand = 1
     LeaseClockObservation = 2
     OwnerEpochAdvance = 3
+    HistoryPrune = 4
 
 
 class PredicateKind(IntEnum):

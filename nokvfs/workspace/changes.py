@@ -128,7 +128,8 @@ def read_changes(root, *, workbench_id: str | None = None, cursor: str | None = 
 def _visible_at(view, root, cache: dict, event: ChangeEvent, commit_version: int) -> bool:
     slot = (event.workbench_id, commit_version)
     if slot not in cache:
-        raw = view.at(commit_version).get("workspace_current", keys.WorkspaceCurrentKey(root.root_id, event.workbench_id).encode())
+        # A visibility read: it may go below the history floor, which kept the projection.
+        raw = view.at(commit_version, visibility=True).get("workspace_current", keys.WorkspaceCurrentKey(root.root_id, event.workbench_id).encode())
         cache[slot] = raw
     raw = cache[slot]
     if raw is None:
