@@ -84,6 +84,33 @@ def test_gc_frees_and_fsck_exit_codes(data, capsys, tmp_path):
     assert run(capsys, "fsck")[0] == 0
 
 
+def test_gc_prunes_history_keeping_the_configured_versions(data, capsys, tmp_path, monkeypatch):
+    src = tmp_path / "f"
+    for n in range(4):
+        src.write_bytes(b"%d" % n)
+        main(["put", "w:outputs/a", str(src)])
+    capsys.readouterr()
+    code, out = run(capsys, "gc", "--dry-run", "--keep-versions", "3")
+    assert code == 0 and "would prune" in out.out
+    code, out = run(capsys, "gc", "--keep-versions", "3", "--json")
+    report = json.loads(out.out)
+    assert code == 0 and report["history_pruned"] > 0
+    version = report["history_floor"] + 3
+    code, out = run(capsys, "gc", "--json")  # the data directory's retention: 0
+    assert json.loads(out.out)["history_floor"] > version - 3 and run(capsys, "fsck")[0] == 0
+    for bad in ("-1", "x", str(1 << 63)):
+        assert run(capsys, "gc", "--keep-versions", bad)[0] == 2
+    # A data directory can keep more History for diagnostics.
+    monkeypatch.setenv("NOKVFS_DATA_DIR", str(tmp_path / "kept"))
+    assert run(capsys, "init", "--history-retention", "1000")[0] == 0
+    assert json.loads((tmp_path / "kept" / "nokvfs.json").read_text())["history_retention_versions"] == 1000
+    main(["workbench", "create", "w"])
+    capsys.readouterr()
+    code, out = run(capsys, "gc", "--json")
+    assert json.loads(out.out)["history_pruned"] == 0
+    assert run(capsys, "init", "--history-retention", "-5")[0] == 2
+
+
 def test_search_queries(data, capsys):
     from nokvfs.workspace import datadir, index, namespace
 

@@ -16,7 +16,7 @@ import pytest
 from nokvfs.errors import GenerationConflict, NotFound
 from nokvfs.schema.enums import RevisionState
 from nokvfs.schema.records import ArtifactRevision
-from nokvfs.workspace import append, commit, datadir, fsck, gc, listing, namespace, publish, reading, restore, snapshot, workbench
+from nokvfs.workspace import append, changes, commit, datadir, fsck, gc, listing, namespace, publish, reading, restore, snapshot, workbench
 
 pytest_plugins = ["tests.s3_fixtures"]
 
@@ -118,6 +118,16 @@ class Model:
                         assert got[path] == data, (commit_id.hex(), path)
 
 
+def whole_feed(root):
+    out, cursor = [], None
+    while True:
+        page = changes.read_changes(root, cursor=cursor, limit=1000)
+        out += page.changes
+        cursor = page.cursor
+        if not page.more:
+            return out
+
+
 def stored_objects(root):
     return {info.key for info in root.store.list("nokv/artifacts/")}
 
@@ -165,11 +175,16 @@ def run_workload(root, seed: int, steps: int):
         thread.join()
     assert not failures, failures
     model.check()
-    # Retire every snapshot; everything else stays; then collect to a fixpoint.
+    assert root.shard.history_floor > 0, "the collector pruned History while the workload ran"
+    # Retire every snapshot; everything else stays; then collect to a fixpoint, which prunes
+    # History up to the current version: the change feed reads the same afterwards.
     for wbk, snapshot_id, _ in model.snapshots:
         snapshot.retire(root, wbk, snapshot_id)
     model.snapshots.clear()
-    gc.collect(root)
+    feed = whole_feed(root)
+    report = gc.collect(root)
+    assert report.history_floor == root.shard.history_floor == root.shard.commit_version
+    assert whole_feed(root) == feed
     model.check()
     report = fsck.check(root)
     assert report.ok, report.findings

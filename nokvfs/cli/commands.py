@@ -39,6 +39,7 @@ from nokvfs.cli.common import (
     Progress,
     Target,
     UsageError,
+    count_arg,
     is_regular_file,
     open_root,
     parse_size,
@@ -105,6 +106,8 @@ def _register_init(subparsers) -> None:
     p.add_argument("--region", metavar="REGION", help="signing region for an s3:// store")
     p.add_argument("--block-size", metavar="SIZE", type=_size_arg, help="artifact block size (default 4MiB; 4KiB..1GiB)")
     p.add_argument("--cache-size", metavar="SIZE", type=_size_arg, help="block cache bound (default 512MiB)")
+    p.add_argument("--history-retention", metavar="N", type=count_arg("version count"),
+                   help="commit versions of History that gc keeps beyond the holds, for diagnostics (default 0)")
     _add_json(p)
     p.set_defaults(func=cmd_init)
 
@@ -117,6 +120,8 @@ def cmd_init(args) -> int:
         options["block_size"] = args.block_size
     if args.cache_size is not None:
         options["cache_bytes"] = args.cache_size
+    if args.history_retention is not None:
+        options["history_retention"] = args.history_retention
     config = datadir.init(
         args.data_dir,
         store=args.init_store or args.store,

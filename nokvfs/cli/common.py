@@ -7,6 +7,8 @@ global options `data_dir`, `store`, `endpoint_url` and `debug`. Handlers raise t
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import re
 import sys
@@ -95,6 +97,21 @@ def parse_size(text: str) -> int:
     if not match:
         raise UsageError(f"invalid size {text!r} (examples: 65536, 64KiB, 4MiB, 1GiB)")
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def count_arg(what: str):
+    """An argparse type: a whole number in [0, 2**63) (for versions, generations)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value < 1 << 63:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: a non-negative integer")
+        return value
+
+    return parse
 
 
 def human_size(n: int) -> str:

@@ -1,6 +1,6 @@
 """`nokvfs gc`, `nokvfs fsck` and `nokvfs search`.
 
-    nokvfs gc [--dry-run] [--json]
+    nokvfs gc [--dry-run] [--keep-versions N] [--json]
     nokvfs fsck [--repair] [--no-blocks] [--json]       exit 0 clean, 5 when anything was found
     nokvfs search WB FIELD=VALUE | FIELD>VALUE | FIELD>=VALUE | FIELD<VALUE | FIELD<=VALUE
                      | 'FIELD in [A,B)' [--limit N] [--json]
@@ -15,7 +15,7 @@ import datetime
 import re
 import sys
 
-from nokvfs.cli.common import UsageError, open_root
+from nokvfs.cli.common import UsageError, count_arg, open_root
 from nokvfs.cli.render import print_json
 
 EXIT_FINDINGS = 5
@@ -24,6 +24,8 @@ EXIT_FINDINGS = 5
 def register(subparsers) -> None:
     p = subparsers.add_parser("gc", help="free the objects of revisions nothing references")
     p.add_argument("--dry-run", action="store_true", help="report what would be freed, change nothing")
+    p.add_argument("--keep-versions", metavar="N", type=count_arg("version count"),
+                   help="keep N commit versions of History beyond the holds (default: the data directory's history retention)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gc)
     p = subparsers.add_parser("fsck", help="check metadata against itself and the object store")
@@ -48,7 +50,7 @@ def cmd_gc(args) -> int:
             print(f"\rfreed {report.freed_revisions} revision(s), {human_size(report.freed_bytes)}", end="", file=sys.stderr)
 
     with open_root(args, write=True) as root:
-        report = gc.collect(root, dry_run=args.dry_run, progress=progress)
+        report = gc.collect(root, dry_run=args.dry_run, progress=progress, keep_versions=args.keep_versions)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if args.json:
@@ -57,6 +59,7 @@ def cmd_gc(args) -> int:
         verb = "would free" if args.dry_run else "freed"
         count = len(report.freed) if args.dry_run else report.freed_revisions
         print(f"{verb} {count} revision(s), {human_size(report.freed_bytes)} ({report.freed_bytes} bytes)")
+        print(f"{'would prune' if args.dry_run else 'pruned'} {report.history_pruned} History row(s) below version {report.history_floor}")
         if report.held:
             print(f"{report.held} revision(s) kept by history holds")
         if report.quarantined:

@@ -1,6 +1,7 @@
 """The data directory: one root on one logical shard, with its object store and local state.
 
-    <data_dir>/nokvfs.json   root id, logical shard id, object store URL, block size, cache size
+    <data_dir>/nokvfs.json   root id, logical shard id, object store URL, block size, cache size,
+                             history retention (versions of History GC keeps beyond the holds)
     <data_dir>/control/      the control plane's RootPlacement store
     <data_dir>/shard/        the logical shard's LMDB environment
     <data_dir>/objects/      the local object store (the embedded default)
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 CONFIG_NAME = "nokvfs.json"
 CONFIG_FORMAT = 1
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+# Nothing reads History beyond the holds (snapshots, commit builds, restores) and the change
+# feed's visibility, which pruning keeps; a longer retention is for diagnostics only.
+DEFAULT_HISTORY_RETENTION = 0
 
 
 def default_data_dir() -> str:
@@ -39,13 +43,15 @@ def _config_path(data_dir: str) -> str:
     return os.path.join(data_dir, CONFIG_NAME)
 
 
-def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES) -> dict:
+def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+         cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION) -> dict:
     """Create a data directory: a shard, a placed and fenced root, and the store configuration."""
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(_config_path(data_dir)):
         raise AlreadyExists(f"{data_dir} is already a nokvfs data directory")
     if block_size < 4096 or block_size > 1 << 30:
         raise InvalidInput("block size must be between 4 KiB and 1 GiB")
+    _check_retention(history_retention)
     os.makedirs(data_dir, exist_ok=True)
     store = store or "file://" + os.path.join(data_dir, "objects")
     from nokvfs.objects.store import open_store
@@ -70,6 +76,7 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
         "region": region,
         "block_size": block_size,
         "cache_bytes": cache_bytes,
+        "history_retention_versions": history_retention,
     }
     tmp = _config_path(data_dir) + ".tmp"
     with open(tmp, "w") as f:
@@ -79,6 +86,12 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
         os.fsync(f.fileno())
     os.rename(tmp, _config_path(data_dir))
     return config
+
+
+def _check_retention(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise InvalidInput(f"history retention must be a whole number of versions, not {value!r}")
+    return value
 
 
 def read_config(data_dir: str) -> dict:
@@ -130,6 +143,8 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             BlockReader(object_store, cache),
             block_size=int(config["block_size"]),
             data_dir=data_dir,
+            # Absent in data directories made before it existed: the default then.
+            history_retention=_check_retention(config.get("history_retention_versions", DEFAULT_HISTORY_RETENTION)),
         )
     except BaseException:
         shard.close()

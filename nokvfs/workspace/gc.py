@@ -16,6 +16,14 @@ requires Available), and the caller is the fenced owner (every command carries t
 
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
+
+After the revisions, History: `prune_history` advances the shard's history floor to the oldest
+read version any HistoryHold keeps (the engine clamps to it inside its transaction, so a hold
+created meanwhile is never undercut), or to `keep_versions` before the current version when that
+is older (the configured diagnostic floor), and prunes the History rows below it in bounded
+batches (Shard.prune_history; WorkspaceCurrent history keeps what the change feed's visibility
+needs). In-flight commit builds and restores are covered: each holds a HistoryHold from its
+first command. Reads below the floor are then refused with HistoryNotRetained.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from dataclasses import dataclass, field
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
 from nokvfs.engine.scan import iter_prefix, scan_prefix
-from nokvfs.errors import AmbiguousResult, NokvError, PredicateFailed, StoreError
+from nokvfs.errors import AmbiguousResult, InvalidInput, NokvError, PredicateFailed, StoreError
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
 from nokvfs.schema.records import ArtifactRevision, GcBarrier, GcCandidate, GcOperation, HistoryHold
@@ -41,6 +49,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class GcReport:
+    # candidates, collectable, stale_candidates and held describe the last pass (what was left);
+    # the freed_* counts and freed are totals over every pass.
     candidates: int = 0
     collectable: int = 0
     freed_revisions: int = 0
@@ -50,6 +60,8 @@ class GcReport:
     stale_candidates: int = 0
     held: int = 0
     freed: list = field(default_factory=list)  # revision ids (hex)
+    history_floor: int = 0
+    history_pruned: int = 0  # History rows removed (with dry_run: that would be)
 
 
 def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
@@ -99,11 +111,14 @@ def _advance_barrier(root) -> None:
 MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at most 8
 
 
-def collect(root, *, dry_run: bool = False, progress=None) -> GcReport:
-    """Free every collectable revision's objects, pass after pass until nothing more frees.
+def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None) -> GcReport:
+    """Free every collectable revision's objects, pass after pass until nothing more frees, then
+    prune History below the floor (keeping `keep_versions` versions, default the root's
+    configured history retention).
 
     With dry_run, nothing is changed and the report lists what the first pass would free (bases
-    that only become collectable once their children are gone are not counted).
+    that only become collectable once their children are gone are not counted) and how many
+    History rows would go.
     """
     report = GcReport()
     if not dry_run:
@@ -113,7 +128,26 @@ def collect(root, *, dry_run: bool = False, progress=None) -> GcReport:
         _pass(root, report, dry_run=dry_run, progress=progress)
         if dry_run or report.freed_revisions == freed:
             break
+    keep = root.history_retention if keep_versions is None else keep_versions
+    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run)
     return report
+
+
+def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False) -> tuple[int, int]:
+    """(history floor, History rows pruned): advance the floor as far as the holds and
+    `keep_versions` allow and prune below it, batch after batch (each one atomic)."""
+    if keep_versions < 0:
+        raise InvalidInput("keep_versions must not be negative")
+    target = max(0, root.shard.commit_version - keep_versions)
+    if dry_run:
+        return root.shard.prunable_history(target)
+    pruned, start = 0, b""
+    while True:
+        outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start)
+        pruned += outcome.pruned_rows
+        if outcome.next_key is None:
+            return outcome.floor_version, pruned
+        start = outcome.next_key
 
 
 def _needs_barrier(root) -> bool:
@@ -128,6 +162,7 @@ def _needs_barrier(root) -> bool:
 
 
 def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
+    report.candidates = report.collectable = report.stale_candidates = report.held = 0
     if not dry_run and _needs_barrier(root):
         _advance_barrier(root)
     with root.read() as view:

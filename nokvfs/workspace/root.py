@@ -48,7 +48,8 @@ def intent_digest(operation: str, *parts: bytes | str | int) -> bytes:
 
 
 class Root:
-    def __init__(self, shard, root_id: bytes, placement_generation: int, store, blocks, *, block_size: int, data_dir: str, owner_epoch: int | None = None):
+    def __init__(self, shard, root_id: bytes, placement_generation: int, store, blocks, *, block_size: int, data_dir: str,
+                 owner_epoch: int | None = None, history_retention: int = 0):
         from nokvfs.workspace.reading import ManifestCache
 
         self.shard = shard
@@ -67,6 +68,9 @@ class Root:
         self.store = store
         self.blocks = blocks
         self.block_size = block_size
+        # The diagnostic history floor: GC prunes History only below this many versions back
+        # (and below every HistoryHold).
+        self.history_retention = history_retention
         # Commands carry the epoch this process opened with: if another owner advances it,
         # this process's writes are fenced rather than silently continuing.
         self.owner_epoch = shard.owner_epoch if owner_epoch is None else owner_epoch
