@@ -176,3 +176,85 @@ def test_commit_seal_and_consumer_count(root):
     assert "COMMIT_SEAL" in codes(fsck.check(root))
     inject(root, [Put("commit_member", member_key, member), Put("commit", commit_key, dataclasses.replace(record, consumer_count=9))])
     assert codes(fsck.check(root)) == ["CONSUMER_COUNT"]
+
+
+@pytest.mark.damages_store("injects the damage fsck must find")
+def test_history_floor(root):
+    from nokvfs.schema.enums import HistoryHoldState
+    from nokvfs.schema.records import HistoryHold
+
+    snapshot.retire(root, "w", "s")
+    floor, _ = gc.prune_history(root)
+    assert floor == root.shard.commit_version and fsck.check(root).ok
+    key = keys.HistoryHoldKey(root.root_id, HistoryHoldKind.BuildCommit, b"\x07" * 16).encode()
+    inject(root, [Put("history_hold", key, HistoryHold(floor - 1, None, HistoryHoldState.Active, floor))])
+    assert codes(fsck.check(root)) == ["HISTORY_FLOOR"]
+
+
+@pytest.mark.damages_store("injects the damage fsck must find")
+@pytest.mark.parametrize("source", ["snapshot", "commit"])
+@pytest.mark.parametrize("damage", ["missing", "digest"])
+def test_restore_member(root, source, damage):
+    from nokvfs.schema.records import RestoreMember
+    from nokvfs.workspace import commit, restore
+
+    selector = ("snapshot", "s") if source == "snapshot" else ("commit", commit.build(root, "w").commit_id)
+    result = restore.restore(root, "w", selector, "copy", batch=1)
+    namespace.put(root, "copy", "outputs/a", b"changed after the restore")  # the destination moves on freely
+    gc.collect(root)  # prunes up to the snapshot's hold: its version is still readable
+    report = fsck.check(root)
+    assert report.ok and report.checked["restores"] == 1
+    prefix = keys.restore_member_prefix(root.root_id, result.operation_id)
+    with root.read() as view:
+        member_key, raw = view.seek("restore_member", prefix, within=prefix)
+    if damage == "missing":
+        inject(root, [Delete("restore_member", member_key)])
+    else:
+        member = RestoreMember.decode(raw)
+        inject(root, [Put("restore_member", member_key, dataclasses.replace(member, row_digest=b"\x00" * 32))])
+    assert codes(fsck.check(root)) == ["RESTORE_MEMBER"]
+
+
+def test_a_completed_restore_whose_source_is_gone_is_checked_by_count_only(root):
+    from nokvfs.workspace import restore
+
+    restore.restore(root, "w", ("snapshot", "s"), "copy")
+    snapshot.retire(root, "w", "s")
+    assert gc.collect(root).history_floor == root.shard.commit_version  # the source version is pruned
+    report = fsck.check(root)
+    assert report.ok and report.checked["restores"] == 1
+
+
+@pytest.mark.damages_store("checks that the after-workload fsck sees damage")
+def test_the_after_workload_check_finds_every_data_dir_and_its_damage(root, tmp_path):
+    from tests.conftest import data_dirs_under, fsck_data_dir
+
+    datadir.init(str(tmp_path / "nested" / "second"))
+    found = sorted(data_dirs_under(str(tmp_path)))
+    assert found == [str(tmp_path / "data"), str(tmp_path / "nested" / "second")]
+    _, key, entry = entry_of(root)
+    inject(root, [Put("path_current", key, dataclasses.replace(entry, logical_size=entry.logical_size + 1))])
+    root.close()
+    assert "PATH_REVISION" in codes(fsck_data_dir(found[0]))
+    assert fsck_data_dir(found[1]).ok
+
+
+@pytest.mark.damages_store("injects the damage fsck must find")
+@pytest.mark.parametrize("tree", ["artifact_revision", "revision_ref", "path_current", "artifact_manifest", "commit", "operation"])
+def test_undecodable_row(root, tree):
+    from nokvfs.schema.enums import OperationKind
+
+    wbk, path_key, entry = entry_of(root)
+    garbage = b"\x09not a record"
+    row = {
+        "artifact_revision": (keys.ArtifactRevisionKey(root.root_id, b"\x05" * 16).encode(), garbage),
+        "revision_ref": (root.root_id + b"\x07truncated", RevisionRef(1, 1).encode()),
+        "path_current": (keys.path_current_key(root.root_id, wbk.incarnation_id, ("outputs", "junk")), garbage),
+        "artifact_manifest": (keys.ArtifactManifestKey(root.root_id, entry.artifact_revision_id, 0).encode(), garbage),
+        "commit": (keys.CommitKey(root.root_id, b"\x06" * 32).encode(), garbage),
+        "operation": (keys.OperationKey(root.root_id, OperationKind.Restore, b"\x08" * 16).encode(), garbage),
+    }[tree]
+    inject(root, [Put(tree, *row)])
+    report = fsck.check(root)
+    assert "UNDECODABLE_ROW" in codes(report)
+    assert any(tree.split("_")[0] in f.subject for f in report.findings if f.code == "UNDECODABLE_ROW")

@@ -17,6 +17,12 @@ Checks:
   MANIFEST_COVERAGE               manifest rows do not tile the body, or block_count differs
   GC_CANDIDATE_MISSING            a zero-reference Available revision has no candidate
   HOLD                            an Active snapshot without its HistoryHold, or the reverse
+  HISTORY_FLOOR                   a HistoryHold reads below the shard's history floor (its
+                                  History may have been pruned)
+  RESTORE_MEMBER                  a restore's RestoreMember rows are not the contiguous sequence
+                                  its operation counted, or (while its source can still be read:
+                                  a held snapshot version, a Sealed commit) do not match a rescan
+                                  of the source and the sealed count/digest
   COMMIT_SEAL                     a Sealed commit's member, revision or parent rows do not match
                                   its count/digest seals
   CONSUMER_COUNT                  a commit's consumer_count differs from its CommitConsumer rows
@@ -38,6 +44,7 @@ from nokvfs.schema.enums import GcClaimState, HistoryHoldKind, OperationKind, Pu
 from nokvfs.schema.records import (
     ArtifactRevision,
     GcCandidate,
+    HistoryHold,
     PathEntry,
     PublishOperation,
     SnapshotRef,
@@ -67,6 +74,15 @@ class FsckReport:
         return not self.findings
 
 
+def _decoded(report: FsckReport, subject: str, decode, *args):
+    """decode(*args), or None after an UNDECODABLE_ROW finding about `subject`."""
+    try:
+        return decode(*args)
+    except FormatError as exc:
+        report.add("UNDECODABLE_ROW", subject, str(exc))
+        return None
+
+
 def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckReport:
     report = FsckReport()
     _engine(root, report)
@@ -77,6 +93,7 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckRepo
         manifests = _manifests(view, root, report, revisions)
         _holds(view, root, report)
         _commits(view, root, report)
+        _restores(view, root, report)
         ledger_keys = _ledger_keys(view, root)
     if verify_blocks:
         _blocks(root, report, manifests)
@@ -98,10 +115,9 @@ def _revisions(view, root, report) -> dict:
     revisions = {}
     for key, value in iter_prefix(view, "artifact_revision", root.root_id):
         revision_id = key[16:]
-        try:
-            revisions[revision_id] = ArtifactRevision.decode(value)
-        except FormatError as exc:
-            report.add("UNDECODABLE_ROW", f"artifact_revision {revision_id.hex()}", str(exc))
+        revision = _decoded(report, f"artifact_revision {revision_id.hex()}", ArtifactRevision.decode, value)
+        if revision is not None:
+            revisions[revision_id] = revision
     report.checked["revisions"] = len(revisions)
     return revisions
 
@@ -110,10 +126,8 @@ def _references(view, root, report, revisions) -> dict:
     """RevisionRef rows grouped: (kind, owner) lists per revision id."""
     refs = defaultdict(list)
     for key, _ in iter_prefix(view, "revision_ref", root.root_id):
-        try:
-            decoded = keys.RevisionRefKey.decode(key)
-        except FormatError as exc:
-            report.add("UNDECODABLE_ROW", f"revision_ref {key.hex()}", str(exc))
+        decoded = _decoded(report, f"revision_ref {key.hex()}", keys.RevisionRefKey.decode, key)
+        if decoded is None:
             continue
         refs[decoded.artifact_revision_id].append((decoded.reference_kind, decoded.reference_owner_id))
     report.checked["references"] = sum(len(v) for v in refs.values())
@@ -147,12 +161,10 @@ def _paths(view, root, report, revisions, refs) -> None:
     count = 0
     for key, value in iter_prefix(view, "path_current", root.root_id):
         count += 1
-        try:
-            decoded = keys.PathCurrentKey.decode(key)
-            entry = PathEntry.decode(value)
-        except FormatError as exc:
-            report.add("UNDECODABLE_ROW", f"path_current {key.hex()}", str(exc))
+        pair = _decoded(report, f"path_current {key.hex()}", lambda: (keys.PathCurrentKey.decode(key), PathEntry.decode(value)))
+        if pair is None:
             continue
+        decoded, entry = pair
         subject = f"{decoded.workspace_incarnation_id.hex()}:{'/'.join(decoded.path)}"
         owner = publish.path_owner(decoded.workspace_incarnation_id, decoded.path)
         seen_owners.add(owner)
@@ -180,10 +192,8 @@ def _manifests(view, root, report, revisions) -> dict:
     for revision_id, revision in revisions.items():
         if revision.state not in (RevisionState.Available, RevisionState.Deleting, RevisionState.Quarantined):
             continue
-        try:
-            rows = publish.read_manifest(view, root, revision_id)
-        except FormatError as exc:
-            report.add("UNDECODABLE_ROW", f"artifact_manifest {revision_id.hex()}", str(exc))
+        rows = _decoded(report, f"artifact_manifest {revision_id.hex()}", publish.read_manifest, view, root, revision_id)
+        if rows is None:
             continue
         offset = 0
         for row in rows:
@@ -203,10 +213,13 @@ def _manifests(view, root, report, revisions) -> dict:
 
 def _holds(view, root, report) -> None:
     holds = set()
-    for key, _ in iter_prefix(view, "history_hold", root.root_id):
+    for key, value in iter_prefix(view, "history_hold", root.root_id):
         decoded = keys.HistoryHoldKey.decode(key)
         if decoded.hold_kind == HistoryHoldKind.Snapshot:
             holds.add(int.from_bytes(decoded.hold_id, "big"))
+        read_version = HistoryHold.decode(value).read_version
+        if read_version < view.floor:
+            report.add("HISTORY_FLOOR", f"{decoded.hold_kind.name} hold {decoded.hold_id.hex()}", f"reads at version {read_version}, below the history floor {view.floor}")
     active = set()
     for key, value in iter_prefix(view, "snapshot_ref", root.root_id):
         decoded = keys.SnapshotRefKey.decode(key)
@@ -230,10 +243,8 @@ def _commits(view, root, report) -> None:
     count = 0
     for key, value in iter_prefix(view, "commit", root.root_id):
         commit_id = keys.CommitKey.decode(key).commit_id
-        try:
-            record = Commit.decode(value)
-        except FormatError as exc:
-            report.add("UNDECODABLE_ROW", f"commit {commit_id.hex()}", str(exc))
+        record = _decoded(report, f"commit {commit_id.hex()}", Commit.decode, value)
+        if record is None:
             continue
         count += 1
         if record.consumer_count != consumers.get(commit_id, 0):
@@ -244,6 +255,39 @@ def _commits(view, root, report) -> None:
             except NokvError as exc:
                 report.add("COMMIT_SEAL", commit_id.hex(), str(exc))
     report.checked["commits"] = count
+
+
+def _restores(view, root, report) -> None:
+    from nokvfs.schema.enums import CommitState, RestorePhase, RestoreSourceKind
+    from nokvfs.schema.records import RestoreOperation
+    from nokvfs.workspace import restore as restores
+    from nokvfs.workspace.commit import read_commit
+
+    counted = (RestorePhase.Copying, RestorePhase.SourceSealed, RestorePhase.Ready, RestorePhase.Complete)
+    count = 0
+    for key, value in iter_prefix(view, "operation", keys.operation_prefix(root.root_id, OperationKind.Restore)):
+        op_id = keys.OperationKey.decode(key).operation_id
+        op = _decoded(report, f"restore operation {op_id.hex()}", RestoreOperation.decode, value)
+        if op is None or op.phase not in counted:
+            continue  # Preparing has none yet; cleanup removes them
+        count += 1
+        sequences = [sequence for sequence, _ in restores._restore_members(view, root, op_id)]
+        if sequences != list(range(op.member_sequence)) or (op.phase != RestorePhase.Copying and len(sequences) != op.member_count):
+            report.add("RESTORE_MEMBER", op_id.hex(), f"{len(sequences)} member rows, the operation counted {op.member_sequence} ({op.phase.name})")
+            continue
+        if op.phase == RestorePhase.Copying:
+            continue
+        if op.source_kind == RestoreSourceKind.Snapshot and op.source_read_version < view.floor:
+            continue  # a completed restore's released snapshot version: pruned, nothing to rescan
+        if op.source_kind == RestoreSourceKind.Commit:
+            _, source = read_commit(view, root.root_id, op.source_commit_id)
+            if source is None or source.state != CommitState.Sealed:
+                continue  # retired after the restore completed
+        try:
+            restores.verify_members(view, root, op_id, op, staged=op.phase != RestorePhase.Complete)
+        except NokvError as exc:
+            report.add("RESTORE_MEMBER", op_id.hex(), str(exc))
+    report.checked["restores"] = count
 
 
 def _ledger_keys(view, root) -> set:

@@ -677,8 +677,10 @@ def _restore_members(view, root, op_id: bytes):
         marker = page.next_marker
 
 
-def verify_members(view, root, op_id: bytes, op: RestoreOperation) -> None:
-    """The ordered member index against a rescan of the source; IntegrityError on any difference."""
+def verify_members(view, root, op_id: bytes, op: RestoreOperation, *, staged: bool = True) -> None:
+    """The ordered member index against a rescan of the source; IntegrityError on any difference.
+    With `staged`, also the staged destination rows (before Complete; afterwards the destination
+    is an ordinary workbench that may have changed)."""
     count, digest = 0, ZERO_DIGEST
     inc = op.destination_workspace_incarnation_id
     for index, (row, source) in enumerate(zip_longest(_restore_members(view, root, op_id), source_entries(view, root, op, None))):
@@ -694,7 +696,7 @@ def verify_members(view, root, op_id: bytes, op: RestoreOperation) -> None:
             or member_row.row_digest != row_digest(components, member)
         ):
             raise IntegrityError(f"restore {op_id.hex()}: member {index} ({member_row.path}) does not match the source")
-        if components != RESTORE_MANIFEST:
+        if staged and components != RESTORE_MANIFEST:
             raw = view.get("path_current", keys.path_current_key(root.root_id, inc, components))
             if raw is None or PathEntry.decode(raw).artifact_revision_id != entry.artifact_revision_id:
                 raise IntegrityError(f"restore {op_id.hex()}: the staged destination {member_row.path} is missing or differs")
@@ -704,11 +706,12 @@ def verify_members(view, root, op_id: bytes, op: RestoreOperation) -> None:
         digest = commits.member_chain(digest, components, member)
     if (count, digest) != (op.member_count, op.member_digest) or count != op.member_sequence:
         raise IntegrityError(f"restore {op_id.hex()}: the members do not match the sealed count/digest")
-    sealed = PathEntry.decode(op.restore_manifest_entry)
-    if view.get("path_current", keys.path_current_key(root.root_id, inc, RESTORE_MANIFEST)) != op.restore_manifest_entry or view.get(
-        "revision_ref", keys.RevisionRefKey.path(root.root_id, inc, RESTORE_MANIFEST, sealed.artifact_revision_id).encode()
-    ) is None:
-        raise IntegrityError(f"restore {op_id.hex()}: the staged restore manifest is missing or differs")
+    if staged:
+        sealed = PathEntry.decode(op.restore_manifest_entry)
+        if view.get("path_current", keys.path_current_key(root.root_id, inc, RESTORE_MANIFEST)) != op.restore_manifest_entry or view.get(
+            "revision_ref", keys.RevisionRefKey.path(root.root_id, inc, RESTORE_MANIFEST, sealed.artifact_revision_id).encode()
+        ) is None:
+            raise IntegrityError(f"restore {op_id.hex()}: the staged restore manifest is missing or differs")
     if op.source_kind == RestoreSourceKind.Commit:
         _, commit = read_commit(view, root.root_id, op.source_commit_id)
         if (commit.member_count, commit.member_digest) != (count, digest):
