@@ -8,7 +8,6 @@ global options `data_dir`, `store`, `endpoint_url` and `debug`. Handlers raise t
 from __future__ import annotations
 
 import argparse
-
 import os
 import re
 import sys
