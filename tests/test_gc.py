@@ -11,14 +11,30 @@ from nokvfs.errors import AmbiguousResult
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, RevisionState
 from nokvfs.schema.records import ArtifactRevision, GcCandidate, GcOperation
-from nokvfs.workspace import append, datadir, gc, listing, namespace, reading, snapshot, workbench
+from nokvfs.workspace import append, datadir, fsck, gc, listing, namespace, reading, snapshot, workbench
 
 BLOCK = 4096
+
+
+pytest_plugins = ["tests.s3_fixtures"]
 
 
 @pytest.fixture
 def root(tmp_path):
     datadir.init(str(tmp_path / "data"), block_size=BLOCK)
+    r = datadir.open_root(str(tmp_path / "data"))
+    workbench.create(r, "w")
+    yield r
+    r.close()
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_root(request, tmp_path):
+    """A root on the local store, then on the loopback S3 endpoint."""
+    options = {}
+    if request.param == "s3":
+        options = dict(store=f"s3://{request.getfixturevalue('s3_bucket')}/gc", endpoint_url=request.getfixturevalue("s3_endpoint"))
+    datadir.init(str(tmp_path / "data"), block_size=BLOCK, **options)
     r = datadir.open_root(str(tmp_path / "data"))
     workbench.create(r, "w")
     yield r
@@ -132,24 +148,72 @@ class AmbiguousDeletes:
         raise AmbiguousResult(f"timed out deleting {key}")
 
 
-def test_an_ambiguous_delete_quarantines_and_is_never_guessed(root):
-    entry = namespace.put(root, "w", "outputs/f", b"q" * 5_000)
-    namespace.remove(root, "w", "outputs/f")
+class UnansweringHeads(AmbiguousDeletes):
+    """A store that cannot even say whether an object exists."""
+
+    def head(self, key):
+        raise AmbiguousResult(f"timed out probing {key}")
+
+
+class DeletesThatLandButTimeOut(AmbiguousDeletes):
+    def delete(self, key):
+        self._store.delete(key)
+        raise AmbiguousResult(f"timed out after deleting {key}")
+
+
+def candidate_of(root, revision_id):
+    epoch = revision(root, revision_id).reference_epoch
+    with root.read() as view:
+        return GcCandidate.decode(view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()))
+
+
+def collect_with(root, store, **kw):
     real = root.store
-    root.store = AmbiguousDeletes(real)
+    root.store = store(real)
     try:
-        report = gc.collect(root)
+        return gc.collect(root, **kw)
     finally:
         root.store = real
+
+
+def test_an_ambiguous_delete_quarantines_and_is_reconciled_once_the_store_answers(any_root):
+    root = any_root
+    entry = namespace.put(root, "w", "outputs/f", b"q" * 5_000)
+    namespace.remove(root, "w", "outputs/f")
+    report = collect_with(root, AmbiguousDeletes)
     assert report.quarantined == 1 and report.freed_revisions == 0
     assert revision(root, entry.artifact_revision_id).state == RevisionState.Quarantined
-    with root.read() as view:
-        candidate = GcCandidate.decode(
-            view.get("gc_candidate", keys.GcCandidateKey(root.root_id, entry.artifact_revision_id, revision(root, entry.artifact_revision_id).reference_epoch).encode())
-        )
+    candidate = candidate_of(root, entry.artifact_revision_id)
     assert candidate.claim_state == GcClaimState.Quarantined and "timed out" in candidate.quarantine_evidence
-    assert gc.collect(root).freed_revisions == 0  # quarantined stays put until reconciled
+    assert [f.code for f in fsck.check(root).findings] == ["QUARANTINED"]
+    # A store that cannot answer a probe: nothing is guessed, nothing changes.
+    version = root.shard.commit_version
+    report = collect_with(root, UnansweringHeads)
+    assert (report.reconciled, report.freed_revisions) == (0, 0) and root.shard.commit_version == version
+    # Probes answer but deletes still time out: taken up, and quarantined again with a retry more.
+    report = collect_with(root, AmbiguousDeletes)
+    assert (report.reconciled, report.quarantined, report.freed_revisions) == (1, 1, 0)
+    assert candidate_of(root, entry.artifact_revision_id).retry_count == 2
     assert stored_bytes(root) == 5_000
+    # The store answers: the next run finishes the collection.
+    report = gc.collect(root)
+    assert (report.reconciled, report.freed_revisions, report.freed_bytes) == (1, 1, 5_000)
+    assert revision(root, entry.artifact_revision_id).state == RevisionState.Deleted
+    assert candidate_of(root, entry.artifact_revision_id).claim_state == GcClaimState.Complete
+    assert stored_bytes(root) == 0 and fsck.check(root).ok
+
+
+def test_a_delete_that_landed_before_its_answer_was_lost_is_reconciled_to_deleted(any_root):
+    root = any_root
+    entry = namespace.put(root, "w", "outputs/f", b"d" * 9_000)
+    namespace.remove(root, "w", "outputs/f")
+    assert collect_with(root, DeletesThatLandButTimeOut).quarantined == 1
+    # One object is gone, the others are not: fsck says quarantined, not missing blocks.
+    assert [f.code for f in fsck.check(root).findings] == ["QUARANTINED"]
+    report = gc.collect(root)
+    assert (report.reconciled, report.freed_revisions, report.freed_bytes) == (1, 1, 9_000)
+    assert revision(root, entry.artifact_revision_id).state == RevisionState.Deleted
+    assert stored_bytes(root) == 0 and fsck.check(root).ok
 
 
 def test_a_killed_collector_is_resumed_by_the_next_run(root):

@@ -62,8 +62,10 @@ def cmd_gc(args) -> int:
         print(f"{'would prune' if args.dry_run else 'pruned'} {report.history_pruned} History row(s) below version {report.history_floor}")
         if report.held:
             print(f"{report.held} revision(s) kept by history holds")
+        if report.reconciled:
+            print(f"{report.reconciled} quarantined revision(s) taken up again")
         if report.quarantined:
-            print(f"{report.quarantined} revision(s) quarantined: run fsck")
+            print(f"{report.quarantined} revision(s) quarantined: a delete was not confirmed; the next gc retries once the store answers (fsck lists them)")
     return 0
 
 

@@ -16,6 +16,9 @@ Checks:
   DEPENDENCY_COUNT                dependency_count differs from the RevisionDependency refs
   MANIFEST_COVERAGE               manifest rows do not tile the body, or block_count differs
   GC_CANDIDATE_MISSING            a zero-reference Available revision has no candidate
+  QUARANTINED                     a revision whose collection met an ambiguous or failed delete:
+                                  its objects are in doubt (not BLOCK_MISSING); `nokvfs gc`
+                                  reconciles it once the store answers
   HOLD                            an Active snapshot without its HistoryHold, or the reverse
   HISTORY_FLOOR                   a HistoryHold reads below the shard's history floor (its
                                   History may have been pruned)
@@ -96,7 +99,8 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckRepo
         _restores(view, root, report)
         ledger_keys = _ledger_keys(view, root)
     if verify_blocks:
-        _blocks(root, report, manifests)
+        in_doubt = {r for r, revision in revisions.items() if revision.state == RevisionState.Quarantined}
+        _blocks(root, report, {r: rows for r, rows in manifests.items() if r not in in_doubt})
     _orphans(root, report, revisions, manifests, ledger_keys, repair=repair)
     return report
 
@@ -143,6 +147,10 @@ def _references(view, root, report, revisions) -> dict:
         )
         if revision.state in (RevisionState.Available, RevisionState.Deleting) and dependencies != revision.dependency_count:
             report.add("DEPENDENCY_COUNT", revision_id.hex(), f"dependency_count {revision.dependency_count}, {dependencies} dependency references")
+        if revision.state == RevisionState.Quarantined:
+            candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
+            evidence = None if candidate is None else GcCandidate.decode(candidate).quarantine_evidence
+            report.add("QUARANTINED", revision_id.hex(), f"its delete was not confirmed ({evidence or 'no evidence recorded'}); the next gc reconciles it once the store answers")
         if revision.state == RevisionState.Available and revision.strong_reference_count == 0:
             candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
             if candidate is None or GcCandidate.decode(candidate).claim_state != GcClaimState.Candidate:

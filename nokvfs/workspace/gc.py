@@ -13,6 +13,11 @@ requires Available), and the caller is the fenced owner (every command carries t
              revision's RevisionDependency references released (which may make bases candidates)
     an ambiguous or failed delete: revision, candidate and operation Quarantined with evidence;
     nothing may reference or delete it until reconciled.
+    reconcile (every run): once `head` answers for every object the revision owns (present or
+             absent), one command makes the explicit transition Quarantined -> Deleting (revision,
+             candidate Claimed, operation), and the delete is driven again: what is present is
+             deleted, every object confirmed absent, then Deleted as above. A probe that fails
+             changes nothing.
 
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
@@ -57,6 +62,7 @@ class GcReport:
     freed_bytes: int = 0
     deleted_objects: int = 0
     quarantined: int = 0
+    reconciled: int = 0  # Quarantined collections taken up again once the store answered
     stale_candidates: int = 0
     held: int = 0
     freed: list = field(default_factory=list)  # revision ids (hex)
@@ -123,6 +129,7 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
     report = GcReport()
     if not dry_run:
         _resume(root, report)
+        _reconcile(root, report)
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
         _pass(root, report, dry_run=dry_run, progress=progress)
@@ -270,6 +277,56 @@ def _resume(root, report: GcReport) -> None:
     for op_id, operation in stuck:
         if operation.phase == GcPhase.Deleting:
             _drive(root, op_id, report)
+
+
+def _reconcile(root, report: GcReport) -> None:
+    with root.read() as view:
+        quarantined = [
+            (op_id, op)
+            for op_id, op in operations.pending(view, root, OperationKind.Gc, (GcPhase.Deleted,))
+            if op.phase == GcPhase.Quarantined
+        ]
+    for op_id, operation in quarantined:
+        with root.read() as view:
+            own = _own_objects(view, root, operation.artifact_revision_id)
+        try:
+            for row in own:
+                root.store.head(row.object_key)  # present or absent: either is an answer
+        except StoreError as exc:
+            log.info("gc of %s stays quarantined: %s", operation.artifact_revision_id.hex(), exc)
+            continue
+        try:
+            _requeue(root, op_id, operation)
+        except PredicateFailed:
+            continue  # another collector took it up
+        report.reconciled += 1
+        _drive(root, op_id, report)
+
+
+def _requeue(root, op_id: bytes, operation: GcOperation) -> None:
+    """The explicit reconciliation transition: Quarantined -> Deleting, candidate Claimed."""
+    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
+    revision_id = operation.artifact_revision_id
+    revision_key = _revision_key(root, revision_id)
+    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
+
+    def build(view):
+        raw_op, raw_revision = view.get("operation", op_key), view.get("artifact_revision", revision_key)
+        current, revision = GcOperation.decode(raw_op), ArtifactRevision.decode(raw_revision)
+        if current.phase != GcPhase.Quarantined or revision.state != RevisionState.Quarantined:
+            raise PredicateFailed(f"gc of {revision_id.hex()} is no longer quarantined")
+        predicates = [ValueEquals("operation", op_key, raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
+        mutations = [
+            Put("operation", op_key, dataclasses.replace(current, phase=GcPhase.Deleting)),
+            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
+        ]
+        raw_candidate = view.get("gc_candidate", candidate_key)
+        if raw_candidate is not None:
+            predicates.append(ValueEquals("gc_candidate", candidate_key, raw_candidate))
+            mutations.append(Put("gc_candidate", candidate_key, dataclasses.replace(GcCandidate.decode(raw_candidate), claim_state=GcClaimState.Claimed)))
+        return Built(predicates=predicates, mutations=mutations)
+
+    root.apply(build, digest=intent_digest("gc.reconcile", op_id))
 
 
 def _drive(root, op_id: bytes, report: GcReport) -> None:
