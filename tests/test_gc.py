@@ -288,3 +288,39 @@ def test_a_killed_collector_is_resumed_behind_more_than_one_page_of_finished_ope
     report = gc.collect(root)
     assert stuck.artifact_revision_id.hex() in report.freed
     assert revision(root, stuck.artifact_revision_id).state == RevisionState.Deleted
+
+
+@pytest.mark.parametrize("way", ["remove", "replace", "retire-commit", "reap-snapshot"])
+def test_each_way_a_reference_goes_frees_exactly_the_bytes_nothing_else_references(any_root, way):
+    from nokvfs.workspace import commit
+
+    root = any_root
+    kept = namespace.put(root, "w", "outputs/kept", b"k" * 6_000)
+    old = namespace.put(root, "w", "outputs/f", b"o" * 9_000)
+    assert gc.collect(root).freed_revisions == 0
+    if way == "remove":
+        namespace.remove(root, "w", "outputs/f")
+        expected = {old.artifact_revision_id}
+    elif way == "replace":
+        namespace.put(root, "w", "outputs/f", b"n" * 100)
+        expected = {old.artifact_revision_id}
+    elif way == "retire-commit":
+        built = commit.build(root, "w")
+        manifest = commit.operation(root, built.operation_id).run_manifest.artifact_revision_id
+        namespace.put(root, "w", "outputs/f", b"n" * 100)  # now only the commit holds the old bytes
+        assert old.artifact_revision_id.hex() not in gc.collect(root).freed
+        commit.build(root, "w", parents=[])  # the head moves off the first commit
+        commit.retire(root, built.commit_id)
+        expected = {old.artifact_revision_id, manifest}
+    else:
+        snap = snapshot.mint(root, "w", lease_seconds=1)
+        namespace.put(root, "w", "outputs/f", b"n" * 100)  # now only the snapshot holds the old bytes
+        assert old.artifact_revision_id.hex() not in gc.collect(root).freed
+        assert snapshot.reap(root, now_ms=snap.ref.lease_deadline + 120_000, skew_grace_ms=0) == [snap.snapshot_id]
+        expected = {old.artifact_revision_id}
+    before = stored_bytes(root)
+    report = gc.collect(root)
+    assert {bytes.fromhex(h) for h in report.freed} == expected
+    assert old.artifact_revision_id.hex() in report.freed and report.freed_bytes == before - stored_bytes(root)
+    assert read(root, "outputs/kept") == b"k" * 6_000 and kept.artifact_revision_id.hex() not in report.freed
+    assert gc.collect(root).freed_revisions == 0 and fsck.check(root).ok
