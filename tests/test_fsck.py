@@ -258,3 +258,19 @@ def test_undecodable_row(root, tree):
     report = fsck.check(root)
     assert "UNDECODABLE_ROW" in codes(report)
     assert any(tree.split("_")[0] in f.subject for f in report.findings if f.code == "UNDECODABLE_ROW")
+
+
+@pytest.mark.damages_store("injects the damage fsck must find")
+def test_outbox_chain(root):
+    # A byte of a logical outbox record changed under the engine: its payload no longer matches
+    # the SHA-256 its header (and the chain) recorded.
+    env, db = root.shard._env, root.shard._dbs["recovery_outbox"]
+    with env.begin(write=True) as txn:
+        cursor = txn.cursor(db)
+        assert cursor.set_range(b"\x01")  # the first chunk row
+        key, value = cursor.key(), bytearray(cursor.value())
+        value[-1] ^= 0x01
+        txn.put(key, bytes(value), db=db)
+    report = fsck.check(root)
+    assert codes(report) == ["OUTBOX_CHAIN"]
+    assert "SHA-256" in report.findings[0].detail
