@@ -30,8 +30,6 @@ from nokvfs.schema import keys as family_keys
 from nokvfs.schema.records import WorkspaceCurrent
 
 _U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_U64_MAX = (1 << 64) - 1
 
 # Bounds of one pruning batch (one write transaction and one outbox record).
 MAX_PRUNED_ROWS = 4096
@@ -54,7 +52,6 @@ RETAINED_TREES = frozenset(family_keys.FAMILY_BY_TAG[tag].name for tag in RETAIN
 class Plan:
     deletions: list  # (history key, value) in key order
     end_key: bytes | None  # exclusive end of the range planned; None: the end of the tree
-    visited: int
 
     def digest(self) -> bytes:
         """SHA-256 over the deleted keys (u32 length | key each), in order."""
@@ -62,16 +59,6 @@ class Plan:
         for key, _ in self.deletions:
             h.update(_U32.pack(len(key)) + key)
         return h.digest()
-
-
-def _split(key: bytes) -> tuple[int, bytes, int]:
-    """(tag, user-key prefix tag|len|key, commit version) of a History key; IntegrityError if malformed."""
-    if len(key) < 13:
-        raise IntegrityError(f"history key {key.hex()} is too short")
-    (length,) = _U32.unpack_from(key, 1)
-    if len(key) != 13 + length:
-        raise IntegrityError(f"history key {key.hex()} does not match its length field")
-    return key[0], key[: 5 + length], _U64_MAX - _U64.unpack_from(key, 5 + length)[0]
 
 
 def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, end: bytes | None = None,
@@ -91,33 +78,34 @@ def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, 
     while found:
         key = cursor.key()
         if end is not None and key >= end:
-            return Plan(deletions, end, visited)
+            return Plan(deletions, end)
         if (max_rows is not None and len(deletions) >= max_rows) or (max_visits is not None and visited >= max_visits):
-            return Plan(deletions, key, visited)
+            return Plan(deletions, key)
         visited += 1
-        tag, prefix, version = _split(key)
-        project = RETAINED_PROJECTIONS.get(tag)
-        if project is None:
-            if version <= floor:
-                deletions.append((key, cursor.value()))
-        else:
-            try:
-                if prefix != user:
+        try:
+            tag, user_key, version = family_keys.decode_history_key(key)
+            project = RETAINED_PROJECTIONS.get(tag)
+            if project is None:
+                if version <= floor:
+                    deletions.append((key, cursor.value()))
+            else:
+                if (tag, user_key) != user:
                     # The first row of this key in the range: the value after its change is the
                     # one the next newer row (just before it in key order) recorded, or the current row.
-                    user = prefix
-                    after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, prefix))
+                    user = (tag, user_key)
+                    after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, user_key))
                 before = project(HistoryValue.decode(cursor.value()).previous)
-            except FormatError as exc:
-                raise IntegrityError(f"history row {key.hex()} does not decode: {exc}") from None
-            if version <= floor and before == after:
-                deletions.append((key, cursor.value()))
-            after = before
+                if version <= floor and before == after:
+                    deletions.append((key, cursor.value()))
+                after = before
+        except FormatError as exc:
+            raise IntegrityError(f"history row {key.hex()} does not decode: {exc}") from None
         found = cursor.next()
-    return Plan(deletions, end, visited)
+    return Plan(deletions, end)
 
 
-def _value_after(txn, probe, family_db, key: bytes, prefix: bytes) -> bytes | None:
-    if probe.set_range(key) and probe.prev() and probe.key().startswith(prefix) and len(probe.key()) == len(key):
+def _value_after(txn, probe, family_db, key: bytes, user_key: bytes) -> bytes | None:
+    # Same tag, length and user key, differing only in the trailing inverted version.
+    if probe.set_range(key) and probe.prev() and probe.key()[:-8] == key[:-8]:
         return HistoryValue.decode(probe.value()).previous
-    return txn.get(prefix[5:], db=family_db)
+    return txn.get(user_key, db=family_db)

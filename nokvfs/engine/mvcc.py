@@ -65,9 +65,8 @@ class ReadView:
             raise HistoryNotRetained(f"version {version} is older than the history floor {self.floor}")
         return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor, visibility_only=below)
 
-    def _refuse_below_floor(self, tree: str) -> None:
-        if self._visibility_only and tree not in RETAINED_TREES:
-            raise HistoryNotRetained(f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain")
+    def _below_floor(self) -> HistoryNotRetained:
+        return HistoryNotRetained(f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain")
 
     @property
     def is_current(self) -> bool:
@@ -84,8 +83,8 @@ class ReadView:
 
     def get(self, tree: str, key: bytes) -> bytes | None:
         self.ops += 1
-        if self._visibility_only:
-            self._refuse_below_floor(tree)
+        if self._visibility_only and tree not in RETAINED_TREES:
+            raise self._below_floor()
         if not self.is_current:
             changed, previous = self._previous_after(self._tags[tree], key)
             if changed:
@@ -113,7 +112,7 @@ class ReadView:
         `within` bounds the search to keys starting with it (None once past it).
         """
         if self._visibility_only:
-            self._refuse_below_floor("")  # visibility views point-read only
+            raise self._below_floor()  # visibility views point-read only
         cursor = self._cursor(tree)
         if self.is_current:
             self.ops += 1
