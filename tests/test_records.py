@@ -215,11 +215,12 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
             object_count=2, reused_count=0, logical_size=0x100, body_digest_uri=URI,
             content_type="text/plain", producer="agent", index_fields=(),
             event_kind=ChangeEventKind.PathPut, request_id=F16, created_version=5,
-            result=None, terminal_error=None, cleanup_cursor=b"",
+            result=None, terminal_error=None, cleanup_cursor=b"", expected_revision_id=B16,
         ),
-        "01" + WB1_HEX + "b2" * 16 + AB_HEX + "a1" * 16 + "01" "0000000000000003" + "00" + "02"
+        "02" + WB1_HEX + "b2" * 16 + AB_HEX + "a1" * 16 + "01" "0000000000000003" + "00" + "02"
         + "00000002" + "00000000" + "0000000000000100" + URI_HEX + TEXT_PLAIN_HEX + AGENT_HEX
-        + "00000000" + "02" + "f6" * 16 + "0000000000000005" + "00" + "00" + EMPTY_HEX,
+        + "00000000" + "02" + "f6" * 16 + "0000000000000005" + "00" + "00" + EMPTY_HEX
+        + "01" + "b2" * 16,
         (58, 58 + 1 + 4 + 4 + 8 + len(URI_HEX) // 2 + len(TEXT_PLAIN_HEX) // 2 + len(AGENT_HEX) // 2 + 4),
     ),
     R.BuildCommitOperation: (
@@ -283,6 +284,8 @@ EXPECTED_VERSIONS = {
     R.WorkspaceCurrent: 2, R.PathEntry: 2, R.ArtifactRevision: 2, R.ArtifactManifest: 2,
     R.Commit: 2, R.CommitMember: 2, R.ChangeEvent: 2, R.CommandDedupe: 2,
     R.BuildCommitOperation: 5, R.RestoreOperation: 4,
+    # nokvfs extension: version 2 adds the exact expected revision (README, "Durable format").
+    R.PublishOperation: 2,
 }
 
 ALL = list(R.ALL_VALUE_RECORDS)

@@ -352,6 +352,48 @@ def test_two_threads_replacing_one_generation_have_exactly_one_winner(bench):
         assert present_keys(root.store, block_keys(root, op.artifact_revision_id, 3)) == []
 
 
+def test_an_expected_revision_is_not_fooled_by_remove_and_recreate(bench):
+    """Generation ABA: removing a path and creating it again restarts its generation at 1, so a
+    writer that captured generation 1 before would overwrite a different file. A writer that
+    names the exact revision it started from loses instead, before anything is uploaded."""
+    root = bench
+    first = namespace.put(root, WB, "outputs/aba", b"first")
+    namespace.remove(root, WB, "outputs/aba")
+    second = namespace.put(root, WB, "outputs/aba", b"another file")
+    assert second.generation == first.generation == 1  # the ABA a generation cannot see
+    before = _counts(root)
+    with pytest.raises(GenerationConflict, match="holds revision"):
+        namespace.put(root, WB, "outputs/aba", b"stale writer", expected_revision_id=first.artifact_revision_id)
+    with pytest.raises(GenerationConflict):
+        namespace.remove(root, WB, "outputs/aba", expected_revision_id=first.artifact_revision_id)
+    assert _counts(root) == before  # refused at the precheck: no operation, no object
+    assert get_bytes(root, "outputs/aba") == b"another file"
+    third = namespace.put(root, WB, "outputs/aba", b"current writer", expected_revision_id=second.artifact_revision_id)
+    assert third.generation == 2 and get_bytes(root, "outputs/aba") == b"current writer"
+    (op,) = [o for o in publish_ops(root).values() if o.artifact_revision_id == third.artifact_revision_id]
+    assert op.expected_revision_id == second.artifact_revision_id
+
+
+def test_the_final_command_rechecks_the_expected_revision(monkeypatch, bench):
+    """The precheck spares a doomed upload; the final command decides: a replacement that lands
+    between them makes the publication lose (and be cleaned), whatever the generation says."""
+    root = bench
+    old = namespace.put(root, WB, "outputs/race", b"old")
+    real_finalize = publish._finalize
+
+    def finalize_then_race(root_, operation_id):
+        real_finalize(root_, operation_id)
+        monkeypatch.setattr(publish, "_finalize", real_finalize)  # the racer publishes normally
+        namespace.remove(root_, WB, "outputs/race")
+        namespace.put(root_, WB, "outputs/race", b"racer")  # generation 1 again, another revision
+
+    monkeypatch.setattr(publish, "_finalize", finalize_then_race)
+    with pytest.raises(GenerationConflict):
+        namespace.put(root, WB, "outputs/race", b"mine", expected_revision_id=old.artifact_revision_id)
+    assert get_bytes(root, "outputs/race") == b"racer"
+    assert sorted(o.phase.name for o in publish_ops(root).values()) == ["Cleaned", "Published", "Published"]
+
+
 # --- paths the shard can and cannot store --------------------------------------------------------
 
 

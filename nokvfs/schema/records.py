@@ -12,9 +12,10 @@ decision, recorded in the README's "Durable format" section):
   Commit, CommitMember -- plus ChangeEvent and CommandDedupe (bound to its recovery LSN);
 * version 5: BuildCommitOperation;
 * version 4: RestoreOperation;
+* version 2 (a nokvfs extension): PublishOperation, which adds `expected_revision_id`;
 * version 1: every other record -- RootPlacement, RootFence, WorkspaceIncarnationClaim,
   RevisionRef, WorkbenchCommitHead, Tag, SnapshotRef, SnapshotAlias, HistoryHold,
-  CommitConsumer, SecondaryIndex, RestoreMember, StagedObject, PublishOperation,
+  CommitConsumer, SecondaryIndex, RestoreMember, StagedObject,
   CommitRetireOperation, GcOperation, GcCandidate, GcBarrier.
 
 Type conventions. Digest URIs ("sha256:<64 lowercase hex>": body_digest_uri, manifest_digest_uri,
@@ -411,12 +412,15 @@ class GcBarrier:
 # --- operations (one value record per OperationKind) ------------------------------------------
 
 
-@record(version=1)
+@record(version=2)
 class PublishOperation:
     """The complete publication request, so a crash in Finalizing resumes from the ledger alone.
 
     `path` is the normalized path text. `expected_generation`: None publishes unconditionally,
-    0 requires the path to be absent, N requires generation N. `object_count` bounds the
+    0 requires the path to be absent, N requires generation N. `expected_revision_id` (value
+    version 2, a nokvfs extension): the exact ArtifactRevisionId the path must hold when the
+    publication lands, so a writer cannot be fooled by remove-and-recreate restarting the
+    generation at 1 (revision ids are never reused). `object_count` bounds the
     StagedObject ledger (object_sequence is a u32). An append names its base revision and how
     many of the base's manifest rows the new revision reuses before its own objects.
     """
@@ -441,6 +445,7 @@ class PublishOperation:
     result: Opt(Bytes)
     terminal_error: Opt(Str)
     cleanup_cursor: Bytes
+    expected_revision_id: Opt(Id16) = None
 
 
 @record(version=5)

@@ -14,7 +14,7 @@ import hashlib
 import os
 import tempfile
 
-from nokvfs.errors import GenerationConflict, IsADirectory, NotFound, StoreError, StoreFull
+from nokvfs.errors import IsADirectory, NotFound, StoreError, StoreFull
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.paths import join, normalize_path
@@ -27,7 +27,7 @@ MAX_DEPENDENCY_OWNERS = 64
 MAX_DEPENDENCY_DEPTH = 8
 
 
-def append(root, workbench_id: str, path: str, data, *, expected_generation: int | None = None) -> PathEntry:
+def append(root, workbench_id: str, path: str, data, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
     """Append `data` (bytes or a Body) to the file at `path`; NotFound if there is none."""
     components = normalize_path(path)
     publish.check_publishable(components)
@@ -41,8 +41,7 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
                 raise IsADirectory(f"{workbench_id}:{join(components)} is a directory")
             raise NotFound(f"{workbench_id}:{join(components)} does not exist")
         base = PathEntry.decode(raw)
-        if expected_generation is not None and base.generation != expected_generation:
-            raise GenerationConflict(f"{join(components)} is at generation {base.generation}, expected {expected_generation}")
+        publish.check_expectation(expected_generation, expected_revision_id, base, join(components))
         base_rows = publish.read_manifest(view, root, base.artifact_revision_id)
         owners = {row.physical_owner_revision_id for row in base_rows}
         depth = 0
@@ -75,7 +74,9 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
                 body=delta_body,
                 logical_size=base.logical_size + delta.size,
                 body_digest_uri="sha256:" + whole.hexdigest(),
+                # The seed's append generation CAS, and the exact base the delta extends.
                 expected_generation=base.generation,
+                expected_revision_id=base.artifact_revision_id,
                 content_type=base.content_type,
                 producer=base.producer,
                 index_fields=base.typed_index_projection,

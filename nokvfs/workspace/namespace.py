@@ -20,11 +20,12 @@ from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
 
-def put(root, workbench_id: str, path: str, source, *, expected_generation: int | None = None, content_type: str = publish.DEFAULT_CONTENT_TYPE, producer: str = "", index_fields=(), progress=None) -> PathEntry:
+def put(root, workbench_id: str, path: str, source, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None, content_type: str = publish.DEFAULT_CONTENT_TYPE, producer: str = "", index_fields=(), progress=None) -> PathEntry:
     """Publish `source` (bytes, a Body, or a readable binary stream) as a new revision of `path`.
 
     expected_generation: None replaces unconditionally, 0 requires the path to be absent, N
-    requires the path to be at generation N (GenerationConflict otherwise).
+    requires the path to be at generation N; expected_revision_id requires it to hold exactly
+    that revision (GenerationConflict otherwise).
     """
     components = normalize_path(path)
     publish.check_publishable(components)
@@ -45,6 +46,7 @@ def put(root, workbench_id: str, path: str, source, *, expected_generation: int 
                 logical_size=body.size,
                 body_digest_uri=body.digest_uri,
                 expected_generation=expected_generation,
+                expected_revision_id=expected_revision_id,
                 content_type=content_type,
                 producer=producer,
                 index_fields=tuple(index_fields),
@@ -85,7 +87,7 @@ def _entry(view, root, incarnation: bytes, components) -> tuple[bytes, bytes | N
     return key, view.get("path_current", key)
 
 
-def remove(root, workbench_id: str, path: str, *, expected_generation: int | None = None) -> PathEntry:
+def remove(root, workbench_id: str, path: str, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
     components = normalize_path(path)
     publish.check_publishable(components)
 
@@ -95,8 +97,7 @@ def remove(root, workbench_id: str, path: str, *, expected_generation: int | Non
         if raw is None:
             raise NotFound(f"{workbench_id}:{join(components)} does not exist")
         entry = PathEntry.decode(raw)
-        if expected_generation is not None and entry.generation != expected_generation:
-            raise GenerationConflict(f"{join(components)} is at generation {entry.generation}, expected {expected_generation}")
+        publish.check_expectation(expected_generation, expected_revision_id, entry, join(components))
         version = view.version + 1
         refs = References(view, root.root_id)
         refs.remove(ReferenceKind.Path, publish.path_owner(workbench.incarnation_id, components), entry.artifact_revision_id)
@@ -112,7 +113,7 @@ def remove(root, workbench_id: str, path: str, *, expected_generation: int | Non
             value=entry,
         )
 
-    _, built = root.apply(build, digest=intent_digest("path.remove", workbench_id, join(components), expected_generation))
+    _, built = root.apply(build, digest=intent_digest("path.remove", workbench_id, join(components), expected_generation, expected_revision_id))
     return built.value
 
 

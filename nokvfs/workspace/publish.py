@@ -124,6 +124,7 @@ class Publication:
     logical_size: int  # of the complete resulting body
     body_digest_uri: str  # of the complete resulting body
     expected_generation: int | None = None  # None: unconditional; 0: must not exist
+    expected_revision_id: bytes | None = None  # the exact revision the path must hold (ABA-safe)
     content_type: str = DEFAULT_CONTENT_TYPE
     producer: str = ""
     index_fields: tuple = ()
@@ -238,7 +239,7 @@ def _precheck(root, pub: Publication) -> None:
         _, workbench = wb.visible(view, root.root_id, pub.workbench_id)
         raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, pub.components))
         old = None if raw is None else PathEntry.decode(raw)
-        _check_generation(pub.expected_generation, old, join(pub.components))
+        check_expectation(pub.expected_generation, pub.expected_revision_id, old, join(pub.components))
         if old is None:
             _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, pub.components)
 
@@ -291,6 +292,7 @@ def _begin(root, pub: Publication) -> None:
             result=None,
             terminal_error=None,
             cleanup_cursor=b"",
+            expected_revision_id=pub.expected_revision_id,
         )
         mutations = [Put("operation", op_key, operation)] + staged_rows(pub.body.blocks[:ROW_BATCH])
         return Built(predicates=[Absent("operation", op_key)], mutations=mutations, value=operation.encode())
@@ -407,7 +409,7 @@ def _publish(root, operation_id: bytes) -> PathEntry:
         path_key = keys.path_current_key(root.root_id, workbench.incarnation_id, components)
         old_raw = view.get("path_current", path_key)
         old = None if old_raw is None else PathEntry.decode(old_raw)
-        _check_generation(op.expected_generation, old, op.path)
+        check_expectation(op.expected_generation, op.expected_revision_id, old, op.path)
         if old is None:
             _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, components)
         ledger = _ledger(view, root, operation_id)
@@ -512,12 +514,22 @@ def _tidy_ledger(root, operation_id: bytes) -> None:
             return
 
 
-def _check_generation(expected: int | None, old: PathEntry | None, path: str) -> None:
-    if expected is None:
-        return
-    actual = 0 if old is None else old.generation
-    if actual != expected:
-        raise GenerationConflict(f"{path} is at generation {actual}, expected {expected}")
+def check_expectation(generation: int | None, revision_id: bytes | None, old: PathEntry | None, path: str) -> None:
+    """What a conditional write expects of the path: GenerationConflict unless it holds.
+
+    `generation`: None is unconditional, 0 requires absence, N generation N. `revision_id`: the
+    path must hold exactly that revision. Revision ids are never reused, so unlike a generation
+    (which restarts at 1 when a path is removed and created again) it cannot be fooled by ABA.
+    """
+    if generation is not None:
+        actual = 0 if old is None else old.generation
+        if actual != generation:
+            raise GenerationConflict(f"{path} is at generation {actual}, expected {generation}")
+    if revision_id is not None:
+        if old is None:
+            raise GenerationConflict(f"{path} does not exist, expected revision {revision_id.hex()}")
+        if old.artifact_revision_id != revision_id:
+            raise GenerationConflict(f"{path} holds revision {old.artifact_revision_id.hex()}, expected {revision_id.hex()}")
 
 
 def _check_no_file_ancestor_or_descendant(view, root, incarnation: bytes, components) -> None:
