@@ -165,3 +165,7 @@ class IsADirectory(InvalidInput):
 
 class KeyTooLong(InvalidInput):
     """A key (usually a long path) exceeds what the storage engine can hold."""
+
+
+class SyscallTimeout(StoreError):
+    """A syscall on the mount waited its whole deadline (the work goes on in the background)."""

@@ -136,9 +136,16 @@ def test_a_killed_daemon_leaves_nothing_the_next_mount_cannot_recover(tmp_path):
         with open(m.path("wb", "outputs", "kept.txt")) as f:
             assert f.read() == "published before the kill"
         assert not os.path.exists(m.path("wb", "outputs", "unfinished.bin"))
-        assert "dead mount" in m.log() and "spool file(s) from earlier mounts are kept" in m.log()
-    spools = glob.glob(os.path.join(data, "spool", "mount", "*.spool"))
-    assert any(open(p, "rb").read() == b"written, never closed" for p in spools)
+        assert "dead mount" in m.log()
+        assert f"(pid {proc.pid}) ended before publishing it" in m.log() and "wb:outputs/unfinished.bin" in m.log()
+    # The spool of the file that was never closed is kept and described by its sidecar.
+    (spool,) = [p for p in glob.glob(os.path.join(data, "spool", "mount", "*.spool")) if open(p, "rb").read() == b"written, never closed"]
+    with open(spool + ".json") as f:
+        record = json.load(f)
+    assert record["state"] == "kept" and record["path"] == "outputs/unfinished.bin" and record["workbench"] == "wb"
+    assert record["expected_revision"] is None and record["pid"] == proc.pid
+    # The published file's spool is gone: a spool whose bytes were published is deleted.
+    assert len(glob.glob(os.path.join(data, "spool", "mount", "*.spool"))) == 1
 
 
 def test_umount_of_a_busy_mount_fails_and_lazy_detaches(tmp_path):

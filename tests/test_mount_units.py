@@ -12,13 +12,13 @@ import trio
 from nokvfs import errors as E
 from nokvfs.fs import errors as fs_errors
 from nokvfs.fs import inodes
+from nokvfs.fs.filesystem import FileSystem
 from nokvfs.fs.freshness import ChangeFollower
-from nokvfs.fs.handles import DirHandle
+from nokvfs.fs.listing import DirHandle
 from nokvfs.fs.inodes import InodeTable, Kind
 from nokvfs.fs.overlay import Overlay
 from nokvfs.fs.prefetch import BlockFetcher, Stream
 from nokvfs.fs.threads import Workers
-from nokvfs.fs.tree import Tree
 from nokvfs.fs.views import LiveView
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.workspace import datadir, namespace, workbench
@@ -209,8 +209,9 @@ class RecordingInvalidator:
 
 def test_the_follower_invalidates_foreign_changes_and_skips_this_mounts_own(root):
     invalidator = RecordingInvalidator()
-    tree = Tree(root, LiveView(root), Workers(), invalidator)
-    follower = ChangeFollower(root, tree)
+    fs = FileSystem(root, LiveView(root), Workers(), invalidator, None)
+    tree = fs.tree
+    follower = ChangeFollower(root, fs.changes)
     wbnode = tree.lookup(tree.inodes.root, "wb")
     section = tree.lookup(wbnode, "outputs")
     for node in (wbnode, section):
@@ -259,19 +260,20 @@ def test_a_getattr_before_the_feed_keeps_an_open_readers_inode_its_file(root):
     before the follower has seen the change (after a read, atime is stale, so stat(2) asks): the
     inode stays the file its readers opened, size included, and the path is handed a fresh one."""
     invalidator = RecordingInvalidator()
-    tree = Tree(root, LiveView(root), Workers(), invalidator)
+    fs = FileSystem(root, LiveView(root), Workers(), invalidator, None)
+    tree = fs.tree
     section = tree.lookup(tree.lookup(tree.inodes.root, "wb"), "outputs")
     tree.inodes.remember(section)
     namespace.put(root, "wb", "outputs/r", b"A" * 1000)
     node = tree.lookup(section, "r")
     tree.inodes.remember(node)
-    handle, _ = tree.open(10, node, 0)  # O_RDONLY
+    trio.run(fs.files.open, 10, node, 0)  # O_RDONLY
     namespace.put(root, "wb", "outputs/r", b"B" * 50)  # no follower ran
     assert tree.attributes(node).st_size == 1000
     assert node.detached and ("entry", section.ino, "r", 0) in invalidator.calls
     fresh = tree.lookup(section, "r")
     assert fresh is not node and fresh.ino != node.ino and tree.attributes(fresh).st_size == 50
-    assert tree.attributes(node).st_size == 1000 and handle.entry.logical_size == 1000
+    assert tree.attributes(node).st_size == 1000 and node.bound.logical_size == 1000
     # With no reader open, a getattr simply learns the new revision.
     namespace.put(root, "wb", "outputs/r", b"C" * 7)
     assert tree.attributes(fresh).st_size == 7 and not fresh.detached
@@ -281,15 +283,16 @@ def test_rmdir_of_a_snapshot_drops_its_other_name_at_once(root):
     from nokvfs.workspace import snapshot
 
     invalidator = RecordingInvalidator()
-    tree = Tree(root, LiveView(root), Workers(), invalidator)
+    fs = FileSystem(root, LiveView(root), Workers(), invalidator, None)
+    tree = fs.tree
     history = tree.lookup(tree.lookup(tree.inodes.root, "wb"), ".snapshots")
     tree.inodes.remember(history)
-    trio.run(tree.mkdir, history, "s1")
+    trio.run(fs.directories.mkdir, history, "s1", 0o755, 0, 0)
     snapshot_id = snapshot.get(root, "wb", "s1").snapshot_id
     by_alias, by_id = tree.lookup(history, "s1"), tree.lookup(history, str(snapshot_id))
     for node in (by_alias, by_id):
         tree.inodes.remember(node)
-    trio.run(tree.rmdir, history, "s1")
+    trio.run(fs.directories.rmdir, history, "s1")
     # The kernel drops "s1" itself; the numeric name is invalidated now, not at the next feed poll.
     assert invalidator.calls == [("entry", history.ino, str(snapshot_id), by_id.ino)]
     assert by_id.detached and by_alias.detached

@@ -346,14 +346,15 @@ def root(tmp_path):
 
 
 def test_mint_retire_commit_and_tag_events_invalidate_the_view_names(root):
+    from nokvfs.fs.filesystem import FileSystem
     from nokvfs.fs.freshness import ChangeFollower
     from nokvfs.fs.threads import Workers
-    from nokvfs.fs.tree import Tree
     from nokvfs.workspace import commit, namespace, snapshot, tag
 
     invalidator = RecordingInvalidator()
-    tree = Tree(root, LiveView(root), Workers(), invalidator)
-    follower = ChangeFollower(root, tree)
+    fs = FileSystem(root, LiveView(root), Workers(), invalidator, None)
+    tree = fs.tree
+    follower = ChangeFollower(root, fs.changes)
     wbnode = tree.lookup(tree.inodes.root, "wb")
     history = {name: tree.lookup(wbnode, name) for name in (".snapshots", ".commits", ".tags")}
     for node in [wbnode, *history.values()]:
@@ -414,7 +415,8 @@ def test_view_inodes_are_hashed_with_the_view_identity(root):
 
 def test_a_big_directory_of_a_view_lists_completely_in_bounded_pages(root):
     from nokvfs.fs.threads import Workers
-    from nokvfs.fs.tree import PAGE, Tree
+    from nokvfs.fs.listing import PAGE, Listing
+    from nokvfs.fs.tree import Tree
     from nokvfs.workspace import commit, namespace, snapshot
     from tests.mount_fixtures import populate_many
 
@@ -425,14 +427,16 @@ def test_a_big_directory_of_a_view_lists_completely_in_bounded_pages(root):
     tree = Tree(root, LiveView(root), Workers(), RecordingInvalidator())
     wbnode = tree.lookup(tree.inodes.root, "wb")
 
+    listing = Listing(tree)
+
     def listed(directory):
-        handle = tree.opendir(1, directory)
+        handle = listing.opendir(1, directory)
         out = []
-        while handle.buffer or tree.fill(handle):
+        while handle.buffer or listing.fill(handle):
             item = handle.buffer.popleft()
             out.append(item[0])
-            tree.advance(handle, item)
-        tree.releasedir(handle)
+            listing.advance(handle, item)
+        listing.releasedir(handle)
         return out
 
     for family, name in ((".snapshots", str(minted.snapshot_id)), (".commits", made.hex())):

@@ -194,30 +194,6 @@ def test_unlink_removes_the_path(mount):
     assert durable(mount, "scripts/tmp") is None
 
 
-def test_second_writer_of_one_file_gets_the_conflict_from_close(mount):
-    path = mount.path("wb", "outputs", "contended.txt")
-    with open(path, "w") as f:
-        f.write("v1")
-    first = os.open(path, os.O_WRONLY)
-    second = os.open(path, os.O_WRONLY)
-    os.write(first, b"first writer")
-    os.write(second, b"second writer")
-    os.close(first)
-    with pytest.raises(OSError) as exc:
-        os.close(second)
-    assert exc.value.errno == errno.EBUSY
-    assert durable(mount, "outputs/contended.txt")["sha"] == sha(b"first writer")
-    # Nothing written is lost: the losing spool is kept, with a sidecar saying what it was.
-    sidecars = glob.glob(os.path.join(mount.data_dir, "spool", "mount", "*.spool.json"))
-    assert len(sidecars) == 1
-    with open(sidecars[0]) as f:
-        record = json.load(f)
-    assert record["path"] == "outputs/contended.txt" and record["expected_generation"] == 1
-    with open(sidecars[0][: -len(".json")], "rb") as f:
-        assert f.read() == b"second writer"
-    assert "nothing is lost" in mount.log()
-
-
 def test_two_creators_of_one_new_name_the_second_close_fails_with_eexist(mount):
     path = mount.path("wb", "outputs", "new.txt")
     other = mount.facade_waiting("namespace.put(root, 'wb', 'outputs/new.txt', b'another process won')")
@@ -231,6 +207,7 @@ def test_two_creators_of_one_new_name_the_second_close_fails_with_eexist(mount):
     assert durable(mount, "outputs/new.txt")["sha"] == sha(b"another process won")
 
 
+@pytest.mark.xfail(reason="tar sets directory and file attributes, stored once issue 12's workspace attributes land", strict=True)
 def test_a_tree_extracted_with_tar_round_trips(mount, tmp_path):
     rng = random.Random(3)
     source = tmp_path / "source"

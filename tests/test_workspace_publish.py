@@ -423,7 +423,7 @@ def test_a_publish_whose_final_command_the_shard_refuses_is_cleaned(monkeypatch,
     """Past the pre-check (switched off here), the engine itself refuses the over-long key in the
     final command: the operation is cleaned, not left Finalizing for recovery to retry forever."""
     root = bench
-    monkeypatch.setattr(publish, "_check_key_lengths", lambda root, pub: None)
+    monkeypatch.setattr(publish, "check_key_lengths", lambda root, components, index_fields=(): None)
     with pytest.raises(KeyTooLong):
         namespace.put(root, WB, "outputs/" + "x" * 600, body(BLOCK + 1, "long"))
     (op,) = publish_ops(root).values()

@@ -5,6 +5,9 @@
                   [--replicate-interval SECONDS]]
     nokvfs --data-dir DATA_DIR mount MOUNTPOINT
     nokvfs umount MOUNTPOINT [--lazy]
+    nokvfs spool list [--json]                  writes a mount could not publish, and why
+    nokvfs spool retry ID [--force]             publish one (expecting what it expected)
+    nokvfs spool discard ID                     drop one
 
 Without --foreground, `mount` returns (exit 0) once the mount is live and the daemon runs
 detached (log and pid file under DATA_DIR/run/). With --replicate the daemon ships the shard to
@@ -33,6 +36,19 @@ def register(subparsers) -> None:
     add_umount_arguments(p)
     p.set_defaults(func=umount)
 
+    p = subparsers.add_parser("spool", help="list, republish or drop the writes a mount kept unpublished")
+    sub = p.add_subparsers(dest="spool_command", metavar="COMMAND", required=True)
+    listing = sub.add_parser("list", help="every spool: kept ones with their reason, live ones with their daemon")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=spool_list)
+    retry = sub.add_parser("retry", help="publish a kept spool at its path")
+    retry.add_argument("id", metavar="ID", help="the spool's id (or a unique tail of it)")
+    retry.add_argument("--force", action="store_true", help="replace whatever the path holds now (default: only what the spool expected)")
+    retry.set_defaults(func=spool_retry)
+    discard = sub.add_parser("discard", help="delete a kept spool and its sidecar")
+    discard.add_argument("id", metavar="ID")
+    discard.set_defaults(func=spool_discard)
+
 
 def mount(args) -> int:
     from nokvfs.fs import daemon
@@ -44,3 +60,42 @@ def umount(args) -> int:
     from nokvfs.fs import daemon
 
     return daemon.umount(args)
+
+
+def spool_list(args) -> int:
+    from nokvfs.cli.common import human_size
+    from nokvfs.cli.render import print_json
+    from nokvfs.fs import spools
+
+    found = spools.scan(args.data_dir)
+    if args.json:
+        print_json([spool.as_json() for spool in found])
+        return 0
+    for spool in found:
+        record = spool.record
+        state = f"live (pid {record.get('pid')})" if spool.live else "kept"
+        where = f"{record.get('workbench', '?')}:{record.get('path', '?')}"
+        reason = "" if spool.live else f"  {record.get('reason') or 'no reason recorded'}"
+        print(f"{spool.id}  {state:<16} {human_size(spool.size):>9}  {where}{reason}")
+    return 0
+
+
+def spool_retry(args) -> int:
+    from nokvfs.cli.common import open_root
+    from nokvfs.fs import spools
+
+    spool = spools.find(args.data_dir, args.id)
+    with open_root(args, write=True) as root:
+        entry = spools.retry(root, spool, force=args.force)
+    record = spool.record
+    print(f"published {record.get('workbench')}:{record.get('path')} generation {entry.generation} ({entry.logical_size} bytes)")
+    return 0
+
+
+def spool_discard(args) -> int:
+    from nokvfs.fs import spools
+
+    spool = spools.find(args.data_dir, args.id)
+    spools.discard(spool)
+    print(f"discarded {spool.id}")
+    return 0

@@ -2,15 +2,17 @@
 
 What the attributes say, and where it comes from:
 
-* st_size: PathEntry.logical_size (a file being written here: its spool's size); 0 for dirs.
-* st_mtime/st_ctime/st_atime: a file's revision creation time, the millisecond timestamp of its
-  ArtifactRevisionId (a UUIDv7). A directory shows its workbench incarnation's creation time
-  (also a UUIDv7): the seed's adapter "does not invent POSIX timestamps", so a directory's time
-  does not move when its contents do. `touch`/utime are accepted and not stored.
-* st_blocks: 512-byte units of the logical size; st_blksize: the preferred I/O size (1 MiB,
-  the largest FUSE request), so cp/cat use large buffers.
-* st_mode: 0644/0755, 0444/0555 on read-only views (and `.commits`/`.tags`, where nothing can be
-  made; `.snapshots` is 0755: mkdir mints, rmdir retires); owner: the daemon's uid/gid.
+* st_size: PathEntry.logical_size (a file this mount is writing: its spool's size; a symbolic link:
+  the length of its target); 0 for directories.
+* st_mode, st_uid, st_gid, st_mtime, st_atime, st_ctime of a file or link: its stored POSIX
+  attributes (nokvfs.workspace.attributes); a path published without them shows 0644 (0777 for
+  a link), the mount's owner, and its revision's creation time (the UUIDv7 timestamp of its
+  ArtifactRevisionId) for all three times. Access times are not updated by reads (noatime).
+* a directory below a section: its stored attributes when it has them, else 0755 and the mount's
+  owner; its mtime/ctime are derived from what the shard records (nokvfs.fs.tree). Sections,
+  workbenches and the root show 0755; read-only views 0555 (files 0444).
+* st_blocks: 512-byte units of the logical size; st_blksize: the preferred I/O size (1 MiB, the
+  largest FUSE request), so cp/cat use large buffers.
 * generation: 0 for every inode. The seed's synthesized directory generation (the workspace
   revision) and a file's path generation are served as the `user.nokvfs.generation` xattr, not
   as the FUSE generation: Linux marks a cached inode bad (EIO on every open descriptor and on a
@@ -28,12 +30,18 @@ by the SnapshotMinted/SnapshotRetired/CommitPublished/TagSet/TagDeleted events.
 from __future__ import annotations
 
 import stat as stat_m
+from dataclasses import dataclass
 
 import pyfuse3
 
 from nokvfs.fs.inodes import Kind
 
 BLKSIZE = 1 << 20
+FILE_MODE = 0o644
+LINK_MODE = 0o777
+DIRECTORY_MODE = 0o755
+READ_ONLY_FILE_MODE = 0o444
+READ_ONLY_DIRECTORY_MODE = 0o555
 
 # kind -> (entry_timeout, attr_timeout) in seconds
 TIMEOUTS = {
@@ -42,6 +50,7 @@ TIMEOUTS = {
     Kind.SECTION: (3600.0, 10.0),
     Kind.DIR: (10.0, 10.0),
     Kind.FILE: (10.0, 10.0),
+    Kind.LINK: (10.0, 10.0),
     Kind.HISTORY: (3600.0, 10.0),  # always present beside the sections
     Kind.VIEW: (3600.0, 3600.0),  # entries invalidated by the mint/retire/commit/tag events
 }
@@ -49,7 +58,20 @@ READ_ONLY_TIMEOUTS = (3600.0, 3600.0)  # immutable views
 NEGATIVE_TIMEOUT = 1.0
 
 
-def build(node, *, size: int = 0, mtime_ns: int = 0, uid: int = 0, gid: int = 0, read_only: bool = False, timeouts=None) -> pyfuse3.EntryAttributes:
+@dataclass(frozen=True)
+class Shown:
+    """What one stat(2) shows of an inode (before the file-type bits are added)."""
+
+    mode: int  # permission bits
+    size: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    atime_ns: int
+    ctime_ns: int
+
+
+def build(node, shown: Shown, *, timeouts=None) -> pyfuse3.EntryAttributes:
     attr = pyfuse3.EntryAttributes()
     attr.st_ino = node.ino
     attr.generation = 0
@@ -57,21 +79,25 @@ def build(node, *, size: int = 0, mtime_ns: int = 0, uid: int = 0, gid: int = 0,
     attr.entry_timeout = entry_timeout
     attr.attr_timeout = attr_timeout
     if node.kind.is_dir:
-        attr.st_mode = stat_m.S_IFDIR | (0o555 if read_only else 0o755)
+        attr.st_mode = stat_m.S_IFDIR | shown.mode
         attr.st_nlink = 2
         attr.st_size = 0
-    else:
-        attr.st_mode = stat_m.S_IFREG | (0o444 if read_only else 0o644)
+    elif node.kind is Kind.LINK:
+        attr.st_mode = stat_m.S_IFLNK | shown.mode
         attr.st_nlink = 1
-        attr.st_size = size
-    attr.st_uid = uid
-    attr.st_gid = gid
+        attr.st_size = shown.size
+    else:
+        attr.st_mode = stat_m.S_IFREG | shown.mode
+        attr.st_nlink = 1
+        attr.st_size = shown.size
+    attr.st_uid = shown.uid
+    attr.st_gid = shown.gid
     attr.st_rdev = 0
     attr.st_blksize = BLKSIZE
     attr.st_blocks = (attr.st_size + 511) // 512
-    attr.st_atime_ns = mtime_ns
-    attr.st_mtime_ns = mtime_ns
-    attr.st_ctime_ns = mtime_ns
+    attr.st_atime_ns = shown.atime_ns
+    attr.st_mtime_ns = shown.mtime_ns
+    attr.st_ctime_ns = shown.ctime_ns
     return attr
 
 

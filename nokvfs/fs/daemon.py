@@ -48,6 +48,7 @@ DEFAULT_MEMORY_MB = 96
 DEFAULT_READ_AHEAD_KB = 1024
 READY_TIMEOUT = 300.0
 DEFAULT_REPLICATE_INTERVAL = 5.0
+DEFAULT_SYSCALL_TIMEOUT = 30.0
 
 
 # --- systemd readiness (sd_notify over NOTIFY_SOCKET, no dependency) --------------------------
@@ -192,6 +193,7 @@ def add_mount_arguments(parser: argparse.ArgumentParser, *, debug_option: bool =
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker threads for uploads, downloads and commits (default {DEFAULT_WORKERS})")
     parser.add_argument("--memory-cache-mb", type=int, default=DEFAULT_MEMORY_MB, help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})")
     parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
+    parser.add_argument("--syscall-timeout", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_SYSCALL_TIMEOUT, help=f"longest a syscall on the mount waits for the store or a publication before it fails with EIO (default {DEFAULT_SYSCALL_TIMEOUT:g})")
     parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
     parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
     parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
@@ -356,6 +358,7 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
             replicate=getattr(args, "replicate", None),
             replicate_endpoint_url=getattr(args, "replicate_endpoint_url", None),
             replicate_interval=getattr(args, "replicate_interval", DEFAULT_REPLICATE_INTERVAL),
+            syscall_timeout=getattr(args, "syscall_timeout", DEFAULT_SYSCALL_TIMEOUT),
         )
     except Exception as exc:  # noqa: BLE001 - reported to the waiting parent and the log
         log.error("mount of %s at %s failed: %s", data_dir, mountpoint, exc, exc_info=args.debug)
@@ -369,7 +372,7 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
                 pass
 
 
-def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL) -> int:
+def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL, syscall_timeout=DEFAULT_SYSCALL_TIMEOUT) -> int:
     """Open the root, mount it and serve until unmounted or signalled. Returns the exit code.
 
     With `replicate` (a bucket URL) the shard is replicated while mounted (nokvfs.fs.replication):
@@ -378,13 +381,13 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
     import pyfuse3
     import trio
 
+    from nokvfs.fs import spools
+    from nokvfs.fs.filesystem import FileSystem
     from nokvfs.fs.freshness import ChangeFollower, Invalidator
-    from nokvfs.fs.handles import spool_dir
     from nokvfs.fs.operations import Operations
     from nokvfs.fs.prefetch import BlockFetcher
     from nokvfs.fs.replication import Replication
     from nokvfs.fs.threads import Workers
-    from nokvfs.fs.tree import Tree
     from nokvfs.fs.views import LiveView
     from nokvfs.workspace.datadir import open_root
 
@@ -395,15 +398,21 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
     try:
         if root.blocks.cache is None:
             log.warning("the block cache of %s is held by another process: this mount reads uncached", data_dir)
-        leftovers = _leftover_spools(spool_dir(root))
-        if leftovers:
-            log.warning("%d spool file(s) from earlier mounts are kept in %s (see their .json sidecars)", leftovers, spool_dir(root))
-        pool = Workers(foreground=workers, background=max(1, min(4, workers // 2)))
+        for kept in spools.adopt_orphans(data_dir, os.getpid()):
+            record = kept.record
+            log.warning(
+                "kept spool %s (%s:%s, %d bytes): %s -- `nokvfs spool retry|discard %s`",
+                kept.id, record.get("workbench"), record.get("path"), kept.size, record.get("reason"), kept.id,
+            )
+        pool = Workers(foreground=workers, background=max(1, min(4, workers // 2)), syscall_timeout=syscall_timeout)
         invalidator = Invalidator()
-        tree = Tree(root, LiveView(root, read_only=read_only), pool, invalidator)
         fetcher = BlockFetcher(root, pool, memory_bytes=memory_bytes)
-        operations = Operations(tree, fetcher)
-        follower = ChangeFollower(root, tree)
+        fs = FileSystem(
+            root, LiveView(root, read_only=read_only), pool, invalidator, fetcher,
+            owner={"pid": os.getpid(), "mountpoint": mountpoint, "data_dir": data_dir},
+        )
+        operations = Operations(fs)
+        follower = ChangeFollower(root, fs.changes)
 
         options = set(pyfuse3.default_options)
         options.add("subtype=nokvfs")
@@ -417,13 +426,13 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
         pyfuse3.init(operations, mountpoint, options)
         unmounted = False
         try:
-            trio.run(_main, mountpoint, data_dir, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication)
+            trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication)
         except BaseException:
             pyfuse3.close(unmount=True)
             unmounted = True
             raise
         finally:
-            _report_open_writers(operations)
+            fs.files.keep_open_spools(fs.open_spools())
         if not unmounted:
             pyfuse3.close(unmount=True)
         log.info(
@@ -459,11 +468,12 @@ def _tame_malloc() -> None:
         pass
 
 
-async def _main(mountpoint, data_dir, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication=None) -> None:
+async def _main(mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication=None) -> None:
     import pyfuse3
     import trio
 
     async with trio.open_nursery() as nursery:
+        pool.start(nursery)
         fetcher.start(nursery)
         nursery.start_soon(invalidator.run)
         nursery.start_soon(follower.run)
@@ -534,23 +544,6 @@ def _remove_pid_file(data_dir: str, mountpoint: str) -> None:
             os.unlink(pid_file(data_dir, mountpoint))
         except FileNotFoundError:
             pass
-
-
-def _leftover_spools(directory: str) -> int:
-    try:
-        return sum(1 for name in os.listdir(directory) if name.endswith(".spool"))
-    except FileNotFoundError:
-        return 0
-
-
-def _report_open_writers(operations) -> None:
-    for handle in operations.handles.writers():
-        if handle.dirty and not handle.orphaned:
-            handle.keep_spool("the mount ended while the file was open for writing")
-            handle.close(keep=True)
-            log.warning("%s was still open for writing: its bytes are kept in %s", handle.describe(), handle.spool_path)
-        else:
-            handle.close(keep=False)
 
 
 # --- umount ---------------------------------------------------------------------------------

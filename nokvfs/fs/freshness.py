@@ -2,8 +2,8 @@
 
 Every ~200 ms the follower reads the shard's commit clock (one System point read). When it has
 moved, it scans the ChangeEvent rows written after the last version it saw (key
-`root | u64 commit_version | u32 seq`, bounded pages of 255) and hands each event to the tree,
-which decides which kernel entries and inodes are stale: paths (PathPut/Appended/Removed/
+`root | u64 commit_version | u32 seq`, bounded pages of 255) and hands each event to the change
+handler (nokvfs.fs.changes), which decides which kernel entries and inodes are stale: paths (PathPut/Appended/Removed/
 Renamed, and the run manifest a CommitPublished writes), the workbench list, and the names in
 `/<wb>/.snapshots/`, `.commits/` and `.tags/` (SnapshotMinted/Retired, CommitPublished,
 TagSet/Deleted). Changes this mount made itself are skipped (the kernel already knows them), so a
@@ -71,9 +71,9 @@ def _invalidate_inode(ino: int, attr_only: bool) -> None:
 
 
 class ChangeFollower:
-    def __init__(self, root, tree, *, interval: float = POLL_INTERVAL):
+    def __init__(self, root, changes, *, interval: float = POLL_INTERVAL):
         self.root = root
-        self.tree = tree
+        self.changes = changes
         self.interval = interval
         self.last_version = root.shard.commit_version
         self.events_seen = 0
@@ -100,12 +100,11 @@ class ChangeFollower:
                 page = scan_prefix(view, "change_event", prefix, start_after=marker)
                 for key, value in page.items:
                     version = keys.ChangeEventKey.decode(key).commit_version
-                    self.tree.changed(version, ChangeEvent.decode(value))
+                    self.changes.changed(version, ChangeEvent.decode(value))
                     count += 1
                 if page.next_marker is None:
                     break
                 marker = page.next_marker
             self.last_version = view.version
-        self.tree.caught_up(self.last_version)
         self.events_seen += count
         return count

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import enum
 import logging
+import typing
 
 import pyfuse3
 import xxhash
 
-from nokvfs.schema.ids import creation_unix_ms
+from nokvfs.workspace import attributes
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,22 @@ class Kind(enum.Enum):
     SECTION = "section"  # `/<wb>/<section>/`: always present, never removable
     DIR = "dir"  # an implicit directory below a section
     FILE = "file"
+    LINK = "link"  # a symbolic link (an artifact whose body is the target)
     HISTORY = "history"  # `/<wb>/.snapshots`, `/<wb>/.commits`, `/<wb>/.tags`: the as-of views
     VIEW = "view"  # `/<wb>/.snapshots/<name>/` ...: a read-only view's workbench directory
 
     @property
     def is_dir(self) -> bool:
-        return self is not Kind.FILE
+        return self not in (Kind.FILE, Kind.LINK)
 
 
 class Node:
-    """What the daemon knows about one inode the kernel may hold."""
+    """What the daemon knows about one inode the kernel may hold.
+
+    A file's inode shows exactly one revision at a time (`facts`, and `bound` while descriptors are
+    open): when the path moves to another revision while the inode is in use, the node is
+    detached and the path gets a fresh inode, so the kernel's page cache never mixes revisions.
+    """
 
     __slots__ = (
         "ino",
@@ -61,12 +68,13 @@ class Node:
         "incarnation",
         "components",
         "nlookup",
-        "size",
-        "mtime_ns",
+        "facts",
+        "bound",
         "kernel_revision",
-        "writers",
-        "readers",
+        "spool",
+        "handles",
         "open_count",
+        "dir_ctime_ns",
         "detached",
     )
 
@@ -78,23 +86,33 @@ class Node:
         self.incarnation = incarnation
         self.components = components
         self.nlookup = 0
-        # FILE: size and revision time last served (a node keeps these two numbers, not the
-        # whole PathEntry: a listing of 100,000 files makes 100,000 nodes). None: unknown.
-        self.size = None
-        self.mtime_ns = None
+        # FILE/LINK: the few numbers attributes need of the revision the inode shows (a node keeps
+        # these, not the whole PathEntry: a listing of 100,000 files makes 100,000 nodes). None:
+        # unknown (a new file, or forgotten after a change).
+        self.facts = None
+        self.bound = None  # FILE/LINK: the PathEntry open descriptors read (while any is open)
         self.kernel_revision = None  # FILE: the revision whose bytes the kernel page cache may hold
-        self.writers = None  # FILE: set of open WriteHandles in this mount (lazily created)
-        self.readers = None  # FILE: set of open ReadHandles in this mount (lazily created)
-        self.open_count = 0  # open file and directory handles
+        self.spool = None  # FILE: the one write state of the file in this mount (nokvfs.fs.spools)
+        self.handles = 0  # open file descriptors (FILE/LINK)
+        self.open_count = 0  # open handles of any kind (file and directory)
+        self.dir_ctime_ns = None  # directories: the derived change time, cached until a change below
         self.detached = False
 
     def learn(self, entry) -> None:
         """Remember what the attributes need of a PathEntry."""
-        self.size = entry.logical_size
-        self.mtime_ns = creation_unix_ms(entry.artifact_revision_id) * 1_000_000
+        self.facts = facts_of(entry)
 
     def unlearn(self) -> None:
-        self.size = self.mtime_ns = None
+        self.facts = None
+
+    @property
+    def revision(self) -> bytes | None:
+        return None if self.facts is None else self.facts.revision_id
+
+    @property
+    def in_use(self) -> bool:
+        """Descriptors are open on it, or this mount is writing it."""
+        return self.handles > 0 or self.spool is not None
 
     @property
     def key(self) -> tuple:
@@ -113,6 +131,35 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.ino}, {self.kind.value}, {self.describe()!r}, nlookup={self.nlookup})"
+
+
+class Facts(typing.NamedTuple):
+    """What the attributes of a file or link show (from its PathEntry)."""
+
+    revision_id: bytes
+    size: int
+    is_link: bool
+    mode: int  # permission bits
+    uid: int | None  # None: not stored, shown as the mount's owner
+    gid: int | None
+    mtime_ns: int
+    atime_ns: int
+    ctime_ns: int
+
+
+def facts_of(entry) -> Facts:
+    shown = attributes.shown(entry)
+    return Facts(
+        entry.artifact_revision_id,
+        entry.logical_size,
+        attributes.is_symlink(entry),
+        shown.mode,
+        shown.uid,
+        shown.gid,
+        shown.mtime_ns,
+        shown.atime_ns,
+        shown.ctime_ns,
+    )
 
 
 def hashed_inode(view: str, incarnation: bytes, components: tuple, seed: int = 0) -> int:
@@ -189,7 +236,7 @@ class InodeTable:
         self._maybe_drop(node)
 
     def _maybe_drop(self, node: Node) -> None:
-        if node.nlookup == 0 and node.open_count == 0 and not node.writers:
+        if node.nlookup == 0 and node.open_count == 0 and node.spool is None:
             self._by_ino.pop(node.ino, None)
             if self._by_key.get(node.key) is node:
                 del self._by_key[node.key]
@@ -211,15 +258,6 @@ class InodeTable:
         node.components = components
         node.detached = False
         self._by_key[node.key] = node
-
-    def below(self, view: str, incarnation: bytes, components: tuple):
-        """Live nodes strictly below a directory (for renames and invalidation)."""
-        n = len(components)
-        return [
-            node
-            for key, node in list(self._by_key.items())
-            if key[0] == view and key[1] == incarnation and len(key[2]) > n and key[2][:n] == components
-        ]
 
     def of_workbench(self, workbench_id: str):
         return [node for node in list(self._by_ino.values()) if node.workbench_id == workbench_id]

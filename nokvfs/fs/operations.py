@@ -1,28 +1,18 @@
-"""The pyfuse3 Operations of a nokvfs mount. It translates, and owns no state of its own.
+"""The pyfuse3 Operations of a nokvfs mount: protocol translation only.
 
-Each handler decodes the request, asks the tree (names, nodes, rules), the handles (spools) or
-the block fetcher (bytes), and turns the answer into EntryAttributes/FileInfo -- or, through
-`nokvfs.fs.errors.translated`, into the one errno mapping. Unsupported calls (symlink, link,
-mknod; setxattr and removexattr, which are EROFS inside a read-only view) answer ENOTSUP with a
-log line that says why. Extended attributes: see nokvfs.fs.xattrs.
+Each handler unpacks the request, calls the filesystem core (nokvfs.fs.filesystem.FileSystem) and
+packs its answer into EntryAttributes/FileInfo/StatvfsData -- or, through
+`nokvfs.fs.errors.translated`, turns a typed error into the one errno mapping. No rule lives here.
 """
 
 from __future__ import annotations
 
-import errno
-import logging
-import os
-
 import pyfuse3
 
-from nokvfs.fs import attrs
-from nokvfs.fs.errors import refuse, translated
-from nokvfs.fs.handles import DirHandle, HandleTable, ReadHandle, WriteHandle
-
-log = logging.getLogger(__name__)
+from nokvfs.fs.errors import translated
+from nokvfs.fs.names import NAME_MAX
 
 FRSIZE = 4096
-_UNKNOWN_CAPACITY = 1 << 50  # 1 PiB: what statfs reports for a store that cannot say
 
 
 class Operations(pyfuse3.Operations):
@@ -30,202 +20,109 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False  # close(2) must see the publication's error
     enable_acl = False
 
-    def __init__(self, tree, fetcher):
+    def __init__(self, fs):
         super().__init__()
-        self.tree = tree
-        self.fetcher = fetcher
-        self.handles = HandleTable()
+        self.fs = fs
 
     # --- names -----------------------------------------------------------------------------------
 
     async def lookup(self, parent_inode, name, ctx=None):
         with translated("lookup"):
-            tree = self.tree
-            node = tree.lookup(tree.node(parent_inode), tree.component(name, creating=False))
-            if node is None:
-                return attrs.negative()
-            tree.inodes.remember(node)
-            return tree.attributes(node, fresh=False)
+            return self.fs.lookup(parent_inode, name)
 
     async def forget(self, inode_list):
-        for inode, nlookup in inode_list:
-            self.tree.inodes.forget(inode, nlookup)
+        self.fs.forget(inode_list)
 
     async def getattr(self, inode, ctx=None):
         with translated("getattr"):
-            return self.tree.attributes(self.tree.node(inode))
+            return self.fs.getattr(inode)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         with translated("setattr"):
-            tree = self.tree
-            node = tree.node(inode)
-            tree.check_writable(f"setattr {node.describe()}", node)
-            if fields.update_size:
-                await tree.truncate(node, attr.st_size, None if fh is None else self.handles.get(fh))
-            # Mode, owner and times are not part of the namespace: accepted, not stored (so tar,
-            # cp -p and rsync -a succeed); mtime stays the revision's creation time.
-            return tree.attributes(node, fresh=False)
+            return await self.fs.setattr(inode, attr, fields, fh, ctx.uid, ctx.gid)
 
     # --- directories -----------------------------------------------------------------------------
 
     async def opendir(self, inode, ctx):
         with translated("opendir"):
-            node = self.tree.node(inode)
-            return self.handles.add(lambda fh: self.tree.opendir(fh, node)).fh
+            return self.fs.opendir(inode)
 
     async def readdir(self, fh, start_id, token):
         with translated("readdir"):
-            tree = self.tree
-            handle = self.handles.get(fh)
-            if not isinstance(handle, DirHandle):
-                raise refuse(errno.EBADF, f"readdir on handle {fh}")
-            tree.seek(handle, start_id)
-            while handle.buffer or tree.fill(handle):
-                item = handle.buffer[0]
-                node = tree.entry_node(handle, item)
-                if node is None:
-                    handle.buffer.popleft()
-                    tree.advance(handle, item)
-                    continue
-                attr = tree.attributes(node, fresh=False)
-                if not pyfuse3.readdir_reply(token, item[0].encode("utf-8"), attr, handle.pos + 1):
-                    tree.inodes.unused(node)
-                    return
-                tree.inodes.remember(node)
-                handle.buffer.popleft()
-                tree.advance(handle, item)
+            self.fs.readdir(fh, start_id, lambda name, attr, next_id: pyfuse3.readdir_reply(token, name, attr, next_id))
 
     async def releasedir(self, fh):
-        handle = self.handles.pop(fh)
-        if handle is not None:
-            self.tree.releasedir(handle)
+        self.fs.releasedir(fh)
 
     async def mkdir(self, parent_inode, name, mode, ctx):
         with translated("mkdir", creating=True):
-            tree = self.tree
-            node = await tree.mkdir(tree.node(parent_inode), tree.component(name, creating=True))
-            tree.inodes.remember(node)
-            return tree.attributes(node, fresh=False)
+            return await self.fs.mkdir(parent_inode, name, _masked(mode, ctx), ctx.uid, ctx.gid)
 
     async def rmdir(self, parent_inode, name, ctx):
         with translated("rmdir"):
-            tree = self.tree
-            await tree.rmdir(tree.node(parent_inode), self._existing(name))
+            await self.fs.rmdir(parent_inode, name)
 
     # --- files -----------------------------------------------------------------------------------
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         with translated("create", creating=True):
-            tree = self.tree
-            parent = tree.node(parent_inode)
-            component = tree.component(name, creating=True)
-            handle = self.handles.add(lambda fh: tree.create(fh, parent, component, flags))
-            tree.inodes.remember(handle.node)
-            return pyfuse3.FileInfo(fh=handle.fh, keep_cache=False), tree.attributes(handle.node, fresh=False)
+            fh, attr = await self.fs.create(parent_inode, name, _masked(mode, ctx), flags, ctx.uid, ctx.gid)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False), attr
 
     async def open(self, inode, flags, ctx):
         with translated("open"):
-            tree = self.tree
-            node = tree.node(inode)
-            kept = []
-
-            def make(fh):
-                handle, keep_cache = tree.open(fh, node, flags)
-                kept.append(keep_cache)
-                return handle
-
-            handle = self.handles.add(make)
-            return pyfuse3.FileInfo(fh=handle.fh, keep_cache=kept[0])
+            fh, keep_cache = await self.fs.open(inode, flags)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
     async def read(self, fh, off, size):
         with translated("read"):
-            handle = self.handles.get(fh)
-            if isinstance(handle, ReadHandle):
-                writer = self.tree.latest_writer(handle.node)
-                if writer is not None:
-                    return await self._read_writer(writer, off, size, handle.stream)
-                if handle.entry is not None:
-                    return await self.fetcher.read(handle.entry, off, size, handle.stream)
-                return b""
-            if isinstance(handle, WriteHandle):
-                return await self._read_writer(handle, off, size, handle.stream)
-            raise refuse(errno.EBADF, f"read on handle {fh}")
-
-    async def _read_writer(self, handle: WriteHandle, off: int, size: int, stream) -> bytes:
-        """The bytes of an open writer: its spool, and its base revision where it has no bytes."""
-        async with handle.lock:  # not while it is being filled or published
-            size = max(0, min(size, handle.size - off))
-            if size == 0 or handle.fd < 0:
-                return b""
-            if handle.filled:
-                return handle.pread(off, size)
-            if not handle.append_mode:
-                return await self.fetcher.read(handle.base, off, size, stream)
-            split = handle.base.logical_size
-            head = b"" if off >= split else await self.fetcher.read(handle.base, off, min(size, split - off), stream)
-            tail = b"" if off + size <= split else os.pread(handle.fd, off + size - max(off, split), max(off, split) - split)
-            return head + tail
+            return await self.fs.read(fh, off, size)
 
     async def write(self, fh, off, buf):
         with translated("write"):
-            handle = self.handles.get(fh)
-            if not isinstance(handle, WriteHandle):
-                raise refuse(errno.EBADF, f"write on handle {fh} not opened for writing")
-            async with handle.lock:
-                if handle.needs_fill_for_write(off):
-                    await self.tree.workers.run(handle.fill_blocking)
-                handle.write(off, buf)
-            return len(buf)
+            return await self.fs.write(fh, off, buf)
 
     async def flush(self, fh):
-        handle = self.handles.get(fh)
-        if isinstance(handle, WriteHandle):
-            with translated("close", creating=handle.creating):
-                await self.tree.publish_if_dirty(handle, why="publication at close", closing=True)
+        with translated("close"):
+            await self.fs.flush(fh)
 
     async def fsync(self, fh, datasync):
-        handle = self.handles.get(fh)
-        if isinstance(handle, WriteHandle):
-            with translated("fsync", creating=handle.creating):
-                await self.tree.publish_if_dirty(handle, why="publication at fsync")
+        with translated("fsync"):
+            await self.fs.fsync(fh)
 
     async def release(self, fh):
-        handle = self.handles.pop(fh)
-        if handle is None:
-            return
         with translated("release"):
-            await self.tree.release(handle)
+            await self.fs.release(fh)
 
     async def unlink(self, parent_inode, name, ctx):
         with translated("unlink"):
-            tree = self.tree
-            await tree.unlink(tree.node(parent_inode), self._existing(name))
+            await self.fs.unlink(parent_inode, name)
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         with translated("rename"):
-            tree = self.tree
-            await tree.rename(
-                tree.node(parent_inode_old),
-                self._existing(name_old),
-                tree.node(parent_inode_new),
-                tree.component(name_new, creating=True),
-                flags,
-            )
+            await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
-    def _existing(self, raw: bytes) -> str:
-        name = self.tree.component(raw, creating=False)
-        if name is None:
-            raise refuse(errno.ENOENT, f"no entry {raw!r}")
-        return name
+    async def symlink(self, parent_inode, name, target, ctx):
+        with translated("symlink", creating=True):
+            return await self.fs.symlink(parent_inode, name, target, ctx.uid, ctx.gid)
+
+    async def readlink(self, inode, ctx):
+        with translated("readlink"):
+            return await self.fs.readlink(inode)
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        with translated("link"):
+            return self.fs.link(inode, new_parent_inode, new_name)
+
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        with translated("mknod"):
+            return self.fs.mknod(parent_inode, name, mode)
 
     # --- the file system -------------------------------------------------------------------------
 
     async def statfs(self, ctx):
         with translated("statfs"):
-            stats = await self.tree.statfs()
-            used = stats.used_bytes or 0
-            free = stats.free_bytes if stats.free_bytes is not None else max(0, (stats.total_bytes or _UNKNOWN_CAPACITY) - used)
-            total = stats.total_bytes if stats.total_bytes is not None else used + free
+            total, free = await self.fs.statfs()
             out = pyfuse3.StatvfsData()
             out.f_bsize = FRSIZE
             out.f_frsize = FRSIZE
@@ -236,37 +133,29 @@ class Operations(pyfuse3.Operations):
             out.f_files = 1 << 32
             out.f_ffree = 1 << 32
             out.f_favail = 1 << 32
-            out.f_namemax = 255
+            out.f_namemax = NAME_MAX
             return out
 
     # --- extended attributes ---------------------------------------------------------------------
 
     async def getxattr(self, inode, name, ctx):
         with translated("getxattr"):
-            return self.tree.xattr(self.tree.node(inode), name)
+            return self.fs.getxattr(inode, name)
 
     async def listxattr(self, inode, ctx):
         with translated("listxattr"):
-            return self.tree.listxattr(self.tree.node(inode))
+            return self.fs.listxattr(inode)
 
     async def setxattr(self, inode, name, value, ctx):
         with translated("setxattr"):
-            raise self.tree.refuse_xattr_change(self.tree.node(inode))
+            self.fs.change_xattr(inode)
 
     async def removexattr(self, inode, name, ctx):
         with translated("removexattr"):
-            raise self.tree.refuse_xattr_change(self.tree.node(inode))
+            self.fs.change_xattr(inode)
 
-    # --- unsupported -----------------------------------------------------------------------------
 
-    async def symlink(self, parent_inode, name, target, ctx):
-        raise refuse(errno.ENOTSUP, "symbolic links are not artifacts")
-
-    async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise refuse(errno.ENOTSUP, "hard links are not supported: a path is the identity")
-
-    async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        raise refuse(errno.ENOTSUP, "special files are not artifacts")
-
-    async def readlink(self, inode, ctx):
-        raise refuse(errno.EINVAL, "there are no symbolic links")
+def _masked(mode: int, ctx) -> int:
+    """The mode a create or mkdir asks for, with the caller's umask applied (the kernel leaves it
+    to the filesystem when it negotiated FUSE_DONT_MASK; applying it twice changes nothing)."""
+    return mode & ~getattr(ctx, "umask", 0)

@@ -24,9 +24,14 @@ setxattr/removexattr answer ENOTSUP (EROFS inside a read-only view).
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 
+from nokvfs.fs.errors import refuse
+from nokvfs.fs.inodes import Kind
 from nokvfs.schema.index_codec import IndexKind, IndexValue
 from nokvfs.workspace import index
+
+LIVE = "live"
 
 INDEX_PREFIX = b"user.nokv."
 XATTR_NAME_MAX = 255
@@ -88,3 +93,77 @@ def index_value(entry, name: bytes) -> bytes | None:
         return None
     value = index.decoded(entry).get(field)
     return None if value is None else text(value)
+
+
+class Xattrs:
+    """getxattr/listxattr/setxattr/removexattr of the mount's nodes."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def _file_entry(self, node):
+        """The PathEntry a file node shows now (an open descriptor's, once detached), or None."""
+        if node.bound is not None and (node.detached or node.in_use):
+            return node.bound
+        if node.detached:
+            return None
+        return self.tree.current_entry(node)
+
+    def get(self, node, name: bytes) -> bytes:
+        """A file's index fields as `user.nokv.<name>`, and read-only facts as `user.nokvfs.*`
+        (not listed, so cp -a/rsync -X copy only the index fields)."""
+        tree = self.tree
+        if not node.kind.is_dir:
+            entry = self._file_entry(node)
+            if entry is None:
+                raise refuse(errno.ENODATA, "not published yet")
+            if name.startswith(INDEX_PREFIX):
+                value = index_value(entry, name)
+                if value is None:
+                    raise refuse(errno.ENODATA, f"{node.describe()} has no index field {name[len(INDEX_PREFIX):]!r}")
+                return value
+            facts = {
+                b"user.nokvfs.generation": str(entry.generation),
+                b"user.nokvfs.revision": entry.artifact_revision_id.hex(),
+                b"user.nokvfs.digest": entry.body_digest_uri,
+                b"user.nokvfs.content_type": entry.content_type,
+                b"user.nokvfs.workbench": node.workbench_id,
+            }
+        elif node.kind is Kind.ROOT:
+            facts = {b"user.nokvfs.root": tree.root.root_id.hex()}
+        elif node.view != LIVE:
+            view = tree.view_of(node)
+            with view.read() as v:
+                workbench = view.require(v, node.workbench_id, node.incarnation)
+                generation = view.stat(v, workbench, node.components).generation
+            facts = {
+                b"user.nokvfs.generation": str(generation),
+                b"user.nokvfs.incarnation": workbench.incarnation_id.hex(),
+                b"user.nokvfs.workbench": workbench.workbench_id,
+                **(view.facts() if node.kind is Kind.VIEW else {}),
+            }
+        else:
+            with tree.view.read() as v:
+                workbench = tree.view.require(v, node.workbench_id, node.incarnation)
+            facts = {
+                b"user.nokvfs.generation": str(workbench.revision),
+                b"user.nokvfs.incarnation": workbench.incarnation_id.hex(),
+                b"user.nokvfs.workbench": node.workbench_id,
+            }
+        value = facts.get(name)
+        if value is None:
+            raise refuse(errno.ENODATA, f"no attribute {name!r}")
+        return value.encode()
+
+    def list(self, node) -> list[bytes]:
+        """The `user.nokv.<name>` attributes of a file's index fields (none elsewhere)."""
+        if node.kind.is_dir:
+            return []
+        entry = self._file_entry(node)
+        return [] if entry is None else index_names(entry)
+
+    def refuse_change(self, node):
+        """setxattr/removexattr: EROFS inside a view, else ENOTSUP (nothing is stored)."""
+        if node.view != LIVE or node.kind in (Kind.HISTORY, Kind.VIEW) or self.tree.read_only:
+            return refuse(errno.EROFS, f"extended attributes of {node.describe()}: read-only")
+        return refuse(errno.ENOTSUP, "extended attributes are not stored (index fields are set at publication)")

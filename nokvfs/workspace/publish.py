@@ -201,7 +201,7 @@ def _ledger(view, root, operation_id: bytes) -> list[tuple[bytes, StagedObject]]
 def run(root, pub: Publication) -> PathEntry:
     """Drive one publication to Published, or clean it up and raise."""
     check_publishable(pub.components)
-    _check_key_lengths(root, pub)
+    check_key_lengths(root, pub.components, pub.index_fields)
     _precheck(root, pub)
     lock = OperationLock(root.run_dir, pub.operation_id)
     lock.try_acquire()
@@ -244,23 +244,23 @@ def _precheck(root, pub: Publication) -> None:
             _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, pub.components)
 
 
-def _check_key_lengths(root, pub: Publication) -> None:
-    """Refuse, before a byte is uploaded, a path whose final command the shard could not store
-    (the shard bounds family keys; the longest ones a publish writes name the path)."""
+def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> None:
+    """KeyTooLong, before a byte is uploaded, for a path whose final command the shard could not
+    store (the shard bounds family keys; the longest ones a publish writes name the path)."""
     limit = getattr(root.shard, "max_family_key_bytes", None)
     if limit is None:
         return
     placeholder = bytes(16)
     longest = [
-        keys.RevisionRefKey(root.root_id, ReferenceKind.Path, path_owner(placeholder, pub.components), placeholder).encode(),
-        keys.path_current_key(root.root_id, placeholder, pub.components),
+        keys.RevisionRefKey(root.root_id, ReferenceKind.Path, path_owner(placeholder, components), placeholder).encode(),
+        keys.path_current_key(root.root_id, placeholder, components),
     ]
-    longest += [keys.SecondaryIndexKey(root.root_id, f.name, f.encoded_value, placeholder, pub.components).encode() for f in pub.index_fields]
+    longest += [keys.SecondaryIndexKey(root.root_id, f.name, f.encoded_value, placeholder, components).encode() for f in index_fields]
     size = max(len(k) for k in longest)
     if size > limit:
         from nokvfs.errors import KeyTooLong
 
-        raise KeyTooLong(f"{join(pub.components)} is too long for this shard: its keys would be {size} bytes, the limit is {limit}")
+        raise KeyTooLong(f"{join(components)} is too long for this shard: its keys would be {size} bytes, the limit is {limit}")
 
 
 def _begin(root, pub: Publication) -> None:

@@ -1,0 +1,198 @@
+"""Directories in the mount: mkdir, rmdir, renames of directories, their attributes, and the
+`.snapshots/` directory where mkdir mints a snapshot and rmdir retires it (as ZFS's .zfs/snapshot).
+
+Directories are implicit in the seed: a directory is the prefix of a published path, and empty
+directory identity is unsupported. So a directory made by `mkdir` lives in this daemon's memory
+(nokvfs.fs.overlay) until a file is published below it -- unless its attributes are set (chmod,
+chown, utime: `rsync -a` and `tar x` do it for every directory they make), which stores them in
+the directory's attribute marker, an ordinary artifact inside it (nokvfs.workspace.attributes).
+
+What is refused, and with which errno: EPERM for the root's workbenches and a workbench's sections
+and views (never removed or renamed), and for attributes of `/` and `/<wb>/`; EEXIST for mkdir
+of an existing name; ENOTEMPTY for rmdir of a directory with entries; EXDEV for renaming a
+directory that holds published files (one rename per file is not one command, so like overlayfs
+the mount answers EXDEV and `mv` falls back to copy and remove); EINVAL for mkdir of a numeric
+name or an invalid alias in `.snapshots/`; EBUSY for rmdir of a snapshot a restore/fork consumes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+from nokvfs.errors import NameInvalid
+from nokvfs.fs import names
+from nokvfs.fs import views as views_
+from nokvfs.fs.errors import refuse
+from nokvfs.fs.inodes import Kind, Node
+from nokvfs.schema.enums import ChangeEventKind
+from nokvfs.schema.names import check_snapshot_alias, check_workbench_id
+from nokvfs.workspace import attributes, namespace, snapshot
+from nokvfs.workspace import workbench as wb
+
+log = logging.getLogger(__name__)
+
+LIVE = views_.LIVE
+DEFAULT_MODE = 0o755
+
+
+class Directories:
+    def __init__(self, tree):
+        self.tree = tree
+        self.root = tree.root
+        self.workers = tree.workers
+
+    async def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
+        tree = self.tree
+        if parent.kind is Kind.HISTORY and parent.components[0] == views_.SNAPSHOTS:
+            return await self._mint(parent, name)
+        tree.check_writable(f"mkdir {name}", parent)
+        if parent.kind is Kind.ROOT:
+            try:
+                check_workbench_id(name)
+            except NameInvalid as exc:
+                raise refuse(errno.EINVAL, str(exc)) from None
+            tree.own(ChangeEventKind.WorkspaceCreated, name.encode())
+            created = await self.workers.bounded(f"mkdir /{name}", self.workers.run, wb.create, self.root, name)
+            tree.refresh_workbenches()
+            return tree.workbench_node(created)
+        if parent.kind is Kind.WORKBENCH:
+            if name in wb.SECTIONS or name in views_.HISTORY_DIRS:
+                raise refuse(errno.EEXIST, f"{name} is a section or a view directory")
+            raise refuse(errno.EPERM, f"directories live below a section {wb.SECTIONS}, not in {parent.describe()}")
+        names.check_entry_parent(parent, f"mkdir {name}")
+        components = parent.components + (name,)
+        names.check_directory_path(self.root, parent, components)
+        if tree.lookup(parent, name) is not None:
+            raise refuse(errno.EEXIST, f"{parent.describe()}/{name} exists")
+        tree.overlay.add_dir(parent.incarnation, components)
+        node = tree.child(parent, Kind.DIR, name)
+        owner = (uid, gid) != (tree.uid, tree.gid)
+        if ((mode & 0o7777) != DEFAULT_MODE or owner) and hasattr(namespace, "set_directory_attributes"):
+            # Attributes other than what an implicit directory shows are stored at once.
+            await self.set_attributes(node, {"mode": mode & 0o7777, "uid": uid, "gid": gid})
+        return node
+
+    async def rmdir(self, parent: Node, name: str) -> None:
+        tree = self.tree
+        if parent.kind is Kind.ROOT:
+            if tree.lookup(parent, name) is None:
+                raise refuse(errno.ENOENT, f"no workbench {name}")
+            raise refuse(errno.EPERM, "a Visible workbench is never removed")
+        if parent.kind is Kind.WORKBENCH:
+            if name in wb.SECTIONS or name in views_.HISTORY_DIRS:
+                raise refuse(errno.EPERM, f"{name} is a section or a view directory: it cannot be removed")
+            raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
+        if parent.kind is Kind.HISTORY and parent.components[0] == views_.SNAPSHOTS:
+            await self._retire(parent, name)
+            return
+        tree.check_writable(f"rmdir {name}", parent)
+        node = tree.lookup(parent, name)
+        if node is None:
+            raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
+        if not node.kind.is_dir:
+            raise refuse(errno.ENOTDIR, f"{node.describe()} is not a directory")
+        if self._has_entries(node) or tree.overlay.has_children(node.incarnation, node.components):
+            raise refuse(errno.ENOTEMPTY, f"{node.describe()} is not empty")
+        if self._marker(node) is not None:
+            await self.workers.bounded(
+                f"rmdir {node.describe()}", self.workers.run, namespace.remove_directory_attributes, self.root, node.workbench_id, node.path
+            )
+        tree.overlay.remove_dir(node.incarnation, node.components)
+        tree.inodes.detach(node)
+
+    def _has_entries(self, node: Node) -> bool:
+        """Entries below the directory other than its attribute marker."""
+        tree = self.tree
+        with tree.view.read() as v:
+            workbench = tree.view.require(v, node.workbench_id, node.incarnation)
+            children, anchor = tree.view.children(v, workbench, node.components, start_after=None, limit=2)
+        return anchor is not None or any(c.name != attributes.DIRECTORY_MARKER or c.entry is None for c in children)
+
+    def _marker(self, node: Node):
+        tree = self.tree
+        with tree.view.read() as v:
+            return tree.view.entry(v, node.incarnation, node.components + (attributes.DIRECTORY_MARKER,))
+
+    async def rename_dir(self, source: Node, target: Node | None, dst: tuple) -> None:
+        tree = self.tree
+        incarnation = source.incarnation
+        with tree.view.read() as v:
+            durable = tree.view.has_children(v, incarnation, source.components)
+        if durable or tree.overlay.has_children(incarnation, source.components):
+            raise refuse(errno.EXDEV, f"{source.describe()} holds files: a directory is moved by copying (mv does this on EXDEV)")
+        if target is not None:
+            if not target.kind.is_dir:
+                raise refuse(errno.ENOTDIR, f"{target.describe()} is not a directory")
+            if self._has_entries(target) or tree.overlay.has_children(incarnation, dst):
+                raise refuse(errno.ENOTEMPTY, f"{target.describe()} is not empty")
+            if self._marker(target) is not None:
+                await self.workers.bounded(
+                    f"rename over {target.describe()}", self.workers.run,
+                    namespace.remove_directory_attributes, self.root, target.workbench_id, target.path,
+                )
+            tree.overlay.remove_dir(incarnation, dst)
+        tree.overlay.remove_dir(incarnation, source.components)
+        tree.overlay.add_dir(incarnation, dst)
+        tree.inodes.move(source, dst)
+
+    # --- attributes ----------------------------------------------------------------------------
+
+    async def set_attributes(self, node: Node, changes: dict) -> None:
+        """chmod/chown/utime of a directory below a section: stored in its attribute marker."""
+        tree = self.tree
+        tree.check_writable(f"attributes of {node.describe()}", node)
+        if node.kind not in (Kind.SECTION, Kind.DIR):
+            raise refuse(errno.EPERM, f"the attributes of {node.describe()} are fixed (the root, a workbench or a view)")
+        if not hasattr(namespace, "set_directory_attributes"):
+            raise refuse(errno.EPERM, "directory attributes are not stored by this build")
+        names.check_storable(self.root, node.workbench_id, node.components + (attributes.DIRECTORY_MARKER,))
+        entry = await self.workers.bounded(
+            f"attributes of {node.describe()}",
+            self.workers.run,
+            lambda: namespace.set_directory_attributes(self.root, node.workbench_id, node.path, **changes),
+        )
+        tree.own(ChangeEventKind.PathPut, entry.artifact_revision_id)
+        tree.own(ChangeEventKind.PathAttributesChanged, entry.artifact_revision_id)
+        tree.overlay.published(node.incarnation, node.components + (attributes.DIRECTORY_MARKER,))
+
+    # --- snapshots: mkdir mints, rmdir retires (as in ZFS's .zfs/snapshot) ----------------------
+
+    async def _mint(self, parent: Node, name: str) -> Node:
+        """mkdir /<wb>/.snapshots/<alias>: mint a snapshot with that alias (the default lease)."""
+        tree = self.tree
+        tree.check_writable(f"mkdir {name}")
+        if name.isascii() and name.isdigit():
+            raise refuse(errno.EINVAL, f"{name!r} is numeric: snapshot ids are given by the root, an alias must not look like one")
+        try:
+            check_snapshot_alias(name)
+        except NameInvalid as exc:
+            raise refuse(errno.EINVAL, str(exc)) from None
+        if tree.lookup(parent, name) is not None:
+            raise refuse(errno.EEXIST, f"snapshot {name!r} exists (rmdir retires it)")
+        minted = await self.workers.bounded(f"mint {name}", self.workers.run, lambda: snapshot.mint(self.root, parent.workbench_id, alias=name))
+        if minted.workbench.incarnation_id != parent.incarnation:
+            raise refuse(errno.ENOENT, f"{parent.describe()} is another incarnation now")
+        log.info("minted snapshot %d (%s) of %s at version %d", minted.snapshot_id, name, parent.workbench_id, minted.read_version)
+        return tree.view_root(views_.SnapshotView(self.root, parent.workbench_id, parent.incarnation, minted.snapshot_id, name))
+
+    async def _retire(self, parent: Node, name: str) -> None:
+        """rmdir /<wb>/.snapshots/<alias-or-id>: retire it (EBUSY while a restore/fork consumes it)."""
+        tree = self.tree
+        tree.check_writable(f"rmdir {name}")
+        node = tree.lookup(parent, name)
+        if node is None:
+            raise refuse(errno.ENOENT, f"{parent.describe()}/{name} is not an Active snapshot")
+        view = tree.view_of(node)
+        retired = await self.workers.bounded(f"retire {name}", self.workers.run, snapshot.retire, self.root, parent.workbench_id, view.snapshot_id)
+        log.info("retired snapshot %d (%s) of %s", retired, name, parent.workbench_id)
+        tree.inodes.detach(node)
+        # The kernel drops `name` itself; the same snapshot under its other name (the alias or the
+        # numeric id) is gone too, and must not wait for the change feed to come round to it.
+        for other in list(tree.inodes.of_workbench(parent.workbench_id)):
+            if other is node or other.kind is not Kind.VIEW or other.incarnation != parent.incarnation:
+                continue
+            other_view = tree.view_of(other)
+            if isinstance(other_view, views_.SnapshotView) and other_view.snapshot_id == view.snapshot_id:
+                tree.invalidator.entry(parent.ino, other_view.entry_name, deleted=other.ino)
+                tree.inodes.detach(other)

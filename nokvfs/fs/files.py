@@ -1,0 +1,605 @@
+"""Files in the mount: open, create, read, write, flush, fsync, release, setattr, unlink, rename,
+symlink and readlink -- the rules a local filesystem keeps, over revisions and one spool per file.
+
+Readers. A descriptor reads the revision its inode shows (`Node.bound`, fixed while any
+descriptor is open), to the end, whatever another process publishes or removes at the path
+meanwhile: the path gets a fresh inode then (nokvfs.fs.tree). Within this mount every descriptor
+of a file shares the file's spool once one of them writes, so reads see every write of the mount
+(POSIX coherence), exactly as on a local disk.
+
+Writers. All descriptors of a file share one Spool (nokvfs.fs.spools). A dirty spool is published
+at flush (every close(2)) and fsync, so close(2) reports a publication's error: EBUSY when
+something outside this mount changed the path since this mount last saw it (EEXIST when this
+mount was creating it), ENOSPC for a full store, EIO for a failing one. Publications expect the
+exact revision this mount last saw (or its absence), so nothing a single process does through one
+mount with ordinary calls conflicts with itself. One exception to "at flush": a file created and
+not written yet is published when its last descriptor is released -- the shell's `echo x > f`
+closes a dup of the new descriptor before it writes, and publishing an empty revision there
+would cost a second publication for nothing; every other open of the file meanwhile joins the
+same spool. A publication that fails keeps its spool (described by its sidecar) for
+`nokvfs spool retry|discard` once its last descriptor is closed.
+
+Attributes. chmod, chown and utime of a file with unpublished bytes (a new file, or a dirty
+spool) are published with those bytes; otherwise they are one metadata-only command at once.
+truncate(2) of a file nobody here writes publishes the truncated body at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+from nokvfs.errors import GenerationConflict
+from nokvfs.fs import names
+from nokvfs.fs.errors import refuse
+from nokvfs.fs.inodes import Kind, Node
+from nokvfs.fs.prefetch import Stream
+from nokvfs.fs.spools import Spool
+from nokvfs.schema.enums import ChangeEventKind
+from nokvfs.workspace import attributes, namespace
+
+log = logging.getLogger(__name__)
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+_ATTRIBUTE_FIELDS = ("mode", "uid", "gid", "mtime_ns", "atime_ns")
+# Whether the workspace stores POSIX attributes and links (nokvfs.workspace.attributes).
+STORES_ATTRIBUTES = hasattr(attributes, "POSIX_FIELD")
+
+
+class FileHandle:
+    """One open(2) of a file: its node, how it was opened, and its read pattern."""
+
+    __slots__ = ("fh", "node", "writable", "append", "stream")
+
+    def __init__(self, fh: int, node: Node, *, writable: bool, append: bool):
+        self.fh = fh
+        self.node = node
+        self.writable = writable
+        self.append = append
+        self.stream = Stream()
+
+
+class Files:
+    def __init__(self, tree, fetcher, *, owner: dict | None = None):
+        self.tree = tree
+        self.fetcher = fetcher
+        self.root = tree.root
+        self.workers = tree.workers
+        self._owner = owner or {"pid": os.getpid()}
+        self.publications = 0
+        self.publication_failures = 0
+
+    # --- opening -----------------------------------------------------------------------------------
+
+    async def open(self, fh: int, node: Node, flags: int) -> tuple[FileHandle, bool]:
+        """A handle for open(2) of a file, and whether the kernel may keep its page cache."""
+        tree = self.tree
+        if node.kind.is_dir:
+            raise refuse(errno.EISDIR, f"{node.describe()} is a directory")
+        if node.kind is Kind.LINK:
+            raise refuse(errno.ELOOP, f"{node.describe()} is a symbolic link")
+        writing = flags & os.O_ACCMODE != os.O_RDONLY
+        if writing or flags & os.O_TRUNC:
+            tree.check_writable(f"open {node.describe()} for writing", node)
+            names.check_publishable(self.root, node, node.components)
+        keep_cache = False
+        if node.spool is None:
+            entry = self._entry_to_open(node, writing)
+            view = tree.view_of(node)
+            # A view's inode only ever has one revision: its page cache is always right.
+            keep_cache = view.immutable or node.kernel_revision == entry.artifact_revision_id
+            node.kernel_revision = entry.artifact_revision_id
+        handle = FileHandle(fh, node, writable=writing, append=bool(flags & os.O_APPEND))
+        if writing:
+            spool = node.spool
+            if spool is None:
+                spool = node.spool = self._new_spool(node, node.bound)
+                if handle.append:
+                    spool.start_appending()
+            spool.writers += 1
+            if flags & os.O_TRUNC:  # libfuse negotiates atomic O_TRUNC: the flag arrives here
+                async with spool.locked():
+                    spool.truncated_on_open()
+        node.handles += 1
+        node.open_count += 1
+        return handle, keep_cache
+
+    def _entry_to_open(self, node: Node, writing: bool):
+        """The revision an open of a node without a spool reads: the node's, fixed while it is in
+        use. ESTALE (the kernel looks the path up again) when the path moved on meanwhile."""
+        if node.detached:
+            if node.handles and node.bound is not None and not writing:
+                return node.bound  # reopened through /proc/PID/fd: the same file
+            raise refuse(errno.ESTALE, f"{node.describe()} was replaced or removed")
+        entry = self.tree.current_entry(node)
+        if entry is None:
+            if node.handles:
+                self.tree.detach(node)
+            raise refuse(errno.ENOENT if not node.handles else errno.ESTALE, f"{node.describe()} no longer exists")
+        if node.handles and node.bound is not None and node.bound.artifact_revision_id != entry.artifact_revision_id:
+            self.tree.detach(node)
+            raise refuse(errno.ESTALE, f"{node.describe()} was replaced while open: look it up again")
+        node.learn(entry)
+        if not node.handles or node.bound is None:
+            node.bound = entry
+        return node.bound
+
+    def _new_spool(self, node: Node, base) -> Spool:
+        return Spool(
+            self.root,
+            workbench_id=node.workbench_id,
+            incarnation=node.incarnation,
+            components=node.components,
+            base=base,
+            owner=self._owner,
+        )
+
+    async def create(self, fh: int, parent: Node, name: str, flags: int, mode: int, uid: int, gid: int) -> FileHandle:
+        """open(O_CREAT): a new file, pending in the overlay until its first publication."""
+        tree = self.tree
+        tree.check_writable(f"create {name}", parent)
+        names.check_entry_parent(parent, f"create {name}")
+        components = parent.components + (name,)
+        names.check_publishable(self.root, parent, components)
+        existing = tree.lookup(parent, name)
+        if existing is not None and existing.kind.is_dir:
+            raise refuse(errno.EISDIR, f"{existing.describe()} is a directory")
+        if existing is not None:
+            if flags & os.O_EXCL:
+                raise refuse(errno.EEXIST, f"{existing.describe()} exists")
+            handle, _ = await self.open(fh, existing, flags)
+            return handle
+        stale = tree.inodes.find(parent.view, parent.incarnation, components)
+        if stale is not None and stale.in_use:
+            tree.detach(stale, parent=parent)
+        node = tree.child(parent, Kind.FILE, name)
+        node.unlearn()
+        node.bound = None
+        node.kernel_revision = None
+        spool = node.spool = self._new_spool(node, None)
+        spool.attributes = {"mode": mode & 0o7777, "uid": uid, "gid": gid}
+        spool.writers += 1
+        tree.overlay.add_file(node.incarnation, components, node)
+        handle = FileHandle(fh, node, writable=True, append=bool(flags & os.O_APPEND))
+        node.handles += 1
+        node.open_count += 1
+        return handle
+
+    # --- bytes ---------------------------------------------------------------------------------
+
+    async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
+        node = handle.node
+        spool = node.spool
+        if spool is not None:
+            return await self._read_spool(spool, offset, size, handle.stream)
+        entry = node.bound
+        if entry is None:
+            return b""
+        return await self.workers.bounded(f"read of {node.describe()}", self.fetcher.read, entry, offset, size, handle.stream)
+
+    async def _read_spool(self, spool: Spool, offset: int, size: int, stream) -> bytes:
+        """The bytes of the file as this mount has written it: its spool, and its base revision
+        where the spool holds nothing yet."""
+        if spool.filled and not spool.append_only:
+            return spool.pread(offset, size)  # publications only read the spool: no lock needed
+        async with spool.locked():  # not while it is being filled
+            size = max(0, min(size, spool.size - offset))
+            if size == 0 or spool.fd < 0:
+                return b""
+            if spool.filled:
+                return spool.pread(offset, size)
+            if not spool.append_only:
+                return await self.workers.bounded("read", self.fetcher.read, spool.base, offset, size, stream)
+            split = spool.base.logical_size
+            head = b"" if offset >= split else await self.workers.bounded("read", self.fetcher.read, spool.base, offset, min(size, split - offset), stream)
+            tail = b"" if offset + size <= split else os.pread(spool.fd, offset + size - max(offset, split), max(offset, split) - split)
+            return head + tail
+
+    async def write(self, handle: FileHandle, offset: int, data) -> int:
+        if not handle.writable:
+            raise refuse(errno.EBADF, f"write on a descriptor of {handle.node.describe()} not opened for writing")
+        spool = handle.node.spool
+        async with spool.locked():
+            if spool.needs_fill_for_write(offset):
+                await self.workers.bounded(f"fill of {spool.describe()}", self.workers.run, spool.fill_blocking)
+            spool.write(offset, data)
+            if spool.attributes is not None:  # a write sets the modification time again
+                spool.attributes.pop("mtime_ns", None)
+        return len(data)
+
+    # --- publication -------------------------------------------------------------------------------
+
+    async def flush(self, handle: FileHandle) -> None:
+        if handle.writable:
+            await self.publish(handle.node, why="publication at close", closing=True)
+
+    async def fsync(self, handle: FileHandle) -> None:
+        if handle.writable or handle.node.spool is not None:
+            await self.publish(handle.node, why="publication at fsync")
+
+    async def publish(self, node: Node, *, why: str, closing: bool = False) -> None:
+        """Publish the node's spool if it holds anything unpublished (bytes or attributes)."""
+        spool = node.spool
+        if spool is None:
+            return
+        async with spool.locked():
+            if spool.orphaned:
+                return
+            if not spool.dirty:
+                if spool.attributes:
+                    await self._apply_attributes(node, spool.attributes)
+                    spool.attributes = None
+                return
+            if closing and spool.base is None and not spool.written:
+                return  # an empty new file is published at release (see the module docstring)
+            await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why)
+
+    async def _publish_locked(self, node: Node, spool: Spool, why: str) -> None:
+        tree = self.tree
+        components = spool.components
+        stored = self._attributes_to_publish(node, spool)
+        appending = spool.append_only and spool.base is not None and spool.size > spool.base.logical_size
+        tree.begin_change(spool.incarnation, components)
+        try:
+            entry = await self.workers.run(spool.publish_blocking, stored)
+        except Exception as exc:
+            tree.end_change(spool.incarnation, components)
+            spool.failed = exc
+            self.publication_failures += 1
+            spool.describe_state("live", f"{type(exc).__name__}: {exc}")
+            log.error(
+                "%s of %s failed (%s: %s); nothing is lost: the bytes are kept in %s (described in %s)",
+                why, spool.describe(), type(exc).__name__, exc, spool.path, spool.sidecar,
+            )
+            node.kernel_revision = None
+            tree.invalidator.inode(node.ino)
+            if isinstance(exc, GenerationConflict):
+                # Something outside this mount changed the path since the mount last saw it.
+                raise refuse(errno.EEXIST if spool.expected_revision is None else errno.EBUSY, str(exc)) from None
+            raise
+        kind = ChangeEventKind.PathAppended if appending else ChangeEventKind.PathPut
+        tree.own(kind, entry.artifact_revision_id)
+        tree.end_change(spool.incarnation, components)
+        self.publications += 1
+        spool.published(entry)
+        if node.components == components and not node.detached:
+            node.learn(entry)
+            node.bound = entry
+            # The kernel's pages of this inode are exactly the bytes just published.
+            node.kernel_revision = entry.artifact_revision_id
+        tree.overlay.published(spool.incarnation, components)
+        tree.directory_changed(spool.incarnation, components[:-1], node.facts.ctime_ns if node.facts else None)
+        log.debug("published %s generation %d (%d bytes)", spool.describe(), entry.generation, entry.logical_size)
+
+    def _attributes_to_publish(self, node: Node, spool: Spool):
+        """The Attributes a publication of the spool stores (None where the workspace stores none)."""
+        if not STORES_ATTRIBUTES:
+            return None
+        base = node.facts
+        pending = spool.attributes or {}
+        now = attributes.now_ns()
+        mtime = pending.get("mtime_ns", spool.mtime_ns if spool.written or base is None else base.mtime_ns)
+        return attributes.Attributes(
+            mode=pending.get("mode", attributes.FILE_MODE if base is None else base.mode),
+            uid=pending.get("uid", None if base is None else base.uid),
+            gid=pending.get("gid", None if base is None else base.gid),
+            mtime_ns=mtime,
+            atime_ns=pending.get("atime_ns", mtime if base is None or spool.written else base.atime_ns),
+            ctime_ns=now,
+        )
+
+    async def release(self, handle: FileHandle) -> None:
+        tree = self.tree
+        node = handle.node
+        node.handles = max(0, node.handles - 1)
+        spool = node.spool
+        if handle.writable and spool is not None:
+            spool.writers = max(0, spool.writers - 1)
+        if spool is not None and node.handles == 0:
+            if spool.dirty and not spool.orphaned and spool.failed is None:
+                try:
+                    await self.publish(node, why="publication at release")
+                except Exception:  # noqa: BLE001 - already logged with the spool's path
+                    pass
+            await self._settle(node, spool)
+        if node.handles == 0:
+            node.bound = None
+        tree.inodes.closed(node)
+
+    async def _settle(self, node: Node, spool: Spool) -> None:
+        """The last descriptor is gone: drop a published spool, keep an unpublished one."""
+        tree = self.tree
+        async with spool.locked():
+            if node.spool is not spool or node.handles:
+                return  # another descriptor opened the file meanwhile: the spool is still in use
+            node.spool = None
+            if tree.overlay.pending(spool.incarnation, spool.components) is node:
+                # Created here and never published: the name goes away with its last descriptor.
+                tree.overlay.remove_file(spool.incarnation, spool.components)
+                tree.detach(node)
+            elif spool.dirty:
+                node.unlearn()
+                node.kernel_revision = None
+                tree.invalidator.inode(node.ino)
+            if spool.dirty and not spool.orphaned:
+                reason = "its publication failed" if spool.failed is None else f"{type(spool.failed).__name__}: {spool.failed}"
+                spool.keep(reason)
+                log.warning("unpublished bytes of %s are kept in %s (`nokvfs spool list`)", spool.describe(), spool.path)
+            else:
+                spool.close(remove=True)
+
+    # --- attributes and size -----------------------------------------------------------------------
+
+    async def setattr(self, node: Node, changes: dict, size: int | None, handle: FileHandle | None) -> None:
+        """truncate(2)/ftruncate(2) and chmod/chown/utime of a file or link."""
+        if size is not None:
+            await self.truncate(node, size, handle)
+        if not changes:
+            return
+        spool = node.spool
+        if spool is not None and (spool.dirty or spool.base is None):
+            async with spool.locked():
+                if spool.dirty or spool.base is None:
+                    spool.attributes = {**(spool.attributes or {}), **changes}
+                    return
+        await self._apply_attributes(node, changes)
+
+    async def _apply_attributes(self, node: Node, changes: dict) -> None:
+        """One metadata-only command: no upload, no new revision."""
+        if not STORES_ATTRIBUTES:
+            raise refuse(errno.EPERM, "attributes are not stored by this build")
+        tree = self.tree
+        expected = node.revision
+        tree.begin_change(node.incarnation, node.components)
+        try:
+            entry = await self.workers.bounded(
+                f"attributes of {node.describe()}",
+                self.workers.run,
+                lambda: namespace.set_attributes(self.root, node.workbench_id, node.path, expected_revision_id=expected, **changes),
+            )
+        except GenerationConflict:
+            # The path holds another file than this inode shows: the kernel looks it up again.
+            tree.detach(node)
+            raise refuse(errno.ESTALE, f"{node.describe()} was replaced: look it up again") from None
+        finally:
+            tree.end_change(node.incarnation, node.components)
+        tree.own(ChangeEventKind.PathAttributesChanged, entry.artifact_revision_id)
+        node.learn(entry)
+        if node.bound is not None:
+            node.bound = entry
+        if node.spool is not None and not node.spool.dirty:
+            node.spool.base = entry
+
+    async def truncate(self, node: Node, size: int, handle: FileHandle | None) -> None:
+        tree = self.tree
+        if node.kind.is_dir:
+            raise refuse(errno.EISDIR, f"{node.describe()} is a directory")
+        if node.kind is Kind.LINK:
+            raise refuse(errno.EINVAL, f"{node.describe()} is a symbolic link")
+        tree.check_writable(f"truncate {node.describe()}", node)
+        names.check_publishable(self.root, node, node.components)
+        spool = node.spool
+        if spool is not None:
+            async with spool.locked():
+                await self.workers.bounded(f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size)
+                if spool.attributes is not None:
+                    spool.attributes.pop("mtime_ns", None)
+            if spool.writers == 0:
+                await self.publish(node, why="truncate")  # nobody will close it: publish now
+            return
+        # truncate(2) of a file nobody here has open: publish the truncated body now.
+        entry = tree.current_entry(node)
+        if entry is None:
+            raise refuse(errno.ENOENT, f"{node.describe()} does not exist")
+        if node.revision is not None and entry.artifact_revision_id != node.revision and node.in_use:
+            tree.detach(node)
+            raise refuse(errno.ESTALE, f"{node.describe()} was replaced: look it up again")
+        if entry.logical_size == size:
+            return
+        node.learn(entry)
+        spool = node.spool = self._new_spool(node, entry)
+        try:
+            async with spool.locked():
+                await self.workers.bounded(f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size)
+            await self.publish(node, why="truncate")
+        finally:
+            await self._settle(node, spool)
+
+    # --- names -------------------------------------------------------------------------------------
+
+    @staticmethod
+    async def quiesce(*nodes) -> None:
+        """Wait for publications in flight on these nodes (a release publishes after close(2)
+        returned, so the application's next rename or unlink can overtake it)."""
+        for node in nodes:
+            spool = getattr(node, "spool", None)
+            if spool is not None:
+                async with spool.locked():
+                    pass
+
+    async def unlink(self, parent: Node, name: str) -> None:
+        tree = self.tree
+        if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
+            if tree.lookup(parent, name) is None:
+                raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
+            raise refuse(errno.EPERM, f"{parent.describe()}/{name} is a workbench or a section")
+        tree.check_writable(f"unlink {name}", parent)
+        await self.quiesce(tree.lookup(parent, name))
+        node = tree.lookup(parent, name)
+        if node is None:
+            raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
+        if node.kind.is_dir:
+            raise refuse(errno.EISDIR, f"{node.describe()} is a directory")
+        names.check_publishable(self.root, node, node.components)
+        pending = tree.overlay.pending(node.incarnation, node.components) is node
+        with tree.view.read() as v:
+            durable = tree.view.entry(v, node.incarnation, node.components) is not None
+        if durable:
+            tree.begin_change(node.incarnation, node.components)
+            try:
+                removed = await self.workers.bounded(
+                    f"unlink of {node.describe()}", self.workers.run, namespace.remove, self.root, node.workbench_id, node.path
+                )
+                tree.own(ChangeEventKind.PathRemoved, removed.artifact_revision_id)
+            finally:
+                tree.end_change(node.incarnation, node.components)
+        elif not pending:
+            raise refuse(errno.ENOENT, f"{node.describe()} does not exist")
+        tree.overlay.remove_file(node.incarnation, node.components)
+        if node.spool is not None:
+            node.spool.orphaned = True  # POSIX: bytes written to an unlinked file vanish with it
+        tree.overlay.add_dir(node.incarnation, node.components[:-1])
+        tree.inodes.detach(node)
+
+    async def rename(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str, flags: int, directories) -> None:
+        tree = self.tree
+        for parent in (old_parent, new_parent):
+            if parent.view != names.LIVE or parent.kind is Kind.HISTORY:
+                raise refuse(errno.EROFS, f"rename in {parent.describe()}: views are read-only")
+        for parent in (old_parent, new_parent):
+            if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
+                raise refuse(errno.EPERM, f"entries of {parent.describe()} (workbenches, sections) cannot be renamed or replaced")
+        tree.check_writable("rename")
+        if (old_parent.view, old_parent.workbench_id, old_parent.incarnation) != (new_parent.view, new_parent.workbench_id, new_parent.incarnation):
+            raise refuse(errno.EXDEV, f"rename from {old_parent.describe()} to {new_parent.describe()} crosses workbenches")
+        if flags & RENAME_EXCHANGE:
+            raise refuse(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        replace = not flags & RENAME_NOREPLACE
+        src = old_parent.components + (old_name,)
+        dst = new_parent.components + (new_name,)
+        if src == dst:
+            return
+        names.check_publishable(self.root, old_parent, src)
+        names.check_publishable(self.root, new_parent, dst)
+        if dst[: len(src)] == src:
+            raise refuse(errno.EINVAL, "cannot move a directory into itself")
+        await self.quiesce(tree.lookup(old_parent, old_name), tree.lookup(new_parent, new_name))
+        source = tree.lookup(old_parent, old_name)
+        if source is None:
+            raise refuse(errno.ENOENT, f"{old_parent.describe()}/{old_name} does not exist")
+        target = tree.lookup(new_parent, new_name)
+        if target is not None and not replace:
+            raise refuse(errno.EEXIST, f"{target.describe()} exists")
+        incarnation = old_parent.incarnation
+        if source.kind.is_dir:
+            await directories.rename_dir(source, target, dst)
+            return
+        if target is not None and target.kind.is_dir:
+            raise refuse(errno.EISDIR, f"{target.describe()} is a directory")
+        with tree.view.read() as v:
+            durable = tree.view.entry(v, incarnation, src) is not None
+            target_entry = tree.view.entry(v, incarnation, dst)
+        if durable:
+            tree.begin_change(incarnation, src, dst)
+            try:
+                moved = await self.workers.bounded(
+                    f"rename of {source.describe()}",
+                    self.workers.run,
+                    lambda: namespace.rename(self.root, source.workbench_id, "/".join(src), "/".join(dst), replace=replace),
+                )
+                tree.own(ChangeEventKind.PathRenamed, moved.artifact_revision_id)
+            except GenerationConflict:
+                raise refuse(errno.EEXIST, f"{new_parent.describe()}/{new_name} exists") from None
+            finally:
+                tree.end_change(incarnation, src, dst)
+            source.learn(moved)
+            if source.bound is not None:
+                source.bound = moved
+            tree.overlay.published(incarnation, dst)
+        else:
+            # A file created here and not yet published: it will be published at its new name,
+            # replacing what the mount saw there.
+            tree.overlay.remove_file(incarnation, src)
+            if source.spool is not None:
+                source.spool.expected_revision = None if target_entry is None else target_entry.artifact_revision_id
+        if target is not None and target is not source:
+            if target.spool is not None:
+                target.spool.orphaned = True
+            if tree.overlay.pending(incarnation, dst) is target:
+                tree.overlay.remove_file(incarnation, dst)
+        tree.inodes.move(source, dst)
+        if source.spool is not None:
+            if durable and source.spool.base is not None:
+                source.spool.base = moved
+            source.spool.moved(dst)
+        if not durable:
+            tree.overlay.add_file(incarnation, dst, source)
+        tree.overlay.add_dir(incarnation, src[:-1])
+
+    # --- links -------------------------------------------------------------------------------------
+
+    async def symlink(self, parent: Node, name: str, target: bytes, uid: int, gid: int) -> Node:
+        tree = self.tree
+        tree.check_writable(f"symlink {name}", parent)
+        names.check_entry_parent(parent, f"symlink {name}")
+        components = parent.components + (name,)
+        names.check_publishable(self.root, parent, components)
+        if not STORES_ATTRIBUTES:
+            raise refuse(errno.EPERM, "symbolic links are not stored by this build")
+        if len(target) > attributes.MAX_LINK_TARGET:
+            raise refuse(errno.ENAMETOOLONG, f"a link target of {len(target)} bytes is longer than {attributes.MAX_LINK_TARGET}")
+        try:
+            text = target.decode("utf-8")
+        except UnicodeDecodeError:
+            raise refuse(errno.EINVAL, f"link target {target!r} is not UTF-8") from None
+        if tree.lookup(parent, name) is not None:
+            raise refuse(errno.EEXIST, f"{parent.describe()}/{name} exists")
+        now = attributes.now_ns()
+        stored = attributes.Attributes(mode=attributes.LINK_MODE, uid=uid, gid=gid, mtime_ns=now, atime_ns=now, ctime_ns=now)
+        tree.begin_change(parent.incarnation, components)
+        try:
+            entry = await self.workers.bounded(
+                f"symlink {parent.describe()}/{name}",
+                self.workers.run,
+                lambda: namespace.symlink(self.root, parent.workbench_id, "/".join(components), text, attributes=stored, expected_generation=0),
+            )
+            tree.own(ChangeEventKind.PathPut, entry.artifact_revision_id)
+        except GenerationConflict:
+            raise refuse(errno.EEXIST, f"{parent.describe()}/{name} exists") from None
+        finally:
+            tree.end_change(parent.incarnation, components)
+        tree.overlay.published(parent.incarnation, components)
+        tree.directory_changed(parent.incarnation, parent.components, now)
+        return tree.path_node(parent, name, entry)
+
+    async def readlink(self, node: Node) -> bytes:
+        if node.kind is not Kind.LINK:
+            raise refuse(errno.EINVAL, f"{node.describe()} is not a symbolic link")
+        entry = node.bound or self.tree.current_entry(node)
+        if entry is None:
+            raise refuse(errno.ENOENT, f"{node.describe()} no longer exists")
+        return await self.workers.bounded(f"readlink of {node.describe()}", self.fetcher.read, entry, 0, entry.logical_size)
+
+    # --- the end of the mount ----------------------------------------------------------------------
+
+    def keep_open_spools(self, spools) -> None:
+        """At unmount: unpublished bytes of files still open are kept; clean spools removed."""
+        for spool in spools:
+            if spool.dirty and not spool.orphaned:
+                spool.keep("the mount ended while the file was open for writing")
+                log.warning("%s was still open for writing: its bytes are kept in %s", spool.describe(), spool.path)
+            else:
+                spool.close(remove=True)
+
+
+def changes_of(attr, fields, now_ns: int) -> dict:
+    """The attribute changes a SETATTR asks for (mode, owner, times) as set_attributes keywords."""
+    changes = {}
+    if fields.update_mode:
+        changes["mode"] = attr.st_mode & 0o7777
+    if fields.update_uid:
+        changes["uid"] = attr.st_uid
+    if fields.update_gid:
+        changes["gid"] = attr.st_gid
+    if fields.update_mtime:
+        changes["mtime_ns"] = attr.st_mtime_ns
+    if fields.update_atime:
+        changes["atime_ns"] = attr.st_atime_ns
+    return changes
+
+
+def now_ns() -> int:
+    return time.time_ns()

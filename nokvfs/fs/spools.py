@@ -1,0 +1,437 @@
+"""Spools: the one write state of a file in a mount, and the kept spools an operator acts on.
+
+Every descriptor of a file in one mount shares one Spool (POSIX coherence within the mount: a read
+through any descriptor sees what any other wrote). A spool is a local file under
+`<data dir>/spool/mount/` and a JSON sidecar beside it, written when the spool is created and
+rewritten whenever what it describes changes (its path, the revision it expects, its state), so a
+daemon killed at any moment leaves every spool described. A live spool is flock'ed by its daemon;
+a spool nobody holds is *kept*: its bytes were not published (a lost race, a full or failing
+store, a daemon that ended) and `nokvfs spool list|retry|discard` shows, republishes or drops it.
+
+What the spool file holds:
+
+* a new file (create) or O_TRUNC: its whole body (`filled`);
+* an existing file opened without O_TRUNC: nothing until the first write, read of the spool or
+  size change; then the current body is copied in first, so every byte nobody overwrote is the
+  published one;
+* an existing file opened with O_APPEND: only the appended bytes, while every write lands at the
+  end (`append_only`); publication then goes through the Append pipeline, reusing the base's
+  blocks. Any other write turns it into a filled spool.
+
+The expectation of a publication is the exact revision this mount last saw at the path (or its
+absence), updated after each of the mount's own publications: the mount never conflicts with
+itself, and a conflict means something outside this mount changed the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+
+import trio
+
+from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
+from nokvfs.schema.ids import new_id16
+from nokvfs.workspace import append as appends
+from nokvfs.workspace import body as bodies
+from nokvfs.workspace import namespace, reading
+
+log = logging.getLogger(__name__)
+
+SPOOL_SUBDIR = "mount"
+SIDECAR_FORMAT = 1
+_COPY_CHUNK = 4 * 1024 * 1024
+
+LIVE = "live"  # held by a running daemon (its flock proves it)
+KEPT = "kept"  # not published; nobody holds it
+
+
+def spool_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, "spool", SPOOL_SUBDIR)
+
+
+def _storage_error(what: str, exc: OSError) -> Exception:
+    if exc.errno == errno.ENOSPC:
+        return StoreFull(f"no space left for {what}")
+    return StoreError(f"cannot {what}: {exc.strerror}")
+
+
+def _write_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _atomic_json(path: str, record: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class Spool:
+    """The shared write state of one file in one mount (see the module docstring)."""
+
+    def __init__(self, root, *, workbench_id: str, incarnation: bytes, components: tuple, base, owner: dict):
+        self.root = root
+        self.workbench_id = workbench_id
+        self.incarnation = incarnation
+        self.components = components
+        self.base = base  # the PathEntry the bytes start from (None: a new file)
+        self.expected_revision = None if base is None else base.artifact_revision_id
+        self.append_only = False
+        self.filled = base is None
+        self.size = 0 if base is None else base.logical_size
+        self.dirty = base is None  # bytes (or the existence of a new file) not yet published
+        self.written = False  # any write or size change since the spool was made
+        self.orphaned = False  # unlinked in this mount: its bytes go with the last descriptor
+        self.failed: Exception | None = None  # the last publication's error, if it failed
+        self.mtime_ns = time.time_ns()
+        self.attributes = None  # attribute changes waiting for the next publication
+        self.writers = 0  # descriptors open for writing
+        self.lock = trio.Lock()
+        self._owner = owner
+        self.created_unix_ms = time.time_ns() // 1_000_000
+        directory = spool_dir(root.data_dir)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in components[-1])[:64]
+        self.path = os.path.join(directory, f"{workbench_id}--{stem}--{new_id16().hex()}.spool")
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _storage_error(f"a spool file in {directory}", exc) from None
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone
+        self.describe_state(LIVE)
+
+    @contextlib.asynccontextmanager
+    async def locked(self):
+        """Hold the spool's lock; without yielding to other tasks when nobody holds it, so a
+        request that finds the spool idle finishes before anything else can run (a release
+        racing an unmount must reply while the kernel still listens)."""
+        try:
+            self.lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self.lock.acquire()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    # --- what it is ------------------------------------------------------------------------------
+
+    @property
+    def sidecar(self) -> str:
+        return self.path + ".json"
+
+    @property
+    def text_path(self) -> str:
+        return "/".join(self.components)
+
+    def describe(self) -> str:
+        return f"{self.workbench_id}:{self.text_path}"
+
+    def describe_state(self, state: str, reason: str | None = None) -> None:
+        """(Re)write the sidecar: what the bytes are for, what publishing them expects."""
+        record = {
+            "format": SIDECAR_FORMAT,
+            "state": state,
+            "reason": reason,
+            "workbench": self.workbench_id,
+            "incarnation": self.incarnation.hex(),
+            "path": self.text_path,
+            "expected_revision": None if self.expected_revision is None else self.expected_revision.hex(),
+            "base_revision": None if self.base is None else self.base.artifact_revision_id.hex(),
+            "base_size": None if self.base is None else self.base.logical_size,
+            "append_only": self.append_only,
+            "filled": self.filled,
+            "size": self.size,
+            "created_unix_ms": self.created_unix_ms,
+            "updated_unix_ms": time.time_ns() // 1_000_000,
+            **self._owner,
+        }
+        try:
+            _atomic_json(self.sidecar, record)
+        except OSError as exc:
+            log.error("cannot write the spool sidecar %s: %s", self.sidecar, exc)
+
+    def moved(self, components: tuple) -> None:
+        self.components = components
+        self.describe_state(LIVE)
+
+    # --- blocking work (worker threads, under self.lock) ---------------------------------------
+
+    def fill_blocking(self) -> None:
+        """Make the spool hold the complete current body: the base's bytes, then appended ones."""
+        if self.filled:
+            return
+        try:
+            if self.append_only:
+                # The appended bytes move up behind the base's, the last chunk first, so no byte
+                # is overwritten before it has been moved; then the base fills the front.
+                base_size = self.base.logical_size
+                tail = self.size - base_size
+                for position in reversed(range(0, tail, _COPY_CHUNK)):
+                    chunk = os.pread(self.fd, min(_COPY_CHUNK, tail - position), position)
+                    _write_all(self.fd, chunk, base_size + position)
+                self._copy_base(base_size)
+                self.append_only = False
+            else:
+                self._copy_base(min(self.size, self.base.logical_size))
+        except OSError as exc:
+            raise _storage_error(f"fill the spool {self.path}", exc) from None
+        self.filled = True
+
+    def _copy_base(self, limit: int) -> None:
+        offset = 0
+        for chunk in reading.iter_body(self.root, self.base, _COPY_CHUNK):
+            if offset >= limit:
+                break
+            chunk = chunk[: limit - offset]
+            _write_all(self.fd, chunk, offset)
+            offset += len(chunk)
+
+    def truncate_blocking(self, size: int) -> None:
+        if self.append_only or (not self.filled and size > 0):
+            self.fill_blocking()
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as exc:
+            raise _storage_error(f"truncate the spool {self.path}", exc) from None
+        self.filled = True
+        self.size = size
+        self.dirty = self.written = True
+        self.mtime_ns = time.time_ns()
+
+    def publish_blocking(self, attributes=None):
+        """Publish the spool as the path's next revision (or the appended bytes); the PathEntry."""
+        path = self.text_path
+        extra = {} if attributes is None else {"attributes": attributes}
+        if self.append_only and self.base is not None and self.size > self.base.logical_size:
+            body = bodies.from_file(self.path, self.root.block_size)
+            return appends.append(self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra)
+        if not self.filled:
+            self.fill_blocking()
+        body = bodies.from_file(self.path, self.root.block_size)
+        if body.size != self.size:
+            raise InvalidInput(f"the spool of {self.describe()} holds {body.size} bytes, expected {self.size}")
+        if self.expected_revision is None:
+            return namespace.put(self.root, self.workbench_id, path, body, expected_generation=0, **extra)
+        return namespace.put(self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra)
+
+    # --- inline work (local spool I/O, on the event loop) ----------------------------------------
+
+    def needs_fill_for_write(self, offset: int) -> bool:
+        if self.append_only:
+            return offset != self.size
+        return not self.filled
+
+    def start_appending(self) -> None:
+        """An O_APPEND open of a spool that holds nothing yet: keep only the appended bytes."""
+        if not self.filled and not self.written and self.base is not None:
+            self.append_only = True
+
+    def write(self, offset: int, data) -> None:
+        try:
+            if self.append_only:
+                _write_all(self.fd, data, offset - self.base.logical_size)
+            else:
+                _write_all(self.fd, data, offset)
+        except OSError as exc:
+            raise _storage_error(f"write the spool {self.path}", exc) from None
+        self.size = max(self.size, offset + len(data))
+        self.dirty = self.written = True
+        self.mtime_ns = time.time_ns()
+
+    def pread(self, offset: int, size: int) -> bytes:
+        return os.pread(self.fd, min(size, max(0, self.size - offset)), offset)
+
+    def truncated_on_open(self) -> None:
+        """O_TRUNC: the file is empty for everyone from now on."""
+        os.ftruncate(self.fd, 0)
+        self.filled, self.size, self.append_only = True, 0, False
+        self.dirty = self.written = True
+        self.mtime_ns = time.time_ns()
+
+    def published(self, entry) -> None:
+        """After a successful publication: the spool describes `entry` and holds nothing unpublished."""
+        if self.append_only:
+            os.ftruncate(self.fd, 0)
+            self.filled = False
+        self.base = entry
+        self.expected_revision = entry.artifact_revision_id
+        self.size = entry.logical_size
+        self.dirty = False
+        self.failed = None
+        self.attributes = None
+        self.describe_state(LIVE)
+
+    def keep(self, reason: str) -> None:
+        """Leave the bytes for the operator: described, synced, and no longer held."""
+        self.describe_state(KEPT, reason)
+        try:
+            os.fsync(self.fd)
+        except OSError:
+            pass
+        self.close(remove=False)
+
+    def close(self, *, remove: bool) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)  # also drops the flock
+            except OSError:
+                pass
+            self.fd = -1
+        if remove:
+            for path in (self.path, self.sidecar):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+
+# --- kept spools: what the operator sees and does -----------------------------------------------
+
+
+class KeptSpool:
+    """A spool on disk with its sidecar (or without one: an older daemon's)."""
+
+    def __init__(self, path: str, record: dict | None, live: bool):
+        self.path = path
+        self.record = record or {}
+        self.live = live
+
+    @property
+    def id(self) -> str:
+        return os.path.basename(self.path)[: -len(".spool")]
+
+    @property
+    def size(self) -> int:
+        try:
+            return os.path.getsize(self.path)
+        except OSError:
+            return -1
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "spool": self.path, "bytes": self.size, "live": self.live, **self.record}
+
+
+def _held(path: str) -> bool:
+    """Whether a live daemon holds the spool (its flock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _read_sidecar(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def scan(data_dir: str) -> list[KeptSpool]:
+    """Every spool under the data directory, live ones included (marked), oldest first."""
+    directory = spool_dir(data_dir)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if not name.endswith(".spool"):
+            continue
+        path = os.path.join(directory, name)
+        found.append(KeptSpool(path, _read_sidecar(path + ".json"), _held(path)))
+    found.sort(key=lambda s: s.record.get("created_unix_ms") or 0)
+    return found
+
+
+def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
+    """At mount start: spools whose daemon is gone become kept, with the reason written down.
+
+    Returns every kept spool (for the start-up log)."""
+    kept = []
+    for spool in scan(data_dir):
+        if spool.live:
+            continue
+        record = spool.record
+        if record.get("state") != KEPT:
+            record = dict(record)
+            record["state"] = KEPT
+            owner = record.get("pid")
+            record["reason"] = (
+                f"the daemon that held it (pid {owner}) ended before publishing it"
+                if owner is not None and owner != pid
+                else "no sidecar: left by an older daemon" if not spool.record else "its daemon ended before publishing it"
+            )
+            try:
+                _atomic_json(spool.path + ".json", record)
+            except OSError as exc:
+                log.error("cannot describe the kept spool %s: %s", spool.path, exc)
+            spool.record = record
+        kept.append(spool)
+    return kept
+
+
+def find(data_dir: str, ident: str) -> KeptSpool:
+    matches = [s for s in scan(data_dir) if s.id == ident or s.id.endswith(ident) or os.path.basename(s.path) == ident]
+    if not matches:
+        raise NotFound(f"no spool {ident!r} in {spool_dir(data_dir)}")
+    if len(matches) > 1:
+        raise InvalidInput(f"{ident!r} names {len(matches)} spools: give more of the id")
+    return matches[0]
+
+
+def discard(spool: KeptSpool) -> None:
+    if spool.live:
+        raise InvalidInput(f"spool {spool.id} is held by a running mount: close the file there")
+    for path in (spool.path, spool.path + ".json"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def retry(root, spool: KeptSpool, *, force: bool = False):
+    """Publish a kept spool's bytes at its path, with the expectation its sidecar records (or
+    unconditionally with force); the PathEntry. The spool is removed once published."""
+    if spool.live:
+        raise InvalidInput(f"spool {spool.id} is held by a running mount: close the file there")
+    record = spool.record
+    workbench_id, path = record.get("workbench"), record.get("path")
+    if not workbench_id or not path:
+        raise InvalidInput(f"spool {spool.id} has no sidecar naming its workbench and path: give them (`nokvfs put`)")
+    if record.get("append_only"):
+        body = bodies.from_file(spool.path, root.block_size)
+        expected = None if force or not record.get("expected_revision") else bytes.fromhex(record["expected_revision"])
+        entry = appends.append(root, workbench_id, path, body, expected_revision_id=expected)
+    else:
+        body = bodies.from_file(spool.path, root.block_size)
+        if record.get("size") is not None and body.size != record["size"]:
+            raise InvalidInput(f"spool {spool.id} holds {body.size} bytes, its sidecar says {record['size']}: not a complete body")
+        if force:
+            entry = namespace.put(root, workbench_id, path, body)
+        elif record.get("expected_revision"):
+            entry = namespace.put(root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]))
+        else:
+            entry = namespace.put(root, workbench_id, path, body, expected_generation=0)
+    discard(spool)
+    return entry
