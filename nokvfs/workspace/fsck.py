@@ -269,7 +269,7 @@ def _restores(view, root, report) -> None:
     from nokvfs.schema.enums import CommitState, RestorePhase, RestoreSourceKind
     from nokvfs.schema.records import RestoreOperation
     from nokvfs.workspace import restore as restores
-    from nokvfs.workspace.commit import read_commit
+    from nokvfs.workspace.consumers import read_commit
 
     counted = (RestorePhase.Copying, RestorePhase.SourceSealed, RestorePhase.Ready, RestorePhase.Complete)
     count = 0

@@ -102,7 +102,12 @@ def _resolve(view, root, workbench: wb.Workbench, selector: int | str):
 def get(root, workbench_id: str, selector: int | str) -> Snapshot:
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
-        snapshot_id, _, raw, _ = _resolve(view, root, workbench, selector)
+        return find(view, root, workbench, selector)
+
+
+def find(view, root, workbench: wb.Workbench, selector: int | str) -> Snapshot:
+    """`get` within one read view, for a workbench already read from it."""
+    snapshot_id, _, raw, _ = _resolve(view, root, workbench, selector)
     return Snapshot(snapshot_id, workbench, SnapshotRef.decode(raw), root.shard.lease_clock_ms)
 
 
