@@ -758,6 +758,7 @@ def test_a_closure_row_that_does_not_match_its_seal_refuses_the_seal(bench, brok
     assert head_row(root).commit_id == parent.commit_id
 
 
+@pytest.mark.damages_store("tampers a member row: the retirement stays Quarantined")
 def test_a_retirement_whose_rows_no_longer_match_the_seals_is_quarantined(bench):
     from nokvfs.engine.command import Put
 
@@ -776,3 +777,8 @@ def test_a_retirement_whose_rows_no_longer_match_the_seals_is_quarantined(bench)
     assert op.phase == CommitRetirePhase.Quarantined and "member seal" in op.terminal_error
     assert commit_row(root, first.commit_id).state == CommitState.Retiring  # nothing released
     assert len(refs_owned_by(root, ReferenceKind.Commit, first.commit_id)) == refs_before
+    # fsck reports the quarantined operation; gc does not touch it (metadata evidence).
+    found = [f for f in fsck.check(root, verify_blocks=False).findings if f.code == "QUARANTINED"]
+    assert [f.subject for f in found] == [f"commit retirement {commit.retire_operation_id(root.root_id, first.commit_id).hex()}"]
+    gc.collect(root)
+    assert commit.retire_operation(root, commit.retire_operation_id(root.root_id, first.commit_id)).phase == CommitRetirePhase.Quarantined

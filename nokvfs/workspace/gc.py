@@ -19,6 +19,10 @@ requires Available), and the caller is the fenced owner (every command carries t
              deleted, every object confirmed absent, then Deleted as above. A probe that fails
              changes nothing.
 
+Each run also reconciles the other Quarantined state machines -- publishes, commit builds,
+restores -- by the same rule (probe, then an explicit transition, then the cleanup again); see
+README "Reconciliation" and each machine's `reconcile`.
+
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
 
@@ -65,6 +69,8 @@ class GcReport:
     deleted_objects: int = 0
     quarantined: int = 0
     reconciled: int = 0  # Quarantined collections taken up again once the store answered
+    operations_reconciled: int = 0  # Quarantined publishes, commit builds, restores now Cleaned
+    operations_quarantined: int = 0  # ... still Quarantined after this run (the store did not answer)
     stale_candidates: int = 0
     held: int = 0
     freed: list = field(default_factory=list)  # revision ids (hex)
@@ -132,6 +138,7 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
     if not dry_run:
         _resume(root, report)
         _reconcile(root, report)
+        _reconcile_operations(root, report)
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
         _pass(root, report, dry_run=dry_run, progress=progress)
@@ -303,6 +310,47 @@ def _reconcile(root, report: GcReport) -> None:
         return "reconciled"
 
     drive_each(root, ROWS, reconcile, wanted=lambda op: op.phase == GcPhase.Quarantined)
+
+
+def _reconcile_operations(root, report: GcReport) -> None:
+    """README "Reconciliation": every Quarantined publish, commit build and restore whose owner
+    is gone is taken up again once the store answers for the objects it holds. A staged
+    manifest attempt is reconciled only through its owner, and only once the owner is terminal;
+    when any attempt is in doubt, every terminal owner is visited for its attempts."""
+    from nokvfs.schema.enums import BuildCommitPhase, PublishPhase, RestorePhase
+    from nokvfs.schema.paths import normalize_path
+    from nokvfs.workspace import restore
+    from nokvfs.workspace.commit import build_commit
+
+    def counted(reconcile, quarantined):
+        def drive(op_id, operation):
+            outcome = reconcile(op_id, operation)
+            if operation.phase == quarantined:
+                if outcome == "cleaned":
+                    report.operations_reconciled += 1
+                elif outcome == "quarantined":
+                    report.operations_quarantined += 1
+            return outcome
+
+        return drive
+
+    def staged(operation) -> bool:
+        return normalize_path(operation.path) in publish.RESERVED_MANIFESTS
+
+    with root.read() as view:
+        attempts_in_doubt = any(staged(op) for _, op in publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined))
+    drive_each(
+        root,
+        publish.ROWS,
+        counted(lambda op_id, _: publish.reconcile(root, op_id).name.lower(), PublishPhase.Quarantined),
+        wanted=lambda op: op.phase == PublishPhase.Quarantined and not staged(op),
+    )
+    for rows, machine, quarantined in (
+        (build_commit.ROWS, build_commit, BuildCommitPhase.Quarantined),
+        (restore.ROWS, restore, RestorePhase.Quarantined),
+    ):
+        wanted = (lambda op, rows=rows: op.phase in rows.terminal) if attempts_in_doubt else (lambda op, q=quarantined: op.phase == q)
+        drive_each(root, rows, counted(lambda op_id, op, machine=machine: machine.reconcile(root, op_id, op), quarantined), wanted=wanted)
 
 
 def _requeue(root, op_id: bytes, operation: GcOperation) -> None:

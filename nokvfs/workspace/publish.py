@@ -3,6 +3,7 @@
     Uploading -> Finalizing -> Published
     Uploading -> Aborting -> Cleaning -> Cleaned | Quarantined
     Finalizing -> Aborting   (only with proof that no publication or dedupe row exists)
+    Quarantined -> Cleaning  (reconciliation, once the store answers: `reconcile`)
 
 1. One command creates the PublishOperation (Uploading) and the exact StagedObject ledger: every
    object key, length and digest the upload will write, before the first byte is sent.
@@ -21,9 +22,11 @@ The staging API (`begin`, `upload`, `finalize`, `read_ledger`, `manifest_rows`,
 `object_present`, `abort`) is public: nokvfs.workspace.staging drives steps 1-3 for the typed
 manifests of commit and restore, whose own state machine then publishes them.
 
+A Quarantined publish is reconciled by `gc` (`reconcile`, README "Reconciliation").
+
 Crash points (operations.crash_point): after-begin, after-upload-<block index>,
 after-multipart-record-<block index>, after-finalize, before-publish-command,
-after-publish-command, after-abort, after-cleaning.
+after-publish-command, after-abort, after-cleaning, after-reconcile.
 """
 
 from __future__ import annotations
@@ -619,6 +622,10 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
         crash_point("after-cleaning")
     with root.read() as view:
         ledger = read_ledger(view, root, operation_id)
+        _, op = read_operation(view, root, operation_id)
+        # A revision of this id exists only when another attempt staged the same revision (a
+        # restore's manifest) and published it: its manifest owns the objects now.
+        published = view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode()) is not None
     quarantined = False
     for start in range(0, len(ledger), LEDGER_BATCH):
         updates = []
@@ -626,7 +633,10 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
             if row.cleanup_state in (StagedCleanupState.Deleted, StagedCleanupState.Quarantined):
                 quarantined |= row.cleanup_state == StagedCleanupState.Quarantined
                 continue
-            state, provider = _delete_staged(root, row)
+            if published:
+                state, provider = StagedCleanupState.Deleted, row.provider_state  # released, not deleted
+            else:
+                state, provider = _delete_staged(root, row)
             quarantined |= state == StagedCleanupState.Quarantined
             updates.append(Put("staged_object", key, dataclasses.replace(row, cleanup_state=state, provider_state=provider)))
         if updates:
@@ -636,6 +646,37 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
     deletes = [] if quarantined else [Delete("staged_object", key) for key, _ in ledger]
     _set_phase(root, operation_id, PublishPhase.Cleaning, final, extra=deletes)
     return final
+
+
+def reconcile(root, operation_id: bytes) -> PublishPhase:
+    """Reconcile a Quarantined publish (README, "Reconciliation"); the caller holds its lock.
+
+    Every object its ledger still owns is probed; while any probe fails nothing changes. Once
+    the store answers for all of them (present or absent), the explicit transition
+    Quarantined -> Cleaning, the quarantined ledger rows DeletePending, and cleanup runs again:
+    Cleaned (ledger gone) when every delete succeeds, Quarantined again otherwise. Returns the
+    phase it ends in.
+    """
+    with root.read() as view:
+        _, operation = read_operation(view, root, operation_id)
+        ledger = read_ledger(view, root, operation_id)
+    if operation.phase != PublishPhase.Quarantined:
+        return operation.phase
+    try:
+        for _, row in ledger:
+            if row.cleanup_state != StagedCleanupState.Deleted:
+                root.store.head(row.object_key)  # present or absent: either is an answer
+    except StoreError as exc:
+        log.info("publish %s stays quarantined: %s", operation_id.hex(), exc)
+        return PublishPhase.Quarantined
+    _set_phase(root, operation_id, PublishPhase.Quarantined, PublishPhase.Cleaning)
+    crash_point("after-reconcile")
+    in_doubt = [(key, row) for key, row in ledger if row.cleanup_state == StagedCleanupState.Quarantined]
+    for start in range(0, len(in_doubt), LEDGER_BATCH):
+        batch = in_doubt[start : start + LEDGER_BATCH]
+        due = [Put("staged_object", key, dataclasses.replace(row, cleanup_state=StagedCleanupState.DeletePending)) for key, row in batch]
+        _apply_ledger_updates(root, operation_id, due, -1 - start)
+    return _clean(root, operation_id)
 
 
 def _drop_unpublished_manifest(root, operation_id: bytes) -> None:

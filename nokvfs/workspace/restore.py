@@ -47,7 +47,9 @@ RestoreMember rows (cleanup cursor: u64 next member sequence), never by a path o
 listing; aborts a staged restore-manifest publish; and finally, in one command, removes a bound
 restore manifest's path and reference, retires the Staging marker (Staging -> Retired) and releases the source hold and
 snapshot consumer, or the commit lease, exactly once. Quarantined (a staged manifest object
-whose delete was ambiguous) keeps the source retained and the marker Staging until reconciled.
+whose delete was ambiguous) keeps the source retained and the marker Staging until reconciled:
+`reconcile` (run by gc) settles the attempts once the store answers, then Quarantined ->
+Cleaning and the cleanup's terminal command releases both.
 
 Decisions (the lead's and this module's, recorded here):
 
@@ -965,3 +967,19 @@ def recover(root) -> list[tuple[str, str]]:
         return operation(root, op_id).phase.name.lower()
 
     return drive_each(root, ROWS, drive)
+
+
+def reconcile(root, op_id: bytes, op: RestoreOperation) -> str:
+    """Reconcile a terminal restore (README, "Reconciliation"); the caller holds its lock.
+
+    Its staged restore-manifest attempts that are Quarantined are reconciled. A Quarantined
+    restore (its staged paths, references and bound manifest were removed by its cleanup; it
+    still retains the source and the Staging destination name) then takes the explicit
+    transition Quarantined -> Cleaning, and its cleanup's terminal command retires the marker
+    and releases the source exactly once: Cleaned. Returns the phase afterwards (lower case).
+    """
+    if not staging.reconcile(root, attempts_of(op_id)) or op.phase != RestorePhase.Quarantined:
+        return operation(root, op_id).phase.name.lower()
+    _set_phase(root, op_id, RestorePhase.Quarantined, RestorePhase.Cleaning)
+    crash_point("restore-after-reconcile")
+    return _clean(root, op_id).name.lower()

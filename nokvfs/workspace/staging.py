@@ -15,7 +15,8 @@ An owner makes numbered attempts (`Attempts`): attempt n is the publish operatio
 and never by a scan. An attempt whose uploader died is aborted and cleaned and the next attempt
 stages again. A restore's attempts all stage the same (deterministic) revision, hence the same
 object keys: a Quarantined attempt there stops the restore, since its keys cannot be reused
-until reconciliation settles them.
+until reconciliation settles them (`reconcile`, run by gc only once the owner is terminal, so
+no further attempt can reuse a key in doubt).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from nokvfs.engine.command import Delete, Put, ValueEquals
 from nokvfs.errors import IntegrityError, NokvError, NotFound, PredicateFailed
 from nokvfs.objects.keys import artifact_block_key
 from nokvfs.schema import keys
-from nokvfs.schema.enums import PublishPhase
+from nokvfs.schema.enums import PublishPhase, StagedCleanupState
 from nokvfs.schema.records import ArtifactManifest, ArtifactRevision, PublishOperation
 from nokvfs.workspace import body as bodies
 from nokvfs.workspace import publish
-from nokvfs.workspace.operations import crash_point, driving
+from nokvfs.workspace.operations import OperationLock, crash_point, driving
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built
 
@@ -163,6 +164,37 @@ def abort_attempts(root, attempts: Attempts, reason: str) -> bool:
             phase = publish.abort(root, publish_id, reason=reason)
         quarantined |= phase == PublishPhase.Quarantined
     return quarantined
+
+
+def reconcile(root, attempts: Attempts) -> bool:
+    """Reconcile the attempts of an owner that is terminal (it makes no further attempt, so no
+    key of a quarantined one can be reused meanwhile): an attempt a dead driver left
+    unfinished is aborted, a Quarantined one reconciled (publish.reconcile, under its lock).
+    Returns whether none is Quarantined any more."""
+    settled = True
+    for publish_id, pub in attempts.made(root):
+        phase = pub.phase
+        if phase not in publish.TERMINAL or phase == PublishPhase.Quarantined:
+            lock = OperationLock(root.run_dir, publish_id)
+            if not lock.try_acquire():
+                settled = False  # a live process still holds it
+                continue
+            try:
+                if phase not in publish.TERMINAL:
+                    phase = publish.abort(root, publish_id, reason=f"{attempts.owner} is terminal")
+                if phase == PublishPhase.Quarantined:
+                    phase = publish.reconcile(root, publish_id)
+            finally:
+                lock.release(remove=True)
+        settled &= phase != PublishPhase.Quarantined
+    return settled
+
+
+def quarantined_bytes(view, root, publish_id: bytes) -> tuple[int, int]:
+    """(objects, bytes) a publish operation's ledger still owns (what is in doubt while it is
+    Quarantined)."""
+    rows = [row for _, row in publish.read_ledger(view, root, publish_id) if row.cleanup_state != StagedCleanupState.Deleted]
+    return len(rows), sum(row.expected_length for row in rows)
 
 
 # --- the owner's binding command --------------------------------------------------------------

@@ -3,6 +3,7 @@
     Building -> Sealing -> Complete
     Building -> Aborting -> Cleaning -> Cleaned | Quarantined
     Sealing  -> Aborting      (only with fenced proof that no Commit, head or dedupe row exists)
+    Quarantined -> Cleaning   (reconciliation, once its staged attempts are settled: `reconcile`)
 
 The steps (seed "Commit Closure"), each one MetadataCommand or a bounded series of them:
 
@@ -894,3 +895,18 @@ def recover(root) -> list[tuple[str, str]]:
             return operation(root, op_id).phase.name.lower()
 
     return drive_each(root, ROWS, drive)
+
+
+def reconcile(root, op_id: bytes, op: BuildCommitOperation) -> str:
+    """Reconcile a terminal build (README, "Reconciliation"); the caller holds its lock.
+
+    Its staged run-manifest attempts that are Quarantined are reconciled. A Quarantined build
+    (its members, references, parent consumers and hold were released by its cleanup; only the
+    attempts were in doubt) then takes the explicit transition Quarantined -> Cleaning and its
+    cleanup ends Cleaned. Returns the build's phase afterwards (lower case).
+    """
+    if not staging.reconcile(root, attempts_of(op_id)) or op.phase != BuildCommitPhase.Quarantined:
+        return operation(root, op_id).phase.name.lower()
+    ROWS.set_phase(root, op_id, BuildCommitPhase.Quarantined, BuildCommitPhase.Cleaning, label="commit.reconcile")
+    crash_point("commit-after-reconcile")
+    return _clean(root, op_id).name.lower()
