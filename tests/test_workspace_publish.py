@@ -379,15 +379,15 @@ def test_the_final_command_rechecks_the_expected_revision(monkeypatch, bench):
     between them makes the publication lose (and be cleaned), whatever the generation says."""
     root = bench
     old = namespace.put(root, WB, "outputs/race", b"old")
-    real_finalize = publish._finalize
+    real_finalize = publish.finalize
 
     def finalize_then_race(root_, operation_id):
         real_finalize(root_, operation_id)
-        monkeypatch.setattr(publish, "_finalize", real_finalize)  # the racer publishes normally
+        monkeypatch.setattr(publish, "finalize", real_finalize)  # the racer publishes normally
         namespace.remove(root_, WB, "outputs/race")
         namespace.put(root_, WB, "outputs/race", b"racer")  # generation 1 again, another revision
 
-    monkeypatch.setattr(publish, "_finalize", finalize_then_race)
+    monkeypatch.setattr(publish, "finalize", finalize_then_race)
     with pytest.raises(GenerationConflict):
         namespace.put(root, WB, "outputs/race", b"mine", expected_revision_id=old.artifact_revision_id)
     assert get_bytes(root, "outputs/race") == b"racer"

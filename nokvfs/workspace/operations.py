@@ -104,6 +104,10 @@ class driving:  # noqa: N801 - used as a context manager, like open()
         self._lock.release(remove=True)
 
 
+class Done(Exception):
+    """A batched stage found nothing left to do (see Rows.batch)."""
+
+
 def _subject(name: str, operation_id: bytes, operation) -> str:
     return f"{name} {operation_id.hex()}"
 
@@ -188,6 +192,27 @@ class Rows:
             return Built(predicates=predicates, mutations=mutations)
 
         return self.apply(root, label, operation_id, build, digest=digest, request_id=request_id)
+
+    def batch(self, root, operation_id: bytes, label: str, change) -> bool:
+        """One `step` of a batched stage; False, and nothing applied, when `change` raises
+        Done (the stage has nothing left)."""
+        try:
+            self.step(root, operation_id, label, change)
+        except Done:
+            return False
+        return True
+
+    def start_cleaning(self, root, operation_id: bytes, *, aborting, cleaning, label: str, crash: str) -> bool:
+        """The cleanup prologue: False when the operation is terminal already; an Aborting one
+        moves to Cleaning (crash point `crash` after it); it must then be Cleaning."""
+        operation = self.get(root, operation_id)
+        if operation.phase in self.terminal:
+            return False
+        if operation.phase == aborting:
+            self.set_phase(root, operation_id, aborting, cleaning, label=label)
+            crash_point(crash)
+        self.require(operation_id, self.get(root, operation_id), cleaning)
+        return True
 
     def set_phase(self, root, operation_id: bytes, expected, new, *, label: str, extra=None, digest: bytes | None = None, **fields) -> None:
         """One command: `expected` -> `new` (and `fields`) on the exact row, with the (predicates,

@@ -135,7 +135,7 @@ from nokvfs.workspace import commit as commits
 from nokvfs.workspace import publish, snapshot, staging
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.consumers import Consumers, read_commit
-from nokvfs.workspace.operations import Rows, crash_point, drive_each, drive_to_terminal, driving
+from nokvfs.workspace.operations import Done, Rows, crash_point, drive_each, drive_to_terminal, driving
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
@@ -873,7 +873,7 @@ def _clean_members(root, op_id: bytes, batch: int) -> bool:
     def change(view, op):
         ROWS.require(op_id, op, RestorePhase.Cleaning)
         if op.cleanup_cursor == EOF:
-            raise _Done()
+            raise Done()
         start = 0 if not op.cleanup_cursor else _U64.unpack(op.cleanup_cursor)[0]
         prefix = keys.restore_member_prefix(root.root_id, op_id)
         marker = None if start == 0 else _member_key(root, op_id, start - 1)
@@ -901,25 +901,13 @@ def _clean_members(root, op_id: bytes, batch: int) -> bool:
         ref_predicates, ref_mutations = refs.rows()
         return predicates + ref_predicates, mutations + ref_mutations, dataclasses.replace(op, cleanup_cursor=cursor)
 
-    try:
-        ROWS.step(root, op_id, "restore.clean", change)
-    except _Done:
-        return False
-    return True
-
-
-class _Done(Exception):
-    """The member cleanup cursor is at EOF."""
+    return ROWS.batch(root, op_id, "restore.clean", change)
 
 
 def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
-    op = operation(root, op_id)
-    if op.phase in TERMINAL:
-        return op.phase
-    if op.phase == RestorePhase.Aborting:
-        _set_phase(root, op_id, RestorePhase.Aborting, RestorePhase.Cleaning)
-        crash_point("restore-after-cleaning")
-    ROWS.require(op_id, operation(root, op_id), RestorePhase.Cleaning)
+    cleaning = RestorePhase.Cleaning
+    if not ROWS.start_cleaning(root, op_id, aborting=RestorePhase.Aborting, cleaning=cleaning, label="restore.cleaning", crash="restore-after-cleaning"):
+        return operation(root, op_id).phase
     quarantined = staging.abort_attempts(root, attempts_of(op_id), "its restore was aborted")
     while _clean_members(root, op_id, batch):
         crash_point("restore-after-clean-batch")

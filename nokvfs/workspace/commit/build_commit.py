@@ -126,7 +126,7 @@ from nokvfs.workspace.commit.identity import (
 )
 from nokvfs.workspace.commit.lookup import head_key
 from nokvfs.workspace.consumers import Consumers, read_commit
-from nokvfs.workspace.operations import Rows, crash_point, drive_each, drive_to_terminal, driving
+from nokvfs.workspace.operations import Done, Rows, crash_point, drive_each, drive_to_terminal, driving
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
@@ -815,28 +815,16 @@ def _clean_batch(root, op_id: bytes, stage: bytes, collect) -> bool:
         ROWS.require(op_id, op, BuildCommitPhase.Cleaning)
         found = collect(view, op)
         if found is None:
-            raise _Nothing()
+            raise Done()
         return *found, dataclasses.replace(op, cleanup_cursor=stage)
 
-    try:
-        ROWS.step(root, op_id, "commit.clean", change)
-    except _Nothing:
-        return False
-    return True
-
-
-class _Nothing(Exception):
-    """A cleanup stage found nothing left to remove."""
+    return ROWS.batch(root, op_id, "commit.clean", change)
 
 
 def _clean(root, op_id: bytes, batch: int = MEMBER_BATCH) -> BuildCommitPhase:
-    op = operation(root, op_id)
-    if op.phase in BUILD_TERMINAL:
-        return op.phase
-    if op.phase == BuildCommitPhase.Aborting:
-        ROWS.set_phase(root, op_id, BuildCommitPhase.Aborting, BuildCommitPhase.Cleaning, label="commit.cleaning")
-        crash_point("commit-after-cleaning")
-    ROWS.require(op_id, operation(root, op_id), BuildCommitPhase.Cleaning)
+    cleaning = BuildCommitPhase.Cleaning
+    if not ROWS.start_cleaning(root, op_id, aborting=BuildCommitPhase.Aborting, cleaning=cleaning, label="commit.cleaning", crash="commit-after-cleaning"):
+        return operation(root, op_id).phase
     # The staged run manifest: a publish attempt that is not terminal is aborted (the bind
     # needs Building, so none can publish any more); a bound one's Commit ref goes below.
     quarantined = staging.abort_attempts(root, attempts_of(op_id), "its commit was aborted")
