@@ -36,8 +36,9 @@ from nokvfs.schema.enums import (
     RevisionState,
 )
 from nokvfs.schema.records import Commit, CommitConsumer, CommitMember, WorkbenchCommitHead
-from nokvfs.workspace import changes, commit, fsck, gc, listing, namespace, publish, reading, tag
+from nokvfs.workspace import asof, changes, commit, fsck, gc, listing, namespace, publish, reading, tag
 from nokvfs.workspace import workbench as wb
+from nokvfs.workspace.commit import build_commit
 from tests.workspace_fixtures import (
     BLOCK,
     KILLED,
@@ -104,7 +105,7 @@ def live_files(root, workbench_id=WB) -> dict[str, bytes]:
 
 def commit_files(root, commit_id) -> dict[str, bytes]:
     with root.read() as view:
-        tree = commit.tree_view(view, root, commit_id)
+        tree = asof.at_commit(view, root, commit_id)
         return {path: reading.read(root, e, view=view) for path, e in tree.files()}
 
 
@@ -135,7 +136,7 @@ def incarnation(root, workbench_id=WB) -> bytes:
 
 
 def staged_attempts(root, op_id):
-    return commit.attempts(root, lambda n: commit.staged_publish_id(op_id, n))
+    return build_commit.attempts_of(op_id).made(root)
 
 
 def recompute_seals(root, commit_id, parents):
@@ -502,15 +503,15 @@ def test_seal_loses_to_an_abort_that_won_the_phase_cas(bench, monkeypatch):
     root = bench
     populate(root)
     op_id = _built_to_sealing_point(root)
-    real = commit.verify_closure
+    real = build_commit.verify_closure
 
     def verify_then_abort(*args):
         real(*args)
         commit.abort(root, op_id, reason="cleanup won")  # between verification and the seal CAS
 
-    monkeypatch.setattr(commit, "verify_closure", verify_then_abort)
+    monkeypatch.setattr(build_commit, "verify_closure", verify_then_abort)
     with pytest.raises(PredicateFailed):
-        commit._seal(root, op_id)
+        build_commit._seal(root, op_id)
     monkeypatch.undo()
     op = commit.operation(root, op_id)
     assert op.phase == BuildCommitPhase.Cleaned and commit_row(root, op.commit_id) is None
@@ -703,7 +704,7 @@ def test_a_commit_tree_serves_its_members_as_path_entries_after_the_live_tree_mo
     namespace.remove(root, WB, "outputs/model.bin")
     namespace.put(root, WB, "outputs/new", b"new")
     with root.read() as view:
-        tree = commit.tree_view(view, root, result.commit_id)
+        tree = asof.at_commit(view, root, result.commit_id)
         found = tree.stat(("outputs", "model.bin"))
         assert found.kind == listing.FILE and reading.read(root, found.entry, view=view) == FILES["outputs/model.bin"]
         assert found.entry.created_version == commit_row(root, result.commit_id).created_version
@@ -749,7 +750,7 @@ def test_a_closure_row_that_does_not_match_its_seal_refuses_the_seal(bench, brok
     else:
         _tamper(root, Delete("commit_consumer", keys.CommitConsumerKey(root.root_id, parent.commit_id, CommitConsumerKind.ChildCommit, op.commit_id).encode()))
     with pytest.raises(IntegrityError):
-        commit._seal(root, op_id)
+        build_commit._seal(root, op_id)
     assert commit.operation(root, op_id).phase == BuildCommitPhase.Building
     with pytest.raises(IntegrityError):
         commit.resume(root, op_id)  # a failed seal aborts and cleans the build
@@ -757,6 +758,7 @@ def test_a_closure_row_that_does_not_match_its_seal_refuses_the_seal(bench, brok
     assert head_row(root).commit_id == parent.commit_id
 
 
+@pytest.mark.damages_store("tampers a member row: the retirement stays Quarantined")
 def test_a_retirement_whose_rows_no_longer_match_the_seals_is_quarantined(bench):
     from nokvfs.engine.command import Put
 
@@ -775,3 +777,8 @@ def test_a_retirement_whose_rows_no_longer_match_the_seals_is_quarantined(bench)
     assert op.phase == CommitRetirePhase.Quarantined and "member seal" in op.terminal_error
     assert commit_row(root, first.commit_id).state == CommitState.Retiring  # nothing released
     assert len(refs_owned_by(root, ReferenceKind.Commit, first.commit_id)) == refs_before
+    # fsck reports the quarantined operation; gc does not touch it (metadata evidence).
+    found = [f for f in fsck.check(root, verify_blocks=False).findings if f.code == "QUARANTINED"]
+    assert [f.subject for f in found] == [f"commit retirement {commit.retire_operation_id(root.root_id, first.commit_id).hex()}"]
+    gc.collect(root)
+    assert commit.retire_operation(root, commit.retire_operation_id(root.root_id, first.commit_id)).phase == CommitRetirePhase.Quarantined

@@ -9,7 +9,7 @@ import pytest
 
 from nokvfs.errors import HistoryNotRetained, InvalidInput
 from nokvfs.schema.enums import ChangeEventKind, WorkspaceState
-from nokvfs.workspace import changes, commit, datadir, gc, listing, namespace, reading, restore, snapshot, workbench
+from nokvfs.workspace import asof, changes, commit, datadir, gc, listing, namespace, reading, restore, snapshot, workbench
 from nokvfs.workspace.root import Built, intent_digest
 
 WB = "w"
@@ -142,7 +142,7 @@ def test_an_in_flight_restore_and_commit_build_keep_their_read_versions(root):
     assert report.history_floor == build_version and report.history_pruned > 0  # the build's hold
     built = commit.resume(root, building, batch=2)
     with root.read() as view:
-        tree = commit.tree_view(view, root, built.commit_id)
+        tree = asof.at_commit(view, root, built.commit_id)
         committed = {path: reading.read(root, e, view=view) for path, e in tree.files()}
     assert {p: b for p, b in committed.items() if p != commit.RUN_MANIFEST_PATH} == frozen
     assert result.operation_id == restoring

@@ -16,7 +16,7 @@ import pytest
 from nokvfs.errors import GenerationConflict, NotFound
 from nokvfs.schema.enums import RevisionState
 from nokvfs.schema.records import ArtifactRevision
-from nokvfs.workspace import append, changes, commit, datadir, fsck, gc, listing, namespace, publish, reading, restore, snapshot, workbench
+from nokvfs.workspace import append, asof, changes, commit, datadir, fsck, gc, listing, namespace, publish, reading, restore, snapshot, workbench
 
 pytest_plugins = ["tests.s3_fixtures"]
 
@@ -111,7 +111,7 @@ class Model:
                     k: v for k, v in expected.items() if v is not None
                 }
             for commit_id, expected in self.commits:
-                tree = commit.tree_view(view, root, commit_id)
+                tree = asof.at_commit(view, root, commit_id)
                 got = {path: read_from_store(root, view, entry) for path, entry in tree.files()}
                 for path, data in expected.items():
                     if data is not None:

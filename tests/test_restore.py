@@ -34,7 +34,7 @@ from nokvfs.schema.enums import (
     WorkspaceState,
 )
 from nokvfs.schema.records import RestoreMember, SnapshotRef
-from nokvfs.workspace import changes, commit, fsck, listing, namespace, publish, reading, restore, snapshot
+from nokvfs.workspace import asof, changes, commit, fsck, listing, namespace, publish, reading, restore, snapshot
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.root import Built, intent_digest
 from tests.workspace_fixtures import (
@@ -176,7 +176,7 @@ def test_a_restore_from_a_commit_copies_the_commit_tree_byte_for_byte(bench):
     populate(root)
     made = commit.build(root, WB)
     with root.read() as view:
-        expected = {p: reading.read(root, e, view=view) for p, e in commit.tree_view(view, root, made.commit_id).files()}
+        expected = {p: reading.read(root, e, view=view) for p, e in asof.at_commit(view, root, made.commit_id).files()}
     namespace.put(root, WB, "outputs/x", b"after the commit")
     result = restore.restore(root, WB, ("commit", made.hex[:10]), DEST, batch=3)
     assert_restored(root, result, expected)
@@ -489,7 +489,7 @@ def test_a_restore_killed_after_any_command_resumes_to_the_same_destination(tmp_
         assert result.operation_id == op_id
         if expected is None:
             with root.read() as view:
-                expected = {p: reading.read(root, e, view=view) for p, e in commit.tree_view(view, root, source[1]).files()}
+                expected = {p: reading.read(root, e, view=view) for p, e in asof.at_commit(view, root, source[1]).files()}
         assert_restored(root, result, expected)
 
     assert _every_kill_point(tmp_path, source_kind, then) > 6

@@ -253,7 +253,7 @@ def test_append_is_a_generation_cas(bench):
 def test_an_append_that_loses_to_a_replace_is_cleaned(monkeypatch, bench):
     root = bench
     namespace.put(root, WB, PATH, b"base")
-    real_finalize = publish._finalize
+    real_finalize = publish.finalize
     replaced = []
 
     def finalize_then_race(root_, operation_id):
@@ -262,7 +262,7 @@ def test_an_append_that_loses_to_a_replace_is_cleaned(monkeypatch, bench):
             replaced.append(True)
             namespace.put(root, WB, PATH, b"replacement")
 
-    monkeypatch.setattr(publish, "_finalize", finalize_then_race)
+    monkeypatch.setattr(publish, "finalize", finalize_then_race)
     with pytest.raises(GenerationConflict):
         append.append(root, WB, PATH, body(2 * BLOCK, "late"))
     assert get_bytes(root, PATH) == b"replacement"

@@ -92,14 +92,14 @@ def test_the_ledger_owns_every_key_before_its_bytes_are_sent(monkeypatch, bench)
 def test_each_stage_moves_the_operation_one_phase(bench):
     root = bench
     pub = _publication("outputs/staged", body(2 * BLOCK, "stages"))
-    publish._begin(root, pub)
+    publish.begin(root, pub)
     op = publish_ops(root)[pub.operation_id]
     assert op.phase == PublishPhase.Uploading
     assert [r.provider_state for r in ledger(root, pub.operation_id)] == [StagedProviderState.Planned] * 2
-    publish._upload(root, pub)
+    publish.upload(root, pub)
     assert len(present_keys(root.store, block_keys(root, pub.revision_id, 2))) == 2
     assert entry(root, "outputs/staged") is None
-    publish._finalize(root, pub.operation_id)
+    publish.finalize(root, pub.operation_id)
     assert publish_ops(root)[pub.operation_id].phase == PublishPhase.Finalizing
     assert [r.provider_state for r in ledger(root, pub.operation_id)] == [StagedProviderState.Uploaded] * 2
     assert entry(root, "outputs/staged") is None
@@ -109,7 +109,7 @@ def test_each_stage_moves_the_operation_one_phase(bench):
     assert entry(root, "outputs/staged") == published
     # Finalizing twice, or abort after publication, cannot move a published operation.
     with pytest.raises(NokvError):
-        publish._finalize(root, pub.operation_id)
+        publish.finalize(root, pub.operation_id)
     assert publish.abort(root, pub.operation_id, reason="too late") == PublishPhase.Published
     assert get_bytes(root, "outputs/staged") == body(2 * BLOCK, "stages")
 
@@ -117,8 +117,8 @@ def test_each_stage_moves_the_operation_one_phase(bench):
 def test_abort_of_an_uploading_operation_cleans_its_objects(bench):
     root = bench
     pub = _publication("outputs/aborted", body(3 * BLOCK, "abort"))
-    publish._begin(root, pub)
-    publish._upload(root, pub)
+    publish.begin(root, pub)
+    publish.upload(root, pub)
     keys_ = block_keys(root, pub.revision_id, 3)
     assert len(present_keys(root.store, keys_)) == 3
     assert publish.abort(root, pub.operation_id, reason="test") == PublishPhase.Cleaned
@@ -128,7 +128,7 @@ def test_abort_of_an_uploading_operation_cleans_its_objects(bench):
     assert ledger(root, pub.operation_id) == []
     # A cleaned operation can never be finalized or published.
     with pytest.raises(NokvError):
-        publish._finalize(root, pub.operation_id)
+        publish.finalize(root, pub.operation_id)
     with pytest.raises(NokvError):
         publish._publish(root, pub.operation_id)
     assert entry(root, "outputs/aborted") is None
@@ -251,9 +251,9 @@ def test_applying_the_final_command_twice_returns_the_stored_result(bench):
     root = bench
     namespace.put(root, WB, "outputs/r", b"old")
     pub = _publication("outputs/r", body(2 * BLOCK, "retry"))
-    publish._begin(root, pub)
-    publish._upload(root, pub)
-    publish._finalize(root, pub.operation_id)
+    publish.begin(root, pub)
+    publish.upload(root, pub)
+    publish.finalize(root, pub.operation_id)
     first = publish._publish(root, pub.operation_id)
     version, counts = root.shard.commit_version, _counts(root)
     again = publish._publish(root, pub.operation_id)
@@ -379,15 +379,15 @@ def test_the_final_command_rechecks_the_expected_revision(monkeypatch, bench):
     between them makes the publication lose (and be cleaned), whatever the generation says."""
     root = bench
     old = namespace.put(root, WB, "outputs/race", b"old")
-    real_finalize = publish._finalize
+    real_finalize = publish.finalize
 
     def finalize_then_race(root_, operation_id):
         real_finalize(root_, operation_id)
-        monkeypatch.setattr(publish, "_finalize", real_finalize)  # the racer publishes normally
+        monkeypatch.setattr(publish, "finalize", real_finalize)  # the racer publishes normally
         namespace.remove(root_, WB, "outputs/race")
         namespace.put(root_, WB, "outputs/race", b"racer")  # generation 1 again, another revision
 
-    monkeypatch.setattr(publish, "_finalize", finalize_then_race)
+    monkeypatch.setattr(publish, "finalize", finalize_then_race)
     with pytest.raises(GenerationConflict):
         namespace.put(root, WB, "outputs/race", b"mine", expected_revision_id=old.artifact_revision_id)
     assert get_bytes(root, "outputs/race") == b"racer"

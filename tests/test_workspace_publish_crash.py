@@ -13,7 +13,7 @@ import os
 import pytest
 
 from nokvfs.schema.enums import PublishPhase, ReferenceKind
-from nokvfs.workspace import namespace, publish
+from nokvfs.workspace import namespace, operations, publish
 from nokvfs.workspace import workbench as wb
 from tests.workspace_fixtures import (
     BLOCK,
@@ -234,10 +234,10 @@ def test_recovery_leaves_an_operation_whose_owner_is_alive(data_dir):
 
         b = bodies.from_bytes(NEW, BLOCK)
         pub = publish.Publication(WB, tuple(PATH.split("/")), b, b.size, b.digest_uri)
-        lock = publish.OperationLock(root.run_dir, pub.operation_id)
+        lock = operations.OperationLock(root.run_dir, pub.operation_id)
         assert lock.try_acquire()
-        publish._begin(root, pub)
-        publish._upload(root, pub)
+        publish.begin(root, pub)
+        publish.upload(root, pub)
         assert publish.recover(root) == []  # the lock says a live process drives it
         assert publish_ops(root)[pub.operation_id].phase == PublishPhase.Uploading
         lock.release(remove=True)

@@ -38,9 +38,10 @@ commit-retire
 restore  creates NEW_WB from a snapshot or commit of WB (restore.restore; an exact retry
          resumes or returns the same result). Prints `restored NEW_WB incarnation=<hex> from
          WB@KIND:SOURCE members=N`.
-as-of    ls / get / stat of WB as of the reference, formatted exactly like the live commands (a
-         snapshot through its MVCC view at the held read version, a commit through its sealed
-         members). Only these read verbs exist under as-of.
+as-of    ls / get / stat of WB as of the reference, formatted exactly like the live commands,
+         read through the workspace's as-of model (nokvfs.workspace.asof: a snapshot through its
+         MVCC view at the held read version, a commit through its sealed members, like the
+         mount's views). Only these read verbs exist under as-of.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from dataclasses import dataclass
 
 from nokvfs.cli import render
 from nokvfs.cli.commands import (
-    PAGE_LIMIT,
     STDIN,
     _generation_arg,
     _Listing,
@@ -113,18 +113,6 @@ def _snapshot_selector(text: str) -> int | str:
     return int(text) if text.isascii() and text.isdigit() else text
 
 
-def _tag_commit_in(view, root, workbench, name: str) -> bytes:
-    """The commit a tag of `workbench` names, read in `view`."""
-    from nokvfs.schema.records import Tag
-    from nokvfs.workspace import tag
-
-    check_tag_name(name)
-    raw = view.get("tag", tag.tag_key(root.root_id, workbench.incarnation_id, name))
-    if raw is None:
-        raise NotFound(f"no tag {name!r} in {workbench.workbench_id}")
-    return Tag.decode(raw).commit_id
-
-
 def resolve_commit_in(view, root, workbench, text: str) -> bytes:
     """A commit operand (`PREFIX`, `commit:PREFIX` or `tag:NAME`) -> the 32-byte commit id."""
     from nokvfs.workspace import commit
@@ -135,7 +123,9 @@ def resolve_commit_in(view, root, workbench, text: str) -> bytes:
     if kind == "commit":
         return commit.resolve_in(view, root, workbench, selector)
     if kind == "tag":
-        return _tag_commit_in(view, root, workbench, selector)
+        from nokvfs.workspace import tag
+
+        return tag.resolve_in(view, root, workbench, selector).commit_id
     raise UsageError(f"a commit is a hex prefix, commit:PREFIX or tag:NAME, not {text!r}")
 
 
@@ -487,77 +477,29 @@ def _register_as_of(subparsers) -> None:
     stat.set_defaults(func=cmd_as_of_stat)
 
 
-class _SnapshotTree:
-    """A workbench as of a snapshot: the listing facade over the snapshot's MVCC view."""
-
-    def __init__(self, view, root, workbench_id: str):
-        self.view, self.root, self.workbench_id = view, root, workbench_id
-
-    def stat(self, components):
-        from nokvfs.schema.paths import join
-        from nokvfs.workspace import listing
-
-        return listing.stat(self.view, self.root, self.workbench_id, join(components) if components else "")
-
-    def rows(self, base: str, recursive: bool):
-        from nokvfs.workspace import listing
-
-        pager = listing.list_recursive if recursive else listing.list_dir
-        cursor = None
-        while True:
-            page = pager(self.view, self.root, self.workbench_id, base, cursor=cursor, limit=PAGE_LIMIT)
-            for child in page.children:
-                yield child.name, child.kind, child.entry
-            cursor = page.cursor
-            if cursor is None:
-                return
-
-
-class _CommitTreeRows:
-    """A workbench as of a commit: commit.tree_view's stat, children pages and files."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def stat(self, components):
-        return self.tree.stat(components)
-
-    def rows(self, base: str, recursive: bool):
-        from nokvfs.workspace import listing
-
-        if recursive:
-            for below, entry in self.tree.files(base):
-                yield below, listing.FILE, entry
-            return
-        components = listing.split(base)
-        anchor = None
-        while True:
-            children, anchor = self.tree.children_page(components, start_after=anchor)
-            for child in children:
-                yield child.name, child.kind, child.entry
-            if anchor is None:
-                return
-
-
 @contextlib.contextmanager
 def as_of_tree(root, ref: AsOfRef):
-    """(tree, view) of the reference, inside one read view held for the whole command."""
-    from nokvfs.workspace import commit, snapshot
+    """The reference's asof Tree, inside one read view held for the whole command."""
+    from nokvfs.workspace import asof
     from nokvfs.workspace import workbench as wb
 
-    if ref.kind == "snapshot":
-        snap = snapshot.get(root, ref.workbench_id, _snapshot_selector(ref.selector))
-        with root.read() as view:
-            at = snapshot.view_at(view, root, snap)
-            yield _SnapshotTree(at, root, ref.workbench_id), at
-        return
+    selector = _snapshot_selector(ref.selector) if ref.kind == "snapshot" else ref.selector
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, ref.workbench_id)
-        if ref.kind == "commit":
-            commit_id = commit.resolve_in(view, root, workbench, ref.selector)
-        else:
-            commit_id = _tag_commit_in(view, root, workbench, ref.selector)
-        yield _CommitTreeRows(commit.tree_view(view, root, commit_id)), view
+        point = asof.locate(view, root, workbench, ref.kind, selector)
+        yield asof.open(view, root, ref.workbench_id, workbench.incarnation_id, point)
+
+
+def _rows(tree, base: str, recursive: bool):
+    """(name, kind, entry) of the children of `base`, or of every file below it."""
+    from nokvfs.workspace import listing
+
+    if recursive:
+        for below, entry in tree.files(base):
+            yield below, listing.FILE, entry
+        return
+    for child in tree.children(listing.split(base)):
+        yield child.name, child.kind, child.entry
 
 
 def _stat(tree, ref: AsOfRef, target):
@@ -573,12 +515,12 @@ def cmd_as_of_ls(args) -> int:
     ref = parse_as_of(args.ref)
     target = parse_target(f"{ref.workbench_id}:{args.path}", need_path=False, allow_root=True, allow_into=True)
     base = target.path
-    with open_root(args, write=False) as root, as_of_tree(root, ref) as (tree, _), _Listing(args) as out:
+    with open_root(args, write=False) as root, as_of_tree(root, ref) as tree, _Listing(args) as out:
         info = _stat(tree, ref, target)
         if info.kind == listing.FILE:
             out.row(base, base, listing.FILE, info.entry)
             return 0
-        for name, kind, entry in tree.rows(base, args.recursive):
+        for name, kind, entry in _rows(tree, base, args.recursive):
             out.row(name, f"{base}/{name}" if base else name, kind, entry)
     return 0
 
@@ -586,7 +528,7 @@ def cmd_as_of_ls(args) -> int:
 def cmd_as_of_stat(args) -> int:
     ref = parse_as_of(args.ref)
     target = parse_target(f"{ref.workbench_id}:{args.path}", need_path=False, allow_root=True)
-    with open_root(args, write=False) as root, as_of_tree(root, ref) as (tree, _):
+    with open_root(args, write=False) as root, as_of_tree(root, ref) as tree:
         info = _stat(tree, ref, target)
     if args.json:
         render.print_json(render.stat_json(info, ref.workbench_id))
@@ -616,13 +558,13 @@ def cmd_as_of_get(args) -> int:
     ref = parse_as_of(args.ref)
     target = parse_target(f"{ref.workbench_id}:{args.path}")
     shown = f"{ref}:{target.path}"
-    with open_root(args, write=False) as root, as_of_tree(root, ref) as (tree, view):
+    with open_root(args, write=False) as root, as_of_tree(root, ref) as tree:
         info = _stat(tree, ref, target)
         if info.kind != listing.FILE:
             raise IsADirectory(f"{shown} is a directory")
         progress = Progress.for_args(args, shown)
         try:
-            chunks = _body_chunks(root, view, info.entry, progress)
+            chunks = _body_chunks(root, tree.view, info.entry, progress)
             if args.dest in (None, STDIN):
                 out = stdout_binary()
                 for chunk in chunks:

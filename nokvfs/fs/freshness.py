@@ -23,15 +23,12 @@ import math
 import pyfuse3
 import trio
 
-from nokvfs.engine.scan import scan_prefix
 from nokvfs.errors import NokvError
-from nokvfs.schema import keys
-from nokvfs.schema.records import ChangeEvent
+from nokvfs.workspace import changes as feed
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.2
-_U32_MAX = 0xFFFFFFFF
 
 
 class Invalidator:
@@ -92,19 +89,11 @@ class ChangeFollower:
         """Apply every event committed since the last poll; returns how many there were."""
         if self.root.shard.commit_version == self.last_version:
             return 0
-        prefix = keys.change_event_prefix(self.root.root_id)
         count = 0
         with self.root.read() as view:
-            marker = keys.change_event_key(self.root.root_id, self.last_version, _U32_MAX)
-            while True:
-                page = scan_prefix(view, "change_event", prefix, start_after=marker)
-                for key, value in page.items:
-                    version = keys.ChangeEventKey.decode(key).commit_version
-                    self.changes.changed(version, ChangeEvent.decode(value))
-                    count += 1
-                if page.next_marker is None:
-                    break
-                marker = page.next_marker
+            for version, event in feed.events_after(view, self.root, self.last_version):
+                self.changes.changed(version, event)
+                count += 1
             self.last_version = view.version
         self.events_seen += count
         return count

@@ -5,10 +5,13 @@ is, which children a directory has -- against one source:
 
     live                     the current version of the root (LiveView)
     snapshot:<id>[:<alias>]  `/<wb>/.snapshots/<id-or-alias>/`: MVCC reads at the snapshot's
-                             read version (SnapshotView, through `snapshot.view_at`)
+                             read version (SnapshotView)
     commit:<hex>[:<prefix>]  `/<wb>/.commits/<id-or-unique-prefix>/`: the commit's members
-                             (CommitView over `commit.tree_view`)
+                             (CommitView)
     tag:<hex>:<name>         `/<wb>/.tags/<name>/`: the tagged commit's members
+
+The read-only views are a thin adapter over the workspace's as-of model (nokvfs.workspace.asof):
+each read context is an asof Tree and every read is the tree's.
 
 The string is the view's *identity*: it is hashed into every inode number of the view, so a
 snapshot's or commit's paths never share a number (or page cache) with their live versions, and
@@ -24,9 +27,8 @@ Every view has the same read interface -- `read()` (a read context), `require`, 
 read-only ones say `immutable = True` (long kernel timeouts, keep_cache) and `read_only = True`.
 
 A snapshot view re-checks on every read context that the snapshot is still Active
-(`snapshot.get`, then `snapshot.view_at`), so a Retired or Reaped snapshot answers ENOENT even to
-a process standing in it. A commit view re-reads the commit's row (`commit.tree_view`, Sealed
-only). Reads are LMDB point reads and bounded scans, cheap enough to run inline on the event loop.
+(`asof.at_snapshot`), so a Retired or Reaped snapshot answers ENOENT even to a process standing
+in it. A commit view re-reads the commit's row (`asof.at_commit`, Sealed only). Reads are LMDB point reads and bounded scans, cheap enough to run inline on the event loop.
 
 The live view caches each workbench's incarnation: Visible is terminal and its incarnation never
 changes (seed: "a client may cache the incarnation because Visible is immutable"), so a cached
@@ -39,11 +41,9 @@ import contextlib
 import logging
 
 from nokvfs.errors import InvalidInput, NotFound, PathInvalid
-from nokvfs.schema import keys
-from nokvfs.schema.enums import CommitState, SnapshotState
 from nokvfs.schema.paths import check_component
 from nokvfs.schema.records import PathEntry
-from nokvfs.workspace import commit, listing, snapshot, tag
+from nokvfs.workspace import asof, commit, listing
 from nokvfs.workspace import workbench as wb
 
 log = logging.getLogger(__name__)
@@ -53,33 +53,10 @@ SNAPSHOTS = ".snapshots"
 COMMITS = ".commits"
 TAGS = ".tags"
 HISTORY_DIRS = (COMMITS, SNAPSHOTS, TAGS)  # in name order
-LOG_LIMIT = 100_000  # commits listed in `.commits/` (the head's first-parent log, newest first)
+_KINDS = {SNAPSHOTS: asof.SNAPSHOT, COMMITS: asof.COMMIT, TAGS: asof.TAG}
 
 
-class _PathReads:
-    """Path reads over a ReadView (current or MVCC at a version): the live and snapshot views."""
-
-    root = None
-
-    def stat(self, view, workbench: wb.Workbench, components: tuple) -> listing.Stat:
-        """One PathCurrent point read; a miss falls back to one bounded prefix probe."""
-        return listing.stat_in(view, self.root, workbench, components)
-
-    def entry(self, view, incarnation: bytes, components: tuple) -> PathEntry | None:
-        """The file at a path of a known incarnation: exactly one PathCurrent point read."""
-        raw = view.get("path_current", keys.path_current_key(self.root.root_id, incarnation, components))
-        return None if raw is None else PathEntry.decode(raw)
-
-    def has_children(self, view, incarnation: bytes, components: tuple) -> bool:
-        prefix = keys.path_subtree_prefix(self.root.root_id, incarnation, components)
-        return view.seek("path_current", prefix, within=prefix) is not None
-
-    def children(self, view, workbench: wb.Workbench, components: tuple, *, start_after: bytes | None, limit: int):
-        """One bounded page of a directory's children: ([listing.Child], next anchor or None)."""
-        return listing.children_page(view, self.root, workbench, components, start_after=start_after, limit=limit)
-
-
-class LiveView(_PathReads):
+class LiveView:
     name = LIVE
     family = None
     immutable = False  # snapshot, commit and tag views are; they get long kernel timeouts
@@ -117,6 +94,21 @@ class LiveView(_PathReads):
             raise NotFound(f"workbench {workbench_id!r} is another incarnation now")
         return workbench
 
+    def stat(self, view, workbench: wb.Workbench, components: tuple) -> listing.Stat:
+        """One PathCurrent point read; a miss falls back to one bounded prefix probe."""
+        return asof.PathTree(view, self.root, workbench).stat(components)
+
+    def entry(self, view, incarnation: bytes, components: tuple) -> PathEntry | None:
+        """The file at a path of a known incarnation: exactly one PathCurrent point read."""
+        return asof.path_entry(view, self.root, incarnation, components)
+
+    def has_children(self, view, incarnation: bytes, components: tuple) -> bool:
+        return asof.path_has_children(view, self.root, incarnation, components)
+
+    def children(self, view, workbench: wb.Workbench, components: tuple, *, start_after: bytes | None, limit: int):
+        """One bounded page of a directory's children: ([listing.Child], next anchor or None)."""
+        return asof.PathTree(view, self.root, workbench).children_page(components, start_after=start_after, limit=limit)
+
     def facts(self) -> dict:
         return {}
 
@@ -124,52 +116,65 @@ class LiveView(_PathReads):
 # --- read-only views ----------------------------------------------------------------------------
 
 
-class SnapshotView(_PathReads):
+class _AsOfView:
+    """A read-only view: each read context is the as-of Tree of its point; reads are the tree's."""
+
+    immutable = True
+    read_only = True
+    root = None
+    incarnation: bytes = None
+    workbench_id: str = None
+
+    @contextlib.contextmanager
+    def read(self):
+        """The view's asof Tree in a fresh read transaction; NotFound once its point is gone."""
+        with self.root.read() as current:
+            yield asof.open(current, self.root, self.workbench_id, self.incarnation, self.point)
+
+    def require(self, tree, workbench_id: str, incarnation: bytes) -> wb.Workbench:
+        """The workbench as of the point (a tag may name a commit of another workbench)."""
+        return tree.workbench
+
+    def stat(self, tree, workbench, components: tuple) -> listing.Stat:
+        return tree.stat(components)
+
+    def entry(self, tree, incarnation: bytes, components: tuple) -> PathEntry | None:
+        return tree.entry(components)
+
+    def has_children(self, tree, incarnation: bytes, components: tuple) -> bool:
+        return tree.has_children(components)
+
+    def children(self, tree, workbench, components: tuple, *, start_after: bytes | None, limit: int):
+        return tree.children_page(components, start_after=start_after, limit=limit)
+
+
+class SnapshotView(_AsOfView):
     """The workbench as of a snapshot's read version (an MVCC view), sections included."""
 
     family = SNAPSHOTS
-    immutable = True
-    read_only = True
 
     def __init__(self, root, workbench_id: str, incarnation: bytes, snapshot_id: int, entry_name: str | None = None):
         self.root = root
         self.workbench_id = workbench_id
         self.incarnation = incarnation
         self.snapshot_id = snapshot_id
+        self.point = asof.Point(asof.SNAPSHOT, snapshot_id=snapshot_id)
         self.entry_name = str(snapshot_id) if entry_name is None else entry_name
         self.name = f"snapshot:{snapshot_id}" if self.entry_name == str(snapshot_id) else f"snapshot:{snapshot_id}:{self.entry_name}"
-
-    @contextlib.contextmanager
-    def read(self):
-        """A ReadView at the snapshot's read version; NotFound once it is not Active."""
-        snap = snapshot.get(self.root, self.workbench_id, self.snapshot_id)
-        if snap.workbench.incarnation_id != self.incarnation:
-            raise NotFound(f"snapshot {self.snapshot_id} belongs to another incarnation of {self.workbench_id}")
-        with self.root.read() as current:
-            yield snapshot.view_at(current, self.root, snap)
-
-    def require(self, view, workbench_id: str, incarnation: bytes) -> wb.Workbench:
-        """The workbench as it was at the snapshot (its revision then)."""
-        _, workbench = wb.visible(view, self.root.root_id, workbench_id)
-        if workbench.incarnation_id != incarnation:
-            raise NotFound(f"workbench {workbench_id!r} was another incarnation at snapshot {self.snapshot_id}")
-        return workbench
 
     def facts(self) -> dict:
         return {b"user.nokvfs.snapshot": str(self.snapshot_id)}
 
 
-class CommitView:
+class CommitView(_AsOfView):
     """A Sealed commit's tree (its CommitMember rows), sections included; also a tag's."""
-
-    immutable = True
-    read_only = True
 
     def __init__(self, root, workbench_id: str, incarnation: bytes, commit_id: bytes, entry_name: str | None = None, *, family: str = COMMITS):
         self.root = root
         self.workbench_id = workbench_id
         self.incarnation = incarnation
         self.commit_id = commit_id
+        self.point = asof.Point(asof.COMMIT, commit_id=commit_id)
         self.family = family
         full = commit_id.hex()
         self.entry_name = full if entry_name is None else entry_name
@@ -177,33 +182,6 @@ class CommitView:
             self.name = f"tag:{full}:{self.entry_name}"
         else:
             self.name = f"commit:{full}" if self.entry_name == full else f"commit:{full}:{self.entry_name}"
-
-    @contextlib.contextmanager
-    def read(self):
-        """The commit's CommitTree in a fresh read transaction; NotFound unless it is Sealed."""
-        with self.root.read() as current:
-            yield commit.tree_view(current, self.root, self.commit_id)
-
-    def require(self, tree, workbench_id: str, incarnation: bytes) -> wb.Workbench:
-        # The commit's own workbench (a tag may name a commit of another workbench).
-        return tree.workbench
-
-    def stat(self, tree, workbench, components: tuple) -> listing.Stat:
-        return tree.stat(components)
-
-    def entry(self, tree, incarnation: bytes, components: tuple) -> PathEntry | None:
-        if len(components) < 2:
-            return None
-        return tree.entry(components)
-
-    def has_children(self, tree, incarnation: bytes, components: tuple) -> bool:
-        try:
-            return tree.stat(components).kind == listing.DIRECTORY
-        except NotFound:
-            return False
-
-    def children(self, tree, workbench, components: tuple, *, start_after: bytes | None, limit: int):
-        return tree.children_page(components, start_after=start_after, limit=limit)
 
     def facts(self) -> dict:
         return {b"user.nokvfs.commit": self.commit_id.hex()}
@@ -246,81 +224,46 @@ def resolve(root, workbench: wb.Workbench, family: str, name: str):
     prefix of a commit of the workbench (Sealed); an ambiguous prefix logs its matches and
     resolves to nothing. `.tags`: the tag's commit (Sealed).
     """
-    workbench_id = workbench.workbench_id
+    kind = _KINDS.get(family)
+    if kind is None:
+        return None
+    selector = name
     if family == SNAPSHOTS:
         if name.isascii() and name.isdigit() and not _canonical_number(name):
             return None
         selector = int(name) if _canonical_number(name) else name
-        try:
-            found = snapshot.get(root, workbench_id, selector)
-        except (NotFound, InvalidInput):
-            return None
-        if found.ref.state != SnapshotState.Active or found.workbench.incarnation_id != workbench.incarnation_id:
-            return None
-        return SnapshotView(root, workbench_id, workbench.incarnation_id, found.snapshot_id, name)
-    if family == COMMITS:
-        try:
-            commit_id = commit.resolve(root, workbench_id, name)
-        except commit.AmbiguousReference as exc:
-            log.warning(
-                "/%s/%s/%s is ambiguous (ENOENT): it is a prefix of %d commits: %s",
-                workbench_id, COMMITS, name, len(exc.matches), ", ".join(exc.matches),
-            )
-            return None
-        except (NotFound, InvalidInput):
-            return None
-        if not _sealed(root, commit_id):
-            return None
-        return CommitView(root, workbench_id, workbench.incarnation_id, commit_id, name)
-    if family == TAGS:
-        try:
-            info = tag.resolve(root, workbench_id, name)
-        except (NotFound, InvalidInput):
-            return None
-        if not _sealed(root, info.commit_id):
-            return None
-        return CommitView(root, workbench_id, workbench.incarnation_id, info.commit_id, name, family=TAGS)
-    return None
+    try:
+        with root.read() as view:
+            point = asof.locate(view, root, workbench, kind, selector)
+    except commit.AmbiguousReference as exc:
+        log.warning(
+            "/%s/%s/%s is ambiguous (ENOENT): it is a prefix of %d commits: %s",
+            workbench.workbench_id, family, name, len(exc.matches), ", ".join(exc.matches),
+        )
+        return None
+    except (NotFound, InvalidInput):
+        return None
+    return _view(root, workbench, family, point, name)
 
 
-def _sealed(root, commit_id: bytes) -> bool:
-    with root.read() as current:
-        try:
-            commit.tree_view(current, root, commit_id)
-        except NotFound:
-            return False
-    return True
+def _view(root, workbench: wb.Workbench, family: str, point: asof.Point, name: str | None):
+    if point.kind == asof.SNAPSHOT:
+        return SnapshotView(root, workbench.workbench_id, workbench.incarnation_id, point.snapshot_id, name)
+    return CommitView(root, workbench.workbench_id, workbench.incarnation_id, point.commit_id, name, family=family)
 
 
 def names(root, workbench: wb.Workbench, family: str) -> list:
-    """(name, view) of every entry of `/<wb>/<family>/`, in listing order.
-
-    `.snapshots`: every Active snapshot by id (ascending), then each alias whose latest mint is
-    Active (a terminal latest mint does not fall back to an earlier one). `.commits`: the head's
-    first-parent log, newest first, by full id. `.tags`: every tag whose commit is Sealed, by name.
-    """
-    workbench_id, incarnation = workbench.workbench_id, workbench.incarnation_id
+    """(name, view) of every entry of `/<wb>/<family>/`, in listing order (asof.points): every
+    Active snapshot by id, then each usable alias whose latest mint is Active; the head's
+    Sealed first-parent log by full id; every tag with a usable name."""
     out = []
-    if family == SNAPSHOTS:
-        found = [s for s in snapshot.list_snapshots(root, workbench_id) if s.workbench.incarnation_id == incarnation]
-        latest: dict[str, snapshot.Snapshot] = {}
-        for snap in found:
-            alias = snap.ref.alias
-            if alias is not None and (alias not in latest or snap.snapshot_id > latest[alias].snapshot_id):
-                latest[alias] = snap
-        for snap in sorted(found, key=lambda s: s.snapshot_id):
-            if snap.ref.state == SnapshotState.Active:
-                out.append((str(snap.snapshot_id), SnapshotView(root, workbench_id, incarnation, snap.snapshot_id)))
-        for alias in sorted(latest, key=lambda a: a.encode("utf-8")):
-            snap = latest[alias]
-            if snap.ref.state == SnapshotState.Active and _usable(alias) and not (alias.isascii() and alias.isdigit()):
-                out.append((alias, SnapshotView(root, workbench_id, incarnation, snap.snapshot_id, alias)))
-    elif family == COMMITS:
-        for info in commit.log(root, workbench_id, limit=LOG_LIMIT):
-            if info.state == CommitState.Sealed:
-                out.append((info.hex, CommitView(root, workbench_id, incarnation, info.commit_id)))
-    elif family == TAGS:
-        for info in tag.list_tags(root, workbench_id):
-            if _usable(info.name):
-                out.append((info.name, CommitView(root, workbench_id, incarnation, info.commit_id, info.name, family=TAGS)))
+    for name, point in asof.points(root, workbench, _KINDS[family]):
+        if family == SNAPSHOTS and name != str(point.snapshot_id):
+            if _usable(name) and not (name.isascii() and name.isdigit()):
+                out.append((name, _view(root, workbench, family, point, name)))
+        elif family == TAGS:
+            if _usable(name):
+                out.append((name, _view(root, workbench, family, point, name)))
+        else:
+            out.append((name, _view(root, workbench, family, point, None)))
     return out

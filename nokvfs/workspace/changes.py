@@ -136,3 +136,18 @@ def _visible_at(view, root, cache: dict, event: ChangeEvent, commit_version: int
         return False
     marker = WorkspaceCurrent.decode(raw)
     return marker.state == WorkspaceState.Visible and marker.workspace_incarnation_id == event.workspace_incarnation_id
+
+
+def events_after(view, root, version: int):
+    """Every (commit version, ChangeEvent) of the root committed after `version`, read in `view`
+    in log order (bounded pages): the raw feed a follower applies, Staging incarnations included
+    (the follower judges them itself)."""
+    prefix = keys.change_event_prefix(root.root_id)
+    marker = keys.change_event_key(root.root_id, version, 0xFFFFFFFF)
+    while True:
+        page = scan_prefix(view, "change_event", prefix, start_after=marker)
+        for key, value in page.items:
+            yield keys.ChangeEventKey.decode(key).commit_version, ChangeEvent.decode(value)
+        if page.next_marker is None:
+            return
+        marker = page.next_marker

@@ -17,8 +17,11 @@ Checks:
   MANIFEST_COVERAGE               manifest rows do not tile the body, or block_count differs
   GC_CANDIDATE_MISSING            a zero-reference Available revision has no candidate
   QUARANTINED                     a revision whose collection met an ambiguous or failed delete:
-                                  its objects are in doubt (not BLOCK_MISSING); `nokvfs gc`
-                                  reconciles it once the store answers
+                                  its objects are in doubt (not BLOCK_MISSING); or a Quarantined
+                                  publish, commit build, restore or commit retirement, with the
+                                  objects and bytes its ledger (or its staged attempts) still
+                                  owns and what else it retains; `nokvfs gc` reconciles all but
+                                  a retirement once the store answers
   HOLD                            an Active snapshot without its HistoryHold, or the reverse
   HISTORY_FLOOR                   a HistoryHold reads below the shard's history floor (its
                                   History may have been pruned)
@@ -43,7 +46,19 @@ from nokvfs.engine.scan import iter_prefix
 from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, StoreError
 from nokvfs.objects.keys import parse_artifact_block_key
 from nokvfs.schema import keys
-from nokvfs.schema.enums import GcClaimState, HistoryHoldKind, OperationKind, PublishPhase, ReferenceKind, RevisionState, SnapshotState
+from nokvfs.schema.enums import (
+    BuildCommitPhase,
+    CommitRetirePhase,
+    GcClaimState,
+    HistoryHoldKind,
+    OperationKind,
+    PublishPhase,
+    ReferenceKind,
+    RestorePhase,
+    RestoreSourceKind,
+    RevisionState,
+    SnapshotState,
+)
 from nokvfs.schema.records import (
     ArtifactRevision,
     GcCandidate,
@@ -97,6 +112,7 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckRepo
         _holds(view, root, report)
         _commits(view, root, report)
         _restores(view, root, report)
+        _quarantined_operations(view, root, report)
         ledger_keys = _ledger_keys(view, root)
     if verify_blocks:
         in_doubt = {r for r, revision in revisions.items() if revision.state == RevisionState.Quarantined}
@@ -150,7 +166,8 @@ def _references(view, root, report, revisions) -> dict:
         if revision.state == RevisionState.Quarantined:
             candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
             evidence = None if candidate is None else GcCandidate.decode(candidate).quarantine_evidence
-            report.add("QUARANTINED", revision_id.hex(), f"its delete was not confirmed ({evidence or 'no evidence recorded'}); the next gc reconciles it once the store answers")
+            size = sum(row.length for row in publish.read_manifest(view, root, revision_id) if row.physical_owner_revision_id == revision_id)
+            report.add("QUARANTINED", revision_id.hex(), f"its delete was not confirmed ({evidence or 'no evidence recorded'}); {size} bytes in doubt; the next gc reconciles it once the store answers")
         if revision.state == RevisionState.Available and revision.strong_reference_count == 0:
             candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
             if candidate is None or GcCandidate.decode(candidate).claim_state != GcClaimState.Candidate:
@@ -269,7 +286,7 @@ def _restores(view, root, report) -> None:
     from nokvfs.schema.enums import CommitState, RestorePhase, RestoreSourceKind
     from nokvfs.schema.records import RestoreOperation
     from nokvfs.workspace import restore as restores
-    from nokvfs.workspace.commit import read_commit
+    from nokvfs.workspace.consumers import read_commit
 
     counted = (RestorePhase.Copying, RestorePhase.SourceSealed, RestorePhase.Ready, RestorePhase.Complete)
     count = 0
@@ -296,6 +313,52 @@ def _restores(view, root, report) -> None:
         except NokvError as exc:
             report.add("RESTORE_MEMBER", op_id.hex(), str(exc))
     report.checked["restores"] = count
+
+
+def _quarantined_operations(view, root, report) -> None:
+    """Every Quarantined publish, commit build, restore and retirement, and what it holds."""
+    from nokvfs.workspace import restore as restores
+    from nokvfs.workspace import staging
+    from nokvfs.workspace.commit import build_commit, retirement
+
+    def attempts_held(attempts) -> str:
+        objects = size = 0
+        for publish_id, pub in attempts.made(root):
+            if pub.phase == PublishPhase.Quarantined:
+                n, b = staging.quarantined_bytes(view, root, publish_id)
+                objects, size = objects + n, size + b
+        return f"{objects} object(s), {size} bytes in doubt in its staged manifest attempts"
+
+    def quarantined(rows, phase):
+        for key, value in iter_prefix(view, "operation", keys.operation_prefix(root.root_id, rows.kind)):
+            try:
+                op = rows.record.decode(value)
+            except FormatError:
+                continue  # UNDECODABLE_ROW is reported where the family is checked
+            if op.phase == phase:
+                yield keys.OperationKey.decode(key).operation_id, op
+
+    count = 0
+    for op_id, op in quarantined(publish.ROWS, PublishPhase.Quarantined):
+        count += 1
+        objects, size = staging.quarantined_bytes(view, root, op_id)
+        report.add("QUARANTINED", f"publish {op_id.hex()} ({op.path})", f"{objects} object(s), {size} bytes its ledger owns are in doubt ({op.terminal_error}); the next gc reconciles them once the store answers")
+    for op_id, op in quarantined(build_commit.ROWS, BuildCommitPhase.Quarantined):
+        count += 1
+        report.add("QUARANTINED", f"build-commit {op_id.hex()}", f"{attempts_held(build_commit.attempts_of(op_id))}; the next gc reconciles it once the store answers")
+    for op_id, op in quarantined(restores.ROWS, RestorePhase.Quarantined):
+        count += 1
+        source = f"snapshot {op.source_snapshot_id}" if op.source_kind == RestoreSourceKind.Snapshot else f"commit {op.source_commit_id.hex()}"
+        report.add(
+            "QUARANTINED",
+            f"restore {op_id.hex()} ({op.source_workbench_id} -> {op.destination_workbench_id})",
+            f"{attempts_held(restores.attempts_of(op_id))}; it retains {source} of {op.source_workbench_id} (read version {op.source_read_version}) "
+            f"and the name {op.destination_workbench_id!r}; the next gc reconciles it once the store answers",
+        )
+    for op_id, op in quarantined(retirement.ROWS, CommitRetirePhase.Quarantined):
+        count += 1
+        report.add("QUARANTINED", f"commit retirement {op_id.hex()}", f"commit {op.commit_id.hex()} stays Retiring: {op.terminal_error} (metadata evidence, not reconciled automatically)")
+    report.checked["quarantined operations"] = count
 
 
 def _ledger_keys(view, root) -> set:

@@ -19,6 +19,10 @@ requires Available), and the caller is the fenced owner (every command carries t
              deleted, every object confirmed absent, then Deleted as above. A probe that fails
              changes nothing.
 
+Each run also reconciles the other Quarantined state machines -- publishes, commit builds,
+restores -- by the same rule (probe, then an explicit transition, then the cleanup again); see
+README "Reconciliation" and each machine's `reconcile`.
+
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
 
@@ -44,12 +48,14 @@ from nokvfs.errors import AmbiguousResult, InvalidInput, NokvError, PredicateFai
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
 from nokvfs.schema.records import ArtifactRevision, GcBarrier, GcCandidate, GcOperation, HistoryHold
-from nokvfs.workspace import operations
 from nokvfs.workspace import publish
+from nokvfs.workspace.operations import OperationLock, Rows, drive_each
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
 log = logging.getLogger(__name__)
+
+ROWS = Rows(OperationKind.Gc, "gc", (GcPhase.Deleted, GcPhase.Quarantined))
 
 
 @dataclass
@@ -63,6 +69,8 @@ class GcReport:
     deleted_objects: int = 0
     quarantined: int = 0
     reconciled: int = 0  # Quarantined collections taken up again once the store answered
+    operations_reconciled: int = 0  # Quarantined publishes, commit builds, restores now Cleaned
+    operations_quarantined: int = 0  # ... still Quarantined after this run (the store did not answer)
     stale_candidates: int = 0
     held: int = 0
     freed: list = field(default_factory=list)  # revision ids (hex)
@@ -130,6 +138,7 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
     if not dry_run:
         _resume(root, report)
         _reconcile(root, report)
+        _reconcile_operations(root, report)
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
         _pass(root, report, dry_run=dry_run, progress=progress)
@@ -210,18 +219,25 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
             report.freed.append(revision_id.hex())
             report.freed_bytes += size
             continue
+        op_id = operation_id(root.root_id, revision_id, epoch)
+        lock = OperationLock(root.run_dir, op_id)
+        if not lock.try_acquire():
+            continue  # another collector drives it
         try:
-            _claim(root, revision_id, epoch)
-        except PredicateFailed:
-            continue  # a reference came back, or another collector claimed it
-        _drive(root, operation_id(root.root_id, revision_id, epoch), report)
+            try:
+                _claim(root, revision_id, epoch)
+            except PredicateFailed:
+                continue  # a reference came back, or another collector claimed it
+            _drive(root, op_id, report)
+        finally:
+            lock.release(remove=True)
         if progress is not None:
             progress(report)
 
 
 def _claim(root, revision_id: bytes, epoch: int) -> None:
     op_id = operation_id(root.root_id, revision_id, epoch)
-    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
+    op_key = ROWS.key(root, op_id)
     candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
     revision_key = _revision_key(root, revision_id)
 
@@ -272,21 +288,11 @@ def _claim(root, revision_id: bytes, epoch: int) -> None:
 
 def _resume(root, report: GcReport) -> None:
     """Drive every GC operation a killed collector left in Deleting (every page, not just one)."""
-    with root.read() as view:
-        stuck = operations.pending(view, root, OperationKind.Gc, (GcPhase.Deleted, GcPhase.Quarantined))
-    for op_id, operation in stuck:
-        if operation.phase == GcPhase.Deleting:
-            _drive(root, op_id, report)
+    drive_each(root, ROWS, lambda op_id, _: _drive(root, op_id, report), wanted=lambda op: op.phase == GcPhase.Deleting)
 
 
 def _reconcile(root, report: GcReport) -> None:
-    with root.read() as view:
-        quarantined = [
-            (op_id, op)
-            for op_id, op in operations.pending(view, root, OperationKind.Gc, (GcPhase.Deleted,))
-            if op.phase == GcPhase.Quarantined
-        ]
-    for op_id, operation in quarantined:
+    def reconcile(op_id, operation):
         with root.read() as view:
             own = _own_objects(view, root, operation.artifact_revision_id)
         try:
@@ -294,45 +300,90 @@ def _reconcile(root, report: GcReport) -> None:
                 root.store.head(row.object_key)  # present or absent: either is an answer
         except StoreError as exc:
             log.info("gc of %s stays quarantined: %s", operation.artifact_revision_id.hex(), exc)
-            continue
+            return "quarantined"
         try:
             _requeue(root, op_id, operation)
         except PredicateFailed:
-            continue  # another collector took it up
+            return "taken up elsewhere"
         report.reconciled += 1
         _drive(root, op_id, report)
+        return "reconciled"
+
+    drive_each(root, ROWS, reconcile, wanted=lambda op: op.phase == GcPhase.Quarantined)
+
+
+def _reconcile_operations(root, report: GcReport) -> None:
+    """README "Reconciliation": every Quarantined publish, commit build and restore whose owner
+    is gone is taken up again once the store answers for the objects it holds. A staged
+    manifest attempt is reconciled only through its owner, and only once the owner is terminal;
+    when any attempt is in doubt, every terminal owner is visited for its attempts."""
+    from nokvfs.schema.enums import BuildCommitPhase, PublishPhase, RestorePhase
+    from nokvfs.schema.paths import normalize_path
+    from nokvfs.workspace import restore
+    from nokvfs.workspace.commit import build_commit
+
+    def counted(reconcile, quarantined):
+        def drive(op_id, operation):
+            outcome = reconcile(op_id, operation)
+            if operation.phase == quarantined:
+                if outcome == "cleaned":
+                    report.operations_reconciled += 1
+                elif outcome == "quarantined":
+                    report.operations_quarantined += 1
+            return outcome
+
+        return drive
+
+    def staged(operation) -> bool:
+        return normalize_path(operation.path) in publish.RESERVED_MANIFESTS
+
+    with root.read() as view:
+        attempts_in_doubt = any(staged(op) for _, op in publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined))
+    drive_each(
+        root,
+        publish.ROWS,
+        counted(lambda op_id, _: publish.reconcile(root, op_id).name.lower(), PublishPhase.Quarantined),
+        wanted=lambda op: op.phase == PublishPhase.Quarantined and not staged(op),
+    )
+    for rows, machine, quarantined in (
+        (build_commit.ROWS, build_commit, BuildCommitPhase.Quarantined),
+        (restore.ROWS, restore, RestorePhase.Quarantined),
+    ):
+        wanted = (lambda op, rows=rows: op.phase in rows.terminal) if attempts_in_doubt else (lambda op, q=quarantined: op.phase == q)
+        drive_each(root, rows, counted(lambda op_id, op, machine=machine: machine.reconcile(root, op_id, op), quarantined), wanted=wanted)
 
 
 def _requeue(root, op_id: bytes, operation: GcOperation) -> None:
     """The explicit reconciliation transition: Quarantined -> Deleting, candidate Claimed."""
-    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
     revision_id = operation.artifact_revision_id
-    revision_key = _revision_key(root, revision_id)
-    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
 
-    def build(view):
-        raw_op, raw_revision = view.get("operation", op_key), view.get("artifact_revision", revision_key)
-        current, revision = GcOperation.decode(raw_op), ArtifactRevision.decode(raw_revision)
+    def change(view, current):
+        raw_revision = view.get("artifact_revision", _revision_key(root, revision_id))
+        revision = ArtifactRevision.decode(raw_revision)
         if current.phase != GcPhase.Quarantined or revision.state != RevisionState.Quarantined:
             raise PredicateFailed(f"gc of {revision_id.hex()} is no longer quarantined")
-        predicates = [ValueEquals("operation", op_key, raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
-        mutations = [
-            Put("operation", op_key, dataclasses.replace(current, phase=GcPhase.Deleting)),
-            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
-        ]
-        raw_candidate = view.get("gc_candidate", candidate_key)
-        if raw_candidate is not None:
-            predicates.append(ValueEquals("gc_candidate", candidate_key, raw_candidate))
-            mutations.append(Put("gc_candidate", candidate_key, dataclasses.replace(GcCandidate.decode(raw_candidate), claim_state=GcClaimState.Claimed)))
-        return Built(predicates=predicates, mutations=mutations)
+        predicates = [ValueEquals("artifact_revision", _revision_key(root, revision_id), raw_revision)]
+        mutations = [Put("artifact_revision", _revision_key(root, revision_id), dataclasses.replace(revision, state=RevisionState.Deleting))]
+        predicates, mutations = _with_candidate(view, root, current, predicates, mutations, claim_state=GcClaimState.Claimed)
+        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Deleting)
 
-    root.apply(build, digest=intent_digest("gc.reconcile", op_id))
+    ROWS.step(root, op_id, "gc.reconcile", change, digest=intent_digest("gc.reconcile", op_id))
+
+
+def _with_candidate(view, root, operation: GcOperation, predicates, mutations, *, predicate: bool = True, **changes):
+    """The operation's GcCandidate row, if it still exists, updated with `changes`."""
+    key = keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode()
+    raw = view.get("gc_candidate", key)
+    if raw is None:
+        return predicates, mutations
+    if predicate:
+        predicates = predicates + [ValueEquals("gc_candidate", key, raw)]
+    return predicates, mutations + [Put("gc_candidate", key, dataclasses.replace(GcCandidate.decode(raw), **changes))]
 
 
 def _drive(root, op_id: bytes, report: GcReport) -> None:
-    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
     with root.read() as view:
-        operation = GcOperation.decode(view.get("operation", op_key))
+        _, operation = ROWS.read(view, root, op_id)
         own = _own_objects(view, root, operation.artifact_revision_id)
     failure = None
     deleted = 0
@@ -362,18 +413,13 @@ def _drive(root, op_id: bytes, report: GcReport) -> None:
 
 
 def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
-    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
     revision_id = operation.artifact_revision_id
     revision_key = _revision_key(root, revision_id)
-    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
 
-    def build(view):
-        raw_op = view.get("operation", op_key)
-        current = GcOperation.decode(raw_op)
+    def change(view, current):
         if current.phase != GcPhase.Deleting:
             raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
         raw_revision = view.get("artifact_revision", revision_key)
-        raw_candidate = view.get("gc_candidate", candidate_key)
         revision = ArtifactRevision.decode(raw_revision)
         # The child's own objects are gone: now, and only now, release its dependency set.
         refs = References(view, root.root_id)
@@ -381,13 +427,9 @@ def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
         for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
             refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
         predicates, mutations = refs.rows()
-        predicates += [ValueEquals("operation", op_key, raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
-        mutations += [
-            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)),
-            Put("operation", op_key, dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))),
-        ]
-        if raw_candidate is not None:
-            mutations.append(Put("gc_candidate", candidate_key, dataclasses.replace(GcCandidate.decode(raw_candidate), claim_state=GcClaimState.Complete)))
+        predicates.append(ValueEquals("artifact_revision", revision_key, raw_revision))
+        mutations.append(Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)))
+        predicates, mutations = _with_candidate(view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete)
         manifest_prefix = keys.artifact_manifest_prefix(root.root_id, revision_id)
         marker = None
         while True:
@@ -396,34 +438,34 @@ def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
             if page.next_marker is None:
                 break
             marker = page.next_marker
-        return Built(predicates=predicates, mutations=mutations)
+        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))
 
-    root.apply(build, digest=intent_digest("gc.finish", op_id))
+    ROWS.step(root, op_id, "gc.finish", change, digest=intent_digest("gc.finish", op_id))
     root.manifests.forget(revision_id)
 
 
 def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> None:
-    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, op_id).encode()
     revision_id = operation.artifact_revision_id
     revision_key = _revision_key(root, revision_id)
-    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
 
-    def build(view):
-        raw_op = view.get("operation", op_key)
+    def change(view, current):
         raw_revision = view.get("artifact_revision", revision_key)
-        raw_candidate = view.get("gc_candidate", candidate_key)
-        mutations = [
-            Put("operation", op_key, dataclasses.replace(GcOperation.decode(raw_op), phase=GcPhase.Quarantined, terminal_error=evidence[:1024])),
-            Put("artifact_revision", revision_key, dataclasses.replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined)),
-        ]
-        if raw_candidate is not None:
-            candidate = GcCandidate.decode(raw_candidate)
-            mutations.append(
-                Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Quarantined, retry_count=candidate.retry_count + 1, quarantine_evidence=evidence[:1024]))
+        predicates = [ValueEquals("artifact_revision", revision_key, raw_revision)]
+        mutations = [Put("artifact_revision", revision_key, dataclasses.replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined))]
+        candidate = _candidate(view, root, current)
+        if candidate is not None:
+            predicates, mutations = _with_candidate(
+                view, root, current, predicates, mutations, predicate=False,
+                claim_state=GcClaimState.Quarantined, retry_count=candidate.retry_count + 1, quarantine_evidence=evidence[:1024],
             )
-        return Built(predicates=[ValueEquals("operation", op_key, raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)], mutations=mutations)
+        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Quarantined, terminal_error=evidence[:1024])
 
     try:
-        root.apply(build, digest=intent_digest("gc.quarantine", op_id))
+        ROWS.step(root, op_id, "gc.quarantine", change, digest=intent_digest("gc.quarantine", op_id))
     except NokvError as exc:
         log.error("gc of %s could not even be quarantined: %s", revision_id.hex(), exc)
+
+
+def _candidate(view, root, operation: GcOperation) -> GcCandidate | None:
+    raw = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode())
+    return None if raw is None else GcCandidate.decode(raw)

@@ -59,24 +59,41 @@ def split(path: str) -> tuple[str, ...]:
 
 
 def stat_in(view, root, workbench: wb.Workbench, components: tuple[str, ...]) -> Stat:
+    incarnation = workbench.incarnation_id
+
+    def entry():
+        raw = view.get("path_current", keys.path_current_key(root.root_id, incarnation, components))
+        return None if raw is None else PathEntry.decode(raw)
+
+    def below():
+        prefix = keys.path_subtree_prefix(root.root_id, incarnation, components)
+        return view.seek("path_current", prefix, within=prefix) is not None
+
+    return stat_tree(components, workbench, view.version, workbench.revision, workbench.workbench_id, entry, below)
+
+
+def stat_tree(components: tuple[str, ...], workbench: wb.Workbench, version: int, revision: int, label: str, entry, below) -> Stat:
+    """The one namespace rule of every tree (live, snapshot, commit): the workbench and its
+    sections are directories, nothing else lives at the top, a path is the file `entry()`
+    finds there, else a directory when `below()` finds something under it, else NotFound
+    (named `label`:path). Directories carry `revision` as their generation."""
+
     def directory(path):
-        return Stat(path, DIRECTORY, None, workbench.revision, view.version, workbench)
+        return Stat(path, DIRECTORY, None, revision, version, workbench)
 
     if not components:
         return directory("")
     path = join(components)
     if components[0] not in wb.SECTIONS:
-        raise NotFound(f"{workbench.workbench_id}:{path} does not exist")
+        raise NotFound(f"{label}:{path} does not exist")
     if len(components) == 1:
         return directory(path)
-    raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
-    if raw is not None:
-        entry = PathEntry.decode(raw)
-        return Stat(path, FILE, entry, entry.generation, view.version, workbench)
-    prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
-    if view.seek("path_current", prefix, within=prefix) is not None:
+    found = entry()
+    if found is not None:
+        return Stat(path, FILE, found, found.generation, version, workbench)
+    if below():
         return directory(path)
-    raise NotFound(f"{workbench.workbench_id}:{path} does not exist")
+    raise NotFound(f"{label}:{path} does not exist")
 
 
 def stat(view, root, workbench_id: str, path: str) -> Stat:

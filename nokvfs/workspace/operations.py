@@ -1,19 +1,277 @@
-"""Operation rows shared by every state machine: finding the ones not yet terminal."""
+"""The state-machine kit: what publish, commit builds and retirements, restores and GC share.
+
+Every durable operation is one Operation row (seed: `operation`, keyed root | kind | id) whose
+phase moves by compare-and-set, plus the rows it owns. This module holds the machinery each of
+them needs, once:
+
+* `crash_point(name)`: fault injection for the crash tests (SIGKILL when NOKVFS_CRASH_AT names
+  the point). The names are each state machine's, listed in its own docstring.
+* `OperationLock` and `driving`: one lock discipline. Whoever drives an operation -- its
+  caller, a recovery, a reconciliation -- holds the flock on `run/ops/<operation id>.lock` for
+  the whole drive and removes the file when done; an operation whose lock is held belongs to a
+  live process and is left alone. The engine's compare-and-set keeps two drivers correct
+  anyway; the lock keeps a live one from being taken over.
+* `Rows`: the operation rows of one kind -- key, read, require a phase, and the one-command
+  steps every machine is made of (`step`: read the exact row, build, CAS it; `set_phase`).
+* `drive_to_terminal`: the one drive loop of the multi-step machines (commit builds, restores):
+  advance step by step, clean what cleanup owns, abort and re-raise on a typed failure.
+* `drive_each`: the one loop over operations of a kind -- recovery (every operation not yet
+  terminal) and reconciliation (every Quarantined one) -- taking each operation's lock, never
+  waiting for it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+
+from nokvfs.engine.command import Put, ValueEquals
 from nokvfs.engine.scan import iter_prefix
+from nokvfs.errors import NokvError, NotFound, PredicateFailed
 from nokvfs.schema import keys
-from nokvfs.schema.enums import OperationKind
+from nokvfs.schema.enums import HistoryHoldKind, OperationKind
+from nokvfs.schema.ids import new_id16
 from nokvfs.schema.records import OPERATION_RECORDS
+from nokvfs.workspace.root import Built, intent_digest
+
+log = logging.getLogger(__name__)
+
+CRASH_ENV = "NOKVFS_CRASH_AT"
 
 
-def pending(view, root, kind: OperationKind, terminal) -> list[tuple[bytes, object]]:
-    """(operation id, record) of every operation of `kind` whose phase is not in `terminal`."""
-    record = OPERATION_RECORDS[kind]
-    out = []
-    for key, value in iter_prefix(view, "operation", keys.operation_prefix(root.root_id, kind)):
-        operation = record.decode(value)
-        if operation.phase not in terminal:
-            out.append((keys.OperationKey.decode(key).operation_id, operation))
-    return out
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: die by SIGKILL here when NOKVFS_CRASH_AT == name."""
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class OperationLock:
+    """An flock on run/ops/<operation>.lock: held while a process drives that operation."""
+
+    def __init__(self, run_dir: str, operation_id: bytes):
+        directory = os.path.join(run_dir, "ops")
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, operation_id.hex() + ".lock")
+        self._fd = None
+
+    def try_acquire(self) -> bool:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            # The holder removes the file on release: a lock taken on a file that was unlinked
+            # meanwhile guards nothing (the next process creates a new one), so take it again.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return True
+            os.close(fd)
+
+    def release(self, *, remove: bool) -> None:
+        if self._fd is None:
+            return
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        os.close(self._fd)
+        self._fd = None
+
+
+class driving:  # noqa: N801 - used as a context manager, like open()
+    """Hold an operation's lock for a `with` block; PredicateFailed when a live process holds it."""
+
+    def __init__(self, root, operation_id: bytes, what: str):
+        self._lock = OperationLock(root.run_dir, operation_id)
+        self._what = f"{what} {operation_id.hex()}"
+
+    def __enter__(self):
+        if not self._lock.try_acquire():
+            raise PredicateFailed(f"{self._what} is driven by a live process")
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release(remove=True)
+
+
+class Done(Exception):
+    """A batched stage found nothing left to do (see Rows.batch)."""
+
+
+def _subject(name: str, operation_id: bytes, operation) -> str:
+    return f"{name} {operation_id.hex()}"
+
+
+class Rows:
+    """The Operation rows of one kind and the one-command steps made of them.
+
+    `name` is how messages name the machine ("publish", "build-commit", ...); `subject(op id,
+    op)` how they name one operation (default: name and id); `terminal` its terminal phases.
+    """
+
+    def __init__(self, kind: OperationKind, name: str, terminal: tuple, *, subject=None):
+        self.kind = kind
+        self.name = name
+        self.record = OPERATION_RECORDS[kind]
+        self.terminal = terminal
+        self._subject = subject or (lambda operation_id, operation: _subject(name, operation_id, operation))
+
+    def key(self, root, operation_id: bytes) -> bytes:
+        return keys.OperationKey(root.root_id, self.kind, operation_id).encode()
+
+    def hold_key(self, root, operation_id: bytes) -> bytes:
+        """The operation's HistoryHold (commit builds and restores hold the version they read)."""
+        return keys.HistoryHoldKey(root.root_id, HistoryHoldKind[self.kind.name], operation_id).encode()
+
+    def read(self, view, root, operation_id: bytes):
+        """(raw row, decoded operation); NotFound when there is none."""
+        raw = view.get("operation", self.key(root, operation_id))
+        if raw is None:
+            raise NotFound(f"no {self.name} operation {operation_id.hex()}")
+        return raw, self.record.decode(raw)
+
+    def get(self, root, operation_id: bytes):
+        """The operation as of now (its own read)."""
+        with root.read() as view:
+            return self.read(view, root, operation_id)[1]
+
+    def find(self, root, operation_id: bytes):
+        """The operation as of now, or None."""
+        with root.read() as view:
+            raw = view.get("operation", self.key(root, operation_id))
+        return None if raw is None else self.record.decode(raw)
+
+    def require(self, operation_id: bytes, operation, *phases) -> None:
+        if operation.phase not in phases:
+            wanted = "/".join(p.name for p in phases)
+            raise PredicateFailed(f"{self._subject(operation_id, operation)} is {operation.phase.name}, not {wanted}")
+
+    def pending(self, view, root) -> list:
+        """(operation id, record) of every operation of this kind not in a terminal phase."""
+        return self.matching(view, root, lambda operation: operation.phase not in self.terminal)
+
+    def matching(self, view, root, wanted) -> list:
+        """(operation id, record) of every operation of this kind for which `wanted(op)` holds."""
+        out = []
+        for key, value in iter_prefix(view, "operation", keys.operation_prefix(root.root_id, self.kind)):
+            operation = self.record.decode(value)
+            if wanted(operation):
+                out.append((keys.OperationKey.decode(key).operation_id, operation))
+        return out
+
+    def apply(self, root, label: str, operation_id: bytes, build, *, digest: bytes | None = None, request_id: bytes | None = None):
+        """root.apply with the machine's intent digest: `digest`, or one naming the label, the
+        operation and the request (a fresh request id unless one is given)."""
+        if digest is None:
+            request_id = request_id or new_id16()
+            digest = intent_digest(label, operation_id, request_id)
+        return root.apply(build, digest=digest, request_id=request_id)
+
+    def step(self, root, operation_id: bytes, label: str, change, *, digest: bytes | None = None, request_id: bytes | None = None):
+        """One command on the exact operation row: `change(view, op)` returns (predicates,
+        mutations, updated op or None) or raises to refuse; the command predicates the row it
+        read and writes the updated one."""
+        key = self.key(root, operation_id)
+
+        def build(view):
+            raw, operation = self.read(view, root, operation_id)
+            predicates, mutations, updated = change(view, operation)
+            predicates = [*predicates, ValueEquals("operation", key, raw)]
+            if updated is not None:
+                mutations = [*mutations, Put("operation", key, updated)]
+            return Built(predicates=predicates, mutations=mutations)
+
+        return self.apply(root, label, operation_id, build, digest=digest, request_id=request_id)
+
+    def batch(self, root, operation_id: bytes, label: str, change) -> bool:
+        """One `step` of a batched stage; False, and nothing applied, when `change` raises
+        Done (the stage has nothing left)."""
+        try:
+            self.step(root, operation_id, label, change)
+        except Done:
+            return False
+        return True
+
+    def start_cleaning(self, root, operation_id: bytes, *, aborting, cleaning, label: str, crash: str) -> bool:
+        """The cleanup prologue: False when the operation is terminal already; an Aborting one
+        moves to Cleaning (crash point `crash` after it); it must then be Cleaning."""
+        operation = self.get(root, operation_id)
+        if operation.phase in self.terminal:
+            return False
+        if operation.phase == aborting:
+            self.set_phase(root, operation_id, aborting, cleaning, label=label)
+            crash_point(crash)
+        self.require(operation_id, self.get(root, operation_id), cleaning)
+        return True
+
+    def set_phase(self, root, operation_id: bytes, expected, new, *, label: str, extra=None, digest: bytes | None = None, **fields) -> None:
+        """One command: `expected` -> `new` (and `fields`) on the exact row, with the (predicates,
+        mutations) `extra(view, op)` adds, if given."""
+
+        def change(view, operation):
+            self.require(operation_id, operation, expected)
+            predicates, mutations = ([], []) if extra is None else extra(view, operation)
+            return predicates, mutations, dataclasses.replace(operation, phase=new, **fields)
+
+        self.step(root, operation_id, label, change, digest=digest)
+
+
+def drive_to_terminal(root, rows: Rows, operation_id: bytes, *, result, cleaning: tuple, clean, advance, abort, abort_on_failure: bool = True):
+    """The drive loop of a multi-step machine, for a caller that holds the operation's lock.
+
+    A terminal operation returns `result(op)` (which raises for an aborted one); a phase in
+    `cleaning` runs `clean(op id)`; any other runs `advance(op id)`, one durable step. A typed
+    failure of a step that nothing else moved on meanwhile aborts the operation (`abort(op id,
+    reason)`, which cleans it) and is re-raised.
+    """
+    while True:
+        operation = rows.get(root, operation_id)
+        if operation.phase in rows.terminal:
+            return result(operation)
+        if operation.phase in cleaning:
+            clean(operation_id)
+            continue
+        try:
+            advance(operation_id)
+        except NokvError as exc:
+            if rows.get(root, operation_id) != operation:
+                continue  # somebody else moved it on (an abort, a concurrent driver): re-read
+            if not abort_on_failure:
+                raise
+            try:
+                abort(operation_id, f"{type(exc).__name__}: {exc}")
+            except NokvError as cleanup:
+                log.error("%s %s: cleanup after %r failed: %s", rows.name, operation_id.hex(), exc, cleanup)
+            raise
+
+
+def drive_each(root, rows: Rows, drive, *, wanted=None) -> list[tuple[str, str]]:
+    """The one loop over a kind's operations: every one for which `wanted(op)` holds (default:
+    not terminal, i.e. recovery) is driven by `drive(op id, op)` while this process holds its
+    lock; one a live process holds is skipped. Returns (op hex, outcome) in key order; a typed
+    failure is logged and reported as "failed: ..." and the loop goes on."""
+    with root.read() as view:
+        candidates = rows.pending(view, root) if wanted is None else rows.matching(view, root, wanted)
+    outcomes = []
+    for operation_id, operation in candidates:
+        lock = OperationLock(root.run_dir, operation_id)
+        if not lock.try_acquire():
+            continue  # a live process drives it
+        try:
+            outcomes.append((operation_id.hex(), drive(operation_id, operation)))
+        except NokvError as exc:
+            log.error("%s %s: %s", rows.name, operation_id.hex(), exc)
+            outcomes.append((operation_id.hex(), f"failed: {exc}"))
+        finally:
+            lock.release(remove=True)
+    return outcomes

@@ -3,6 +3,7 @@
     Uploading -> Finalizing -> Published
     Uploading -> Aborting -> Cleaning -> Cleaned | Quarantined
     Finalizing -> Aborting   (only with proof that no publication or dedupe row exists)
+    Quarantined -> Cleaning  (reconciliation, once the store answers: `reconcile`)
 
 1. One command creates the PublishOperation (Uploading) and the exact StagedObject ledger: every
    object key, length and digest the upload will write, before the first byte is sent.
@@ -15,17 +16,24 @@
 
 A crash leaves the operation in its phase; `recover` (run when a root is opened for writing)
 resumes Finalizing from the ledger and cleans everything else, but only for operations whose
-owning process is gone (each live publish holds a lock file under the root's run directory).
+owning process is gone (each live publish holds its operations.OperationLock).
+
+The staging API (`begin`, `upload`, `finalize`, `read_ledger`, `manifest_rows`,
+`object_present`, `abort`) is public: nokvfs.workspace.staging drives steps 1-3 for the typed
+manifests of commit and restore, whose own state machine then publishes them.
+
+A Quarantined publish is reconciled by `gc` (`reconcile`, README "Reconciliation").
+
+Crash points (operations.crash_point): after-begin, after-upload-<block index>,
+after-multipart-record-<block index>, after-finalize, before-publish-command,
+after-publish-command, after-abort, after-cleaning, after-reconcile.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import logging
-import os
-import signal
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
@@ -61,9 +69,9 @@ from nokvfs.schema.records import (
     SecondaryIndex,
     StagedObject,
 )
-from nokvfs.workspace import operations
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.body import Body
+from nokvfs.workspace.operations import CRASH_ENV, Rows, crash_point, drive_each, driving  # noqa: F401 - CRASH_ENV for callers
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
@@ -76,18 +84,7 @@ LEDGER_BATCH = 256  # objects deleted per cleanup command
 ROW_BATCH = 4096  # ledger or manifest rows per command (the engine bounds a command)
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 TERMINAL = (PublishPhase.Published, PublishPhase.Cleaned, PublishPhase.Quarantined)
-CRASH_ENV = "NOKVFS_CRASH_AT"
-
-
-def crash_point(name: str) -> None:
-    """Fault injection for the crash tests: die by SIGKILL here when NOKVFS_CRASH_AT == name.
-
-    Stage boundaries: after-begin, after-upload-<block index>, after-multipart-record-<block
-    index>, after-finalize, before-publish-command, after-publish-command, after-abort,
-    after-cleaning.
-    """
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+ROWS = Rows(OperationKind.Publish, "publish", TERMINAL)
 
 
 def check_publishable(components: tuple[str, ...]) -> None:
@@ -138,53 +135,16 @@ class Publication:
     progress: object = None
 
 
-class OperationLock:
-    """An flock on run/ops/<operation>.lock: held while a process drives that operation."""
-
-    def __init__(self, run_dir: str, operation_id: bytes):
-        directory = os.path.join(run_dir, "ops")
-        os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, operation_id.hex() + ".lock")
-        self._fd = None
-
-    def try_acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    def release(self, *, remove: bool) -> None:
-        if self._fd is None:
-            return
-        if remove:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-        os.close(self._fd)
-        self._fd = None
-
-
-def _operation_key(root, operation_id: bytes) -> bytes:
-    return keys.OperationKey(root.root_id, OperationKind.Publish, operation_id).encode()
-
-
 def _staged_key(root, operation_id: bytes, sequence: int) -> bytes:
     return keys.StagedObjectKey(root.root_id, operation_id, sequence).encode()
 
 
 def read_operation(view, root, operation_id: bytes) -> tuple[bytes, PublishOperation]:
-    raw = view.get("operation", _operation_key(root, operation_id))
-    if raw is None:
-        raise NotFound(f"no publish operation {operation_id.hex()}")
-    return raw, PublishOperation.decode(raw)
+    return ROWS.read(view, root, operation_id)
 
 
-def _ledger(view, root, operation_id: bytes) -> list[tuple[bytes, StagedObject]]:
+def read_ledger(view, root, operation_id: bytes) -> list[tuple[bytes, StagedObject]]:
+    """Every (key, StagedObject) row of the operation's ledger, in block order."""
     prefix = keys.staged_object_prefix(root.root_id, operation_id)
     rows, marker = [], None
     while True:
@@ -203,14 +163,12 @@ def run(root, pub: Publication) -> PathEntry:
     check_publishable(pub.components)
     check_key_lengths(root, pub.components, pub.index_fields)
     _precheck(root, pub)
-    lock = OperationLock(root.run_dir, pub.operation_id)
-    lock.try_acquire()
-    try:
-        _begin(root, pub)
+    with driving(root, pub.operation_id, "publish"):
+        begin(root, pub)
         crash_point("after-begin")
         try:
-            _upload(root, pub)
-            _finalize(root, pub.operation_id)
+            upload(root, pub)
+            finalize(root, pub.operation_id)
         except BaseException as exc:
             _abort_after_failure(root, pub.operation_id, exc)
             raise
@@ -225,8 +183,6 @@ def run(root, pub: Publication) -> PathEntry:
             _abort_after_failure(root, pub.operation_id, exc)
             raise
         return entry
-    finally:
-        lock.release(remove=True)
 
 
 def _precheck(root, pub: Publication) -> None:
@@ -263,11 +219,18 @@ def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> Non
         raise KeyTooLong(f"{join(components)} is too long for this shard: its keys would be {size} bytes, the limit is {limit}")
 
 
-def _begin(root, pub: Publication) -> None:
-    with root.read() as view:
-        _, workbench = wb.visible(view, root.root_id, pub.workbench_id)
-    pub_incarnation = workbench.incarnation_id
-    op_key = _operation_key(root, pub.operation_id)
+def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
+    """Step 1: the PublishOperation (Uploading) and its exact StagedObject ledger.
+
+    The incarnation is the Visible workbench's, or `incarnation` when given: a restore stages
+    its manifest into a destination that is still Staging.
+    """
+    if incarnation is None:
+        with root.read() as view:
+            _, workbench = wb.visible(view, root.root_id, pub.workbench_id)
+        incarnation = workbench.incarnation_id
+    pub_incarnation = incarnation
+    op_key = ROWS.key(root, pub.operation_id)
 
     def build(view):
         version = view.version + 1
@@ -326,7 +289,8 @@ def _begin(root, pub: Publication) -> None:
         )
 
 
-def _upload(root, pub: Publication) -> None:
+def upload(root, pub: Publication) -> None:
+    """Step 2: every block under its ledger key (multipart above the store's threshold)."""
     store = root.store
     threshold = getattr(store, "multipart_threshold", None)
     for block in pub.body.blocks:
@@ -362,15 +326,15 @@ def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: 
     store.complete_multipart(key, upload_id, parts)
 
 
-def _finalize(root, operation_id: bytes) -> None:
-    """Mark the ledger Uploaded and write the new revision's manifest rows, in bounded batches;
+def finalize(root, operation_id: bytes) -> None:
+    """Step 3: mark the ledger Uploaded and write the new revision's manifest rows, in bounded batches;
     the last batch CASes Uploading -> Finalizing. Manifest rows of a revision that does not
     exist yet are invisible; cleanup removes them if the publication never happens."""
-    op_key = _operation_key(root, operation_id)
+    op_key = ROWS.key(root, operation_id)
     with root.read() as view:
         raw, operation = read_operation(view, root, operation_id)
-        ledger = _ledger(view, root, operation_id)
-        rows = _manifest_rows(view, root, operation, ledger)
+        ledger = read_ledger(view, root, operation_id)
+        rows = manifest_rows(view, root, operation, ledger)
     if operation.phase != PublishPhase.Uploading:
         raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
     puts = [Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded)) for key, row in ledger]
@@ -391,7 +355,7 @@ def _finalize(root, operation_id: bytes) -> None:
 
 
 def _publish(root, operation_id: bytes) -> PathEntry:
-    op_key = _operation_key(root, operation_id)
+    op_key = ROWS.key(root, operation_id)
     with root.read() as view:
         _, operation = read_operation(view, root, operation_id)
     components = normalize_path(operation.path)
@@ -412,31 +376,16 @@ def _publish(root, operation_id: bytes) -> PathEntry:
         check_expectation(op.expected_generation, op.expected_revision_id, old, op.path)
         if old is None:
             _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, components)
-        ledger = _ledger(view, root, operation_id)
+        ledger = read_ledger(view, root, operation_id)
         rows = read_manifest(view, root, op.artifact_revision_id)
-        if rows != _manifest_rows(view, root, op, ledger):
+        if rows != manifest_rows(view, root, op, ledger):
             raise PredicateFailed(f"publish {op.path}: the manifest rows written at finalize are incomplete")
-        digest = manifest_digest(rows)
         dependencies = sorted({r.physical_owner_revision_id for r in rows} - {op.artifact_revision_id})
         refs = References(view, root.root_id)
         depth = 0
         for owner in dependencies:
             depth = max(depth, refs.revision(owner).dependency_depth + 1)
-        revision = ArtifactRevision(
-            logical_size=op.logical_size,
-            body_digest_uri=op.body_digest_uri,
-            manifest_digest_uri="sha256:" + digest.hex(),
-            block_count=len(rows),
-            dependency_count=len(dependencies),
-            dependency_depth=depth,
-            dependency_digest=hashlib.sha256(b"".join(dependencies)).digest(),
-            content_type=op.content_type,
-            state=RevisionState.Available,
-            reference_epoch=0,
-            strong_reference_count=0,
-            last_zero_ref_version=0,
-            created_version=version,
-        )
+        revision = available_revision(op, rows, dependencies, depth, version)
         refs.create(op.artifact_revision_id, revision)
         owner_id = path_owner(workbench.incarnation_id, components)
         refs.add(ReferenceKind.Path, owner_id, op.artifact_revision_id)
@@ -496,7 +445,7 @@ def _tidy_ledger(root, operation_id: bytes) -> None:
 
     Best effort: rows a crash leaves behind only record ownership the manifest also records.
     """
-    op_key = _operation_key(root, operation_id)
+    op_key = ROWS.key(root, operation_id)
     while True:
         with root.read() as view:
             raw, op = read_operation(view, root, operation_id)
@@ -543,7 +492,7 @@ def _check_no_file_ancestor_or_descendant(view, root, incarnation: bytes, compon
         raise InvalidInput(f"{join(components)} is a directory")
 
 
-def _manifest_rows(view, root, op: PublishOperation, ledger) -> list[ArtifactManifest]:
+def manifest_rows(view, root, op: PublishOperation, ledger) -> list[ArtifactManifest]:
     rows = []
     if op.reused_count:
         base = read_manifest(view, root, op.base_revision_id)
@@ -568,6 +517,25 @@ def _manifest_rows(view, root, op: PublishOperation, ledger) -> list[ArtifactMan
     if offset != op.logical_size or len(ledger) != op.object_count:
         raise PredicateFailed(f"publish {op.path}: the ledger does not cover the body")
     return rows
+
+
+def available_revision(op: PublishOperation, rows: list[ArtifactManifest], dependencies, depth: int, version: int) -> ArtifactRevision:
+    """The ArtifactRevision (Available, no references yet) the final command creates."""
+    return ArtifactRevision(
+        logical_size=op.logical_size,
+        body_digest_uri=op.body_digest_uri,
+        manifest_digest_uri="sha256:" + manifest_digest(rows).hex(),
+        block_count=len(rows),
+        dependency_count=len(dependencies),
+        dependency_depth=depth,
+        dependency_digest=hashlib.sha256(b"".join(dependencies)).digest(),
+        content_type=op.content_type,
+        state=RevisionState.Available,
+        reference_epoch=0,
+        strong_reference_count=0,
+        last_zero_ref_version=0,
+        created_version=version,
+    )
 
 
 def read_manifest(view, root, revision_id: bytes) -> list[ArtifactManifest]:
@@ -607,26 +575,23 @@ def _abort_after_failure(root, operation_id: bytes, cause: BaseException) -> Non
 
 def abort(root, operation_id: bytes, *, reason: str) -> PublishPhase:
     """Take the operation to Aborting (if it can still be), then clean its ledger."""
-    op_key = _operation_key(root, operation_id)
     with root.read() as view:
         _, operation = read_operation(view, root, operation_id)
     if operation.phase in TERMINAL:
         return operation.phase
     if operation.phase in (PublishPhase.Uploading, PublishPhase.Finalizing):
 
-        def take_over(view):
-            raw, op = read_operation(view, root, operation_id)
+        def take_over(view, op):
             if op.phase not in (PublishPhase.Uploading, PublishPhase.Finalizing):
                 raise PredicateFailed(f"publish {operation_id.hex()} moved to {op.phase.name}")
-            predicates = [ValueEquals("operation", op_key, raw)]
+            predicates = []
             if op.phase == PublishPhase.Finalizing:
                 # Fenced proof that the publication did not happen: no dedupe row for its request.
                 predicates.append(Absent("command_dedupe", keys.CommandDedupeKey(root.root_id, op.request_id).encode()))
-            aborting = dataclasses.replace(op, phase=PublishPhase.Aborting, terminal_error=reason[:1024])
-            return Built(predicates=predicates, mutations=[Put("operation", op_key, aborting)])
+            return predicates, [], dataclasses.replace(op, phase=PublishPhase.Aborting, terminal_error=reason[:1024])
 
         try:
-            root.apply(take_over, digest=intent_digest("publish.abort", operation_id))
+            ROWS.step(root, operation_id, "publish.abort", take_over, digest=intent_digest("publish.abort", operation_id))
         except PredicateFailed:
             with root.read() as view:
                 _, operation = read_operation(view, root, operation_id)
@@ -638,18 +603,15 @@ def abort(root, operation_id: bytes, *, reason: str) -> PublishPhase:
 
 
 def _set_phase(root, operation_id: bytes, expected: PublishPhase, new: PublishPhase, *, extra=()) -> None:
-    op_key = _operation_key(root, operation_id)
-
-    def build(view):
-        raw, op = read_operation(view, root, operation_id)
-        if op.phase != expected:
-            raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not {expected.name}")
-        return Built(
-            predicates=[ValueEquals("operation", op_key, raw)],
-            mutations=[Put("operation", op_key, dataclasses.replace(op, phase=new))] + list(extra),
-        )
-
-    root.apply(build, digest=intent_digest("publish.phase", operation_id, int(expected), int(new)))
+    ROWS.set_phase(
+        root,
+        operation_id,
+        expected,
+        new,
+        label="publish.phase",
+        extra=lambda view, op: ([], list(extra)),
+        digest=intent_digest("publish.phase", operation_id, int(expected), int(new)),
+    )
 
 
 def _clean(root, operation_id: bytes) -> PublishPhase:
@@ -659,7 +621,11 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
         _set_phase(root, operation_id, PublishPhase.Aborting, PublishPhase.Cleaning)
         crash_point("after-cleaning")
     with root.read() as view:
-        ledger = _ledger(view, root, operation_id)
+        ledger = read_ledger(view, root, operation_id)
+        _, op = read_operation(view, root, operation_id)
+        # A revision of this id exists only when another attempt staged the same revision (a
+        # restore's manifest) and published it: its manifest owns the objects now.
+        published = view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode()) is not None
     quarantined = False
     for start in range(0, len(ledger), LEDGER_BATCH):
         updates = []
@@ -667,7 +633,10 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
             if row.cleanup_state in (StagedCleanupState.Deleted, StagedCleanupState.Quarantined):
                 quarantined |= row.cleanup_state == StagedCleanupState.Quarantined
                 continue
-            state, provider = _delete_staged(root, row)
+            if published:
+                state, provider = StagedCleanupState.Deleted, row.provider_state  # released, not deleted
+            else:
+                state, provider = _delete_staged(root, row)
             quarantined |= state == StagedCleanupState.Quarantined
             updates.append(Put("staged_object", key, dataclasses.replace(row, cleanup_state=state, provider_state=provider)))
         if updates:
@@ -677,6 +646,37 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
     deletes = [] if quarantined else [Delete("staged_object", key) for key, _ in ledger]
     _set_phase(root, operation_id, PublishPhase.Cleaning, final, extra=deletes)
     return final
+
+
+def reconcile(root, operation_id: bytes) -> PublishPhase:
+    """Reconcile a Quarantined publish (README, "Reconciliation"); the caller holds its lock.
+
+    Every object its ledger still owns is probed; while any probe fails nothing changes. Once
+    the store answers for all of them (present or absent), the explicit transition
+    Quarantined -> Cleaning, the quarantined ledger rows DeletePending, and cleanup runs again:
+    Cleaned (ledger gone) when every delete succeeds, Quarantined again otherwise. Returns the
+    phase it ends in.
+    """
+    with root.read() as view:
+        _, operation = read_operation(view, root, operation_id)
+        ledger = read_ledger(view, root, operation_id)
+    if operation.phase != PublishPhase.Quarantined:
+        return operation.phase
+    try:
+        for _, row in ledger:
+            if row.cleanup_state != StagedCleanupState.Deleted:
+                root.store.head(row.object_key)  # present or absent: either is an answer
+    except StoreError as exc:
+        log.info("publish %s stays quarantined: %s", operation_id.hex(), exc)
+        return PublishPhase.Quarantined
+    _set_phase(root, operation_id, PublishPhase.Quarantined, PublishPhase.Cleaning)
+    crash_point("after-reconcile")
+    in_doubt = [(key, row) for key, row in ledger if row.cleanup_state == StagedCleanupState.Quarantined]
+    for start in range(0, len(in_doubt), LEDGER_BATCH):
+        batch = in_doubt[start : start + LEDGER_BATCH]
+        due = [Put("staged_object", key, dataclasses.replace(row, cleanup_state=StagedCleanupState.DeletePending)) for key, row in batch]
+        _apply_ledger_updates(root, operation_id, due, -1 - start)
+    return _clean(root, operation_id)
 
 
 def _drop_unpublished_manifest(root, operation_id: bytes) -> None:
@@ -714,20 +714,16 @@ def _delete_staged(root, row: StagedObject):
 
 
 def _apply_ledger_updates(root, operation_id: bytes, updates, start: int) -> None:
-    op_key = _operation_key(root, operation_id)
+    def change(view, op):
+        ROWS.require(operation_id, op, PublishPhase.Cleaning)
+        return [], list(updates), None
 
-    def build(view):
-        raw, op = read_operation(view, root, operation_id)
-        if op.phase != PublishPhase.Cleaning:
-            raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not Cleaning")
-        return Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=list(updates))
-
-    root.apply(build, digest=intent_digest("publish.clean", operation_id, start))
+    ROWS.step(root, operation_id, "publish.clean", change, digest=intent_digest("publish.clean", operation_id, start))
 
 
 def pending(view, root) -> list[tuple[bytes, PublishOperation]]:
     """Every publish operation not yet in a terminal phase."""
-    return operations.pending(view, root, OperationKind.Publish, TERMINAL)
+    return ROWS.pending(view, root)
 
 
 def recover(root) -> list[tuple[str, str]]:
@@ -736,28 +732,19 @@ def recover(root) -> list[tuple[str, str]]:
     Staged run and restore manifests are left alone: their commit or restore state machine owns
     them and resumes them (a generic resume would make them visible outside that machine).
     """
-    with root.read() as view:
-        candidates = [(op_id, op) for op_id, op in pending(view, root) if normalize_path(op.path) not in RESERVED_MANIFESTS]
-    outcomes = []
-    for operation_id, operation in candidates:
-        lock = OperationLock(root.run_dir, operation_id)
-        if not lock.try_acquire():
-            continue  # a live process still drives it
-        try:
-            outcomes.append((operation_id.hex(), _recover_one(root, operation_id, operation)))
-        except NokvError as exc:
-            log.error("recovery of publish %s failed: %s", operation_id.hex(), exc)
-            outcomes.append((operation_id.hex(), f"failed: {exc}"))
-        finally:
-            lock.release(remove=True)
-    return outcomes
+    return drive_each(
+        root,
+        ROWS,
+        lambda operation_id, operation: _recover_one(root, operation_id, operation),
+        wanted=lambda op: op.phase not in TERMINAL and normalize_path(op.path) not in RESERVED_MANIFESTS,
+    )
 
 
 def _recover_one(root, operation_id: bytes, operation: PublishOperation) -> str:
     if operation.phase == PublishPhase.Finalizing:
         with root.read() as view:
-            ledger = _ledger(view, root, operation_id)
-        if all(_present(root, row) for _, row in ledger):
+            ledger = read_ledger(view, root, operation_id)
+        if all(object_present(root, row) for _, row in ledger):
             try:
                 _publish(root, operation_id)
                 return "published"
@@ -770,7 +757,8 @@ def _recover_one(root, operation_id: bytes, operation: PublishOperation) -> str:
     return _clean(root, operation_id).name.lower()
 
 
-def _present(root, row: StagedObject) -> bool:
+def object_present(root, row: StagedObject) -> bool:
+    """Whether the store holds the object at its ledger length (a probe that fails says no)."""
     try:
         info = root.store.head(row.object_key)
     except StoreError:

@@ -16,9 +16,9 @@ object throughout.
    snapshot's read version (so snapshot.retire and the reaper fail with ForkRetentionActive
    while the restore runs); for a commit, CommitConsumer(commit, Lease, operation) against the
    exact Sealed commit row.
-2. metadata/restore_manifest.json is staged (RestoreStaging) through the publish pipeline (a
-   PublishOperation and its ledger, publish._upload, publish._finalize); one command of this
-   module creates its ArtifactRevision (Available), manifest rows, the destination's Path
+2. metadata/restore_manifest.json is staged (RestoreStaging, nokvfs.workspace.staging: a
+   PublishOperation and its ledger, uploaded and finalized through the publish pipeline); one
+   command of this module creates its ArtifactRevision (Available), manifest rows, the destination's Path
    RevisionRef and its PathCurrent (exactly the sealed entry, under the Staging incarnation,
    so path and reference never disagree), moves the publish operation Finalizing -> Published
    (its result is the sealed path entry) and the restore Preparing -> Copying.
@@ -47,7 +47,9 @@ RestoreMember rows (cleanup cursor: u64 next member sequence), never by a path o
 listing; aborts a staged restore-manifest publish; and finally, in one command, removes a bound
 restore manifest's path and reference, retires the Staging marker (Staging -> Retired) and releases the source hold and
 snapshot consumer, or the commit lease, exactly once. Quarantined (a staged manifest object
-whose delete was ambiguous) keeps the source retained and the marker Staging until reconciled.
+whose delete was ambiguous) keeps the source retained and the marker Staging until reconciled:
+`reconcile` (run by gc) settles the attempts once the store answers, then Quarantined ->
+Cleaning and the cleanup's terminal command releases both.
 
 Decisions (the lead's and this module's, recorded here):
 
@@ -90,7 +92,7 @@ from dataclasses import dataclass
 from itertools import islice, zip_longest
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
-from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, scan_prefix
+from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, iter_prefix, scan_prefix
 from nokvfs.errors import (
     AlreadyExists,
     IntegrityError,
@@ -105,10 +107,8 @@ from nokvfs.schema.enums import (
     ChangeEventKind,
     CommitConsumerKind,
     CommitState,
-    HistoryHoldKind,
     HistoryHoldState,
     OperationKind,
-    PublishPhase,
     ReferenceKind,
     RestorePhase,
     RestoreSourceKind,
@@ -130,12 +130,12 @@ from nokvfs.schema.records import (
     WorkspaceCurrent,
     WorkspaceIncarnationClaim,
 )
-from nokvfs.workspace import operations
 from nokvfs.workspace import body as bodies
 from nokvfs.workspace import commit as commits
-from nokvfs.workspace import publish, snapshot
+from nokvfs.workspace import publish, snapshot, staging
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.consumers import Consumers, read_commit
+from nokvfs.workspace.operations import Done, Rows, crash_point, drive_each, drive_to_terminal, driving
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
@@ -151,6 +151,7 @@ EOF = commits.EOF
 
 TERMINAL = (RestorePhase.Complete, RestorePhase.Cleaned, RestorePhase.Quarantined)
 LIVE = (RestorePhase.Preparing, RestorePhase.Copying, RestorePhase.SourceSealed, RestorePhase.Ready)
+ROWS = Rows(OperationKind.Restore, "restore", TERMINAL, subject=lambda op_id, op: f"restore to {op.destination_workbench_id}")
 _KIND_NAMES = {RestoreSourceKind.Snapshot: "snapshot", RestoreSourceKind.Commit: "commit"}
 
 _U32 = struct.Struct(">I")
@@ -272,7 +273,7 @@ def manifest_entry(root, op_id: bytes, request: RestoreRequest, version: int) ->
     """The sealed PathEntry of metadata/restore_manifest.json and the body it describes."""
     body = bodies.from_bytes(manifest_bytes(op_id, request), root.block_size)
     revision_id = manifest_revision_id(root.root_id, op_id, request.destination_incarnation)
-    rows = commits.planned_manifest(root, revision_id, body)
+    rows = staging.planned_manifest(root, revision_id, body)
     entry = PathEntry(
         generation=1,
         artifact_revision_id=revision_id,
@@ -340,34 +341,13 @@ class RestoreResult:
 # --- rows -------------------------------------------------------------------------------------
 
 
-def _op_key(root, op_id: bytes) -> bytes:
-    return keys.OperationKey(root.root_id, OperationKind.Restore, op_id).encode()
-
-
-def _hold_key(root, op_id: bytes) -> bytes:
-    return keys.HistoryHoldKey(root.root_id, HistoryHoldKind.Restore, op_id).encode()
-
-
-def _read_op(view, root, op_id: bytes) -> tuple[bytes, RestoreOperation]:
-    raw = view.get("operation", _op_key(root, op_id))
-    if raw is None:
-        raise NotFound(f"no restore operation {op_id.hex()}")
-    return raw, RestoreOperation.decode(raw)
-
-
 def operation(root, op_id: bytes) -> RestoreOperation:
-    with root.read() as view:
-        return _read_op(view, root, op_id)[1]
+    return ROWS.get(root, op_id)
 
 
-def _require(op: RestoreOperation, *phases: RestorePhase) -> None:
-    if op.phase not in phases:
-        raise PredicateFailed(f"restore to {op.destination_workbench_id} is {op.phase.name}, not {'/'.join(p.name for p in phases)}")
-
-
-def _apply(root, label: str, op_id: bytes, build, *, request_id: bytes | None = None):
-    request = request_id or new_id16()
-    return root.apply(build, digest=intent_digest(label, op_id, request), request_id=request)
+def attempts_of(op_id: bytes) -> staging.Attempts:
+    """The staged restore-manifest attempts of a restore: every one stages the same revision."""
+    return staging.Attempts(lambda n: manifest_publish_id(op_id, n), f"restore {op_id.hex()}", "restore manifest", same_keys=True)
 
 
 def _snapshot_ref_key(root, op: RestoreOperation) -> bytes:
@@ -379,7 +359,7 @@ def _release_source(view, root, op_id: bytes, op: RestoreOperation):
     if op.source_kind == RestoreSourceKind.Snapshot:
         ref_key = _snapshot_ref_key(root, op)
         raw_ref = view.get("snapshot_ref", ref_key)
-        raw_hold = view.get("history_hold", _hold_key(root, op_id))
+        raw_hold = view.get("history_hold", ROWS.hold_key(root, op_id))
         if raw_ref is None or raw_hold is None:
             raise IntegrityError(f"restore {op_id.hex()} lost its snapshot retention")
         ref = SnapshotRef.decode(raw_ref)
@@ -387,8 +367,8 @@ def _release_source(view, root, op_id: bytes, op: RestoreOperation):
             raise IntegrityError(f"snapshot {op.source_snapshot_id} has no consumer to release")
         released = dataclasses.replace(ref, consumer_count=ref.consumer_count - 1, consumer_epoch=ref.consumer_epoch + 1)
         return (
-            [ValueEquals("snapshot_ref", ref_key, raw_ref), ValueEquals("history_hold", _hold_key(root, op_id), raw_hold)],
-            [Put("snapshot_ref", ref_key, released), Delete("history_hold", _hold_key(root, op_id))],
+            [ValueEquals("snapshot_ref", ref_key, raw_ref), ValueEquals("history_hold", ROWS.hold_key(root, op_id), raw_hold)],
+            [Put("snapshot_ref", ref_key, released), Delete("history_hold", ROWS.hold_key(root, op_id))],
         )
     consumers = Consumers(view, root.root_id)
     consumers.remove(op.source_commit_id, CommitConsumerKind.Lease, keys.lease_consumer_owner(op_id))
@@ -401,7 +381,7 @@ def _release_source(view, root, op_id: bytes, op: RestoreOperation):
 def _check_existing(root, op_id: bytes, identity: bytes, request: RestoreRequest) -> bool:
     """Whether the operation exists (an exact retry); typed errors for a collision/mismatch."""
     with root.read() as view:
-        raw = view.get("operation", _op_key(root, op_id))
+        raw = view.get("operation", ROWS.key(root, op_id))
     if raw is None:
         return False
     op = RestoreOperation.decode(raw)
@@ -424,7 +404,7 @@ def prepare(root, request: RestoreRequest) -> bytes:
     clock = snapshot.observe_clock(root) if request.source_kind == RestoreSourceKind.Snapshot else 0
     marker_key = wb.current_key(root.root_id, request.destination_workbench_id)
     claim_key = keys.WorkspaceIncarnationClaimKey(root.root_id, request.destination_incarnation).encode()
-    op_key = _op_key(root, op_id)
+    op_key = ROWS.key(root, op_id)
 
     def build(view):
         if view.get("operation", op_key) is not None:
@@ -454,7 +434,7 @@ def prepare(root, request: RestoreRequest) -> bytes:
             if ref.lease_deadline <= clock:
                 raise PredicateFailed(f"snapshot {request.snapshot_id}'s lease has expired")
             attached = dataclasses.replace(ref, consumer_count=ref.consumer_count + 1, consumer_epoch=ref.consumer_epoch + 1)
-            hold_key = _hold_key(root, op_id)
+            hold_key = ROWS.hold_key(root, op_id)
             predicates += [ValueEquals("snapshot_ref", ref_key, raw_ref), Absent("history_hold", hold_key)]
             mutations += [
                 Put("snapshot_ref", ref_key, attached),
@@ -516,70 +496,50 @@ def prepare(root, request: RestoreRequest) -> bytes:
 
 
 def _bind_manifest(root, op_id: bytes, publish_id: bytes) -> None:
-    pub_op = commits.read_publish(root, publish_id)
-    if pub_op is None:
-        raise NotFound(f"no staged publish {publish_id.hex()}")
+    def check(view):
+        _, op = ROWS.read(view, root, op_id)
+        ROWS.require(op_id, op, RestorePhase.Preparing)
 
-    def build(view):
-        raw_op, op = _read_op(view, root, op_id)
-        _require(op, RestorePhase.Preparing)
-        raw_pub, pub = publish.read_operation(view, root, publish_id)
-        if pub.phase != PublishPhase.Finalizing:
-            raise PredicateFailed(f"staged publish {publish_id.hex()} is {pub.phase.name}, not Finalizing")
-        entry = PathEntry.decode(op.restore_manifest_entry)
-        _, to_write, revision, ledger_keys = commits.staged_revision(view, root, publish_id, pub, view.version + 1)
-        staged = (pub.artifact_revision_id, revision.logical_size, revision.body_digest_uri, revision.manifest_digest_uri)
-        if staged != (entry.artifact_revision_id, entry.logical_size, entry.body_digest_uri, entry.manifest_digest_uri):
+    def rows(view, staged, refs):
+        raw_op, op = ROWS.read(view, root, op_id)
+        entry, revision = PathEntry.decode(op.restore_manifest_entry), staged.revision
+        found = (staged.op.artifact_revision_id, revision.logical_size, revision.body_digest_uri, revision.manifest_digest_uri)
+        if found != (entry.artifact_revision_id, entry.logical_size, entry.body_digest_uri, entry.manifest_digest_uri):
             raise IntegrityError(f"staged publish {publish_id.hex()} is not the sealed restore manifest")
-        refs = References(view, root.root_id)
-        refs.create(entry.artifact_revision_id, revision)
         refs.add(ReferenceKind.Path, publish.path_owner(op.destination_workspace_incarnation_id, RESTORE_MANIFEST), entry.artifact_revision_id)
-        predicates, mutations = refs.rows()
         path_key = keys.path_current_key(root.root_id, op.destination_workspace_incarnation_id, RESTORE_MANIFEST)
-        pub_predicates, pub_mutations = commits.staged_publish_rows(root, publish_id, raw_pub, pub, to_write, ledger_keys, op.restore_manifest_entry)
-        predicates += pub_predicates + [ValueEquals("operation", _op_key(root, op_id), raw_op), Absent("path_current", path_key)]
-        mutations += pub_mutations + [
+        predicates = [ValueEquals("operation", ROWS.key(root, op_id), raw_op), Absent("path_current", path_key)]
+        mutations = [
             Put("path_current", path_key, op.restore_manifest_entry),  # under Staging: invisible
-            Put("operation", _op_key(root, op_id), dataclasses.replace(op, phase=RestorePhase.Copying)),
+            Put("operation", ROWS.key(root, op_id), dataclasses.replace(op, phase=RestorePhase.Copying)),
         ]
-        return Built(predicates=predicates, mutations=mutations)
+        return predicates, mutations, op.restore_manifest_entry
 
-    root.apply(build, digest=intent_digest("restore.stage", op_id, publish_id), request_id=pub_op.request_id)
+    staging.bind(root, publish_id, intent_digest("restore.stage", op_id, publish_id), check, rows)
 
 
 def _stage_manifest(root, op_id: bytes) -> None:
     op = operation(root, op_id)
-    _require(op, RestorePhase.Preparing)
-    made = commits.attempts(root, lambda n: manifest_publish_id(op_id, n))
-    for publish_id, pub in made:
-        if pub.phase == PublishPhase.Quarantined:
-            raise IntegrityError(f"restore {op_id.hex()}: staging attempt {publish_id.hex()} is quarantined; its object keys cannot be reused")
-        if pub.phase == PublishPhase.Cleaned:
-            continue
-        if pub.phase == PublishPhase.Published:
-            raise IntegrityError(f"staged restore manifest {publish_id.hex()} was published outside its restore")
-        if commits.settle_attempt(root, publish_id, pub, lambda: _bind_manifest(root, op_id, publish_id)) == "bound":
-            return
-    if len(made) >= commits.MAX_STAGE_ATTEMPTS:
-        raise PredicateFailed(f"restore {op_id.hex()}: {commits.MAX_STAGE_ATTEMPTS} staging attempts failed")
-    publish_id = manifest_publish_id(op_id, len(made))
-    request = RestoreRequest.from_op(op)
-    entry, body = manifest_entry(root, op_id, request, op.created_version)
-    pub = publish.Publication(
-        workbench_id=op.destination_workbench_id,
-        components=RESTORE_MANIFEST,
-        body=body,
-        logical_size=body.size,
-        body_digest_uri=body.digest_uri,
-        expected_generation=0,
-        content_type=entry.content_type,
-        producer=RESTORE_PRODUCER,
-        event_kind=ChangeEventKind.WorkspaceRestored,
-        revision_id=entry.artifact_revision_id,
-        operation_id=publish_id,
-        request_id=new_id16(),
-    )
-    commits.stage(root, pub, op.destination_workspace_incarnation_id, lambda: _bind_manifest(root, op_id, publish_id))
+    ROWS.require(op_id, op, RestorePhase.Preparing)
+    entry, body = manifest_entry(root, op_id, RestoreRequest.from_op(op), op.created_version)
+
+    def publication(publish_id):
+        return publish.Publication(
+            workbench_id=op.destination_workbench_id,
+            components=RESTORE_MANIFEST,
+            body=body,
+            logical_size=body.size,
+            body_digest_uri=body.digest_uri,
+            expected_generation=0,
+            content_type=entry.content_type,
+            producer=RESTORE_PRODUCER,
+            event_kind=ChangeEventKind.WorkspaceRestored,
+            revision_id=entry.artifact_revision_id,
+            operation_id=publish_id,
+            request_id=new_id16(),
+        )
+
+    staging.stage_next(root, attempts_of(op_id), publication, op.destination_workspace_incarnation_id, lambda publish_id: _bind_manifest(root, op_id, publish_id))
 
 
 # --- step 3: copying --------------------------------------------------------------------------
@@ -622,8 +582,8 @@ def _member_key(root, op_id: bytes, sequence: int) -> bytes:
 
 def _copy_batch(root, op_id: bytes, batch: int) -> None:
     def build(view):
-        raw_op, op = _read_op(view, root, op_id)
-        _require(op, RestorePhase.Copying)
+        raw_op, op = ROWS.read(view, root, op_id)
+        ROWS.require(op_id, op, RestorePhase.Copying)
         items = list(islice(source_entries(view, root, op, op.source_cursor or None), batch + 1))
         take, more = items[:batch], len(items) > batch
         inc = op.destination_workspace_incarnation_id
@@ -655,26 +615,19 @@ def _copy_batch(root, op_id: bytes, batch: int) -> None:
         if not more:
             updated = dataclasses.replace(updated, source_eof=True, phase=RestorePhase.SourceSealed)
         ref_predicates, ref_mutations = refs.rows()
-        predicates += ref_predicates + [ValueEquals("operation", _op_key(root, op_id), raw_op)]
-        mutations += ref_mutations + [Put("operation", _op_key(root, op_id), updated)]
+        predicates += ref_predicates + [ValueEquals("operation", ROWS.key(root, op_id), raw_op)]
+        mutations += ref_mutations + [Put("operation", ROWS.key(root, op_id), updated)]
         return Built(predicates=predicates, mutations=mutations)
 
-    _apply(root, "restore.copy", op_id, build)
+    ROWS.apply(root, "restore.copy", op_id, build)
 
 
 # --- step 4: verification ---------------------------------------------------------------------
 
 
 def _restore_members(view, root, op_id: bytes):
-    prefix = keys.restore_member_prefix(root.root_id, op_id)
-    marker = None
-    while True:
-        page = scan_prefix(view, "restore_member", prefix, start_after=marker)
-        for key, value in page.items:
-            yield keys.RestoreMemberKey.decode(key).member_sequence, RestoreMember.decode(value)
-        if page.next_marker is None:
-            return
-        marker = page.next_marker
+    for key, value in iter_prefix(view, "restore_member", keys.restore_member_prefix(root.root_id, op_id)):
+        yield keys.RestoreMemberKey.decode(key).member_sequence, RestoreMember.decode(value)
 
 
 def verify_members(view, root, op_id: bytes, op: RestoreOperation, *, staged: bool = True) -> None:
@@ -720,22 +673,22 @@ def verify_members(view, root, op_id: bytes, op: RestoreOperation, *, staged: bo
 
 def _verify(root, op_id: bytes) -> None:
     with root.read() as view:
-        _, op = _read_op(view, root, op_id)
-        _require(op, RestorePhase.SourceSealed)
+        _, op = ROWS.read(view, root, op_id)
+        ROWS.require(op_id, op, RestorePhase.SourceSealed)
         if not op.source_eof:
             raise IntegrityError(f"restore {op_id.hex()} is SourceSealed without end-of-source")
         verify_members(view, root, op_id, op)
 
     def build(view):
-        raw, current = _read_op(view, root, op_id)
+        raw, current = ROWS.read(view, root, op_id)
         if current != op:
             raise PredicateFailed(f"restore {op_id.hex()} changed while it was being verified")
         return Built(
-            predicates=[ValueEquals("operation", _op_key(root, op_id), raw)],
-            mutations=[Put("operation", _op_key(root, op_id), dataclasses.replace(current, phase=RestorePhase.Ready))],
+            predicates=[ValueEquals("operation", ROWS.key(root, op_id), raw)],
+            mutations=[Put("operation", ROWS.key(root, op_id), dataclasses.replace(current, phase=RestorePhase.Ready))],
         )
 
-    _apply(root, "restore.ready", op_id, build)
+    ROWS.apply(root, "restore.ready", op_id, build)
 
 
 # --- step 5: the final command ----------------------------------------------------------------
@@ -743,8 +696,8 @@ def _verify(root, op_id: bytes) -> None:
 
 def _complete(root, op_id: bytes) -> None:
     def build(view):
-        raw_op, op = _read_op(view, root, op_id)
-        _require(op, RestorePhase.Ready)
+        raw_op, op = ROWS.read(view, root, op_id)
+        ROWS.require(op_id, op, RestorePhase.Ready)
         inc = op.destination_workspace_incarnation_id
         marker_key = wb.current_key(root.root_id, op.destination_workbench_id)
         raw_marker, marker = wb.read_current(view, root.root_id, op.destination_workbench_id)
@@ -763,20 +716,20 @@ def _complete(root, op_id: bytes) -> None:
         result = RestoreResult(op_id, op.destination_workbench_id, inc, op.source_kind, bytes(op.source_selector), op.member_count, version).to_bytes()
         visible = dataclasses.replace(marker, state=WorkspaceState.Visible, workspace_revision=marker.workspace_revision + 1, modified_version=version)
         predicates += [
-            ValueEquals("operation", _op_key(root, op_id), raw_op),
+            ValueEquals("operation", ROWS.key(root, op_id), raw_op),
             ValueEquals("workspace_current", marker_key, raw_marker),
             ValueEquals("path_current", path_key, op.restore_manifest_entry),
         ]
         mutations += [
             Put("workspace_current", marker_key, visible),
-            Put("operation", _op_key(root, op_id), dataclasses.replace(op, phase=RestorePhase.Complete, result=result)),
+            Put("operation", ROWS.key(root, op_id), dataclasses.replace(op, phase=RestorePhase.Complete, result=result)),
         ]
         event = wb.event((op.destination_workbench_id, inc), ChangeEventKind.WorkspaceRestored, None, bytes(op.source_selector), op_id)
         return Built(predicates=predicates, mutations=mutations, events=[event], result=result)
 
-    publish.crash_point("restore-before-complete-command")
+    crash_point("restore-before-complete-command")
     root.apply(build, digest=intent_digest("restore.complete", op_id), request_id=_request_id(op_id, b"complete"))
-    publish.crash_point("restore-after-complete-command")
+    crash_point("restore-after-complete-command")
 
 
 # --- driving ----------------------------------------------------------------------------------
@@ -821,7 +774,7 @@ def _find_existing(root, request_kind, selector, source: wb.Workbench, destinati
             return None
         owner = marker.owning_operation
         if owner is not None and owner.operation_kind == OperationKind.Restore:
-            raw = view.get("operation", _op_key(root, owner.operation_id))
+            raw = view.get("operation", ROWS.key(root, owner.operation_id))
             if raw is not None:
                 op = RestoreOperation.decode(raw)
                 if (op.source_workbench_id, op.source_workspace_incarnation_id, op.source_kind, bytes(op.source_selector)) == (
@@ -853,36 +806,32 @@ def restore(root, source_workbench: str, source, destination_workbench: str, *, 
 def resume(root, op_id: bytes, *, batch: int = COPY_BATCH, abort_on_failure: bool = True) -> RestoreResult:
     """Drive a restore to its terminal phase: Complete returns the result, a cleaned restore
     raises RestoreAborted, a typed failure aborts and cleans it and is re-raised."""
-    lock = publish.OperationLock(root.run_dir, op_id)
-    if not lock.try_acquire():
-        raise PredicateFailed(f"restore {op_id.hex()} is driven by a live process")
-    try:
-        while True:
-            op = operation(root, op_id)
-            if op.phase == RestorePhase.Complete:
-                result = RestoreResult.from_bytes(op.result)
-                if result.operation_id != op_id:
-                    raise IntegrityError(f"restore {op_id.hex()}: the stored result names another operation")
-                return result
-            if op.phase in (RestorePhase.Cleaned, RestorePhase.Quarantined):
-                raise RestoreAborted(f"restore {op_id.hex()} was aborted ({op.phase.name}): {op.terminal_error}")
-            if op.phase in (RestorePhase.Aborting, RestorePhase.Cleaning):
-                _clean(root, op_id, batch)
-                continue
-            try:
-                advance(root, op_id, batch=batch)
-            except NokvError as exc:
-                if operation(root, op_id) != op:
-                    continue
-                if not abort_on_failure:
-                    raise
-                try:
-                    abort(root, op_id, reason=f"{type(exc).__name__}: {exc}", batch=batch)
-                except NokvError as cleanup:
-                    _log.error("restore %s: cleanup after %r failed: %s", op_id.hex(), exc, cleanup)
-                raise
-    finally:
-        lock.release(remove=True)
+    with driving(root, op_id, "restore"):
+        return _drive(root, op_id, batch=batch, abort_on_failure=abort_on_failure)
+
+
+def _drive(root, op_id: bytes, *, batch: int = COPY_BATCH, abort_on_failure: bool = True) -> RestoreResult:
+    """`resume` for a caller that holds the operation's lock."""
+
+    def result(op):
+        if op.phase != RestorePhase.Complete:
+            raise RestoreAborted(f"restore {op_id.hex()} was aborted ({op.phase.name}): {op.terminal_error}")
+        found = RestoreResult.from_bytes(op.result)
+        if found.operation_id != op_id:
+            raise IntegrityError(f"restore {op_id.hex()}: the stored result names another operation")
+        return found
+
+    return drive_to_terminal(
+        root,
+        ROWS,
+        op_id,
+        result=result,
+        cleaning=(RestorePhase.Aborting, RestorePhase.Cleaning),
+        clean=lambda op_id: _clean(root, op_id, batch),
+        advance=lambda op_id: advance(root, op_id, batch=batch),
+        abort=lambda op_id, reason: abort(root, op_id, reason=reason, batch=batch),
+        abort_on_failure=abort_on_failure,
+    )
 
 
 # --- abort and cleanup ------------------------------------------------------------------------
@@ -897,17 +846,13 @@ def abort(root, op_id: bytes, *, reason: str, batch: int = COPY_BATCH) -> Restor
     if op.phase in LIVE:
         observed = op.phase
 
-        def take_over(view):
-            raw, current = _read_op(view, root, op_id)
+        def take_over(view, current):
             if current.phase != observed:
                 raise PredicateFailed(f"restore {op_id.hex()} moved from {observed.name} to {current.phase.name}")
-            return Built(
-                predicates=[ValueEquals("operation", _op_key(root, op_id), raw)],
-                mutations=[Put("operation", _op_key(root, op_id), dataclasses.replace(current, phase=RestorePhase.Aborting, terminal_error=reason[:1024]))],
-            )
+            return [], [], dataclasses.replace(current, phase=RestorePhase.Aborting, terminal_error=reason[:1024])
 
         try:
-            _apply(root, "restore.abort", op_id, take_over)
+            ROWS.step(root, op_id, "restore.abort", take_over)
         except PredicateFailed:
             current = operation(root, op_id)
             if current.phase == RestorePhase.Complete:
@@ -918,28 +863,17 @@ def abort(root, op_id: bytes, *, reason: str, batch: int = COPY_BATCH) -> Restor
 
 
 def _set_phase(root, op_id: bytes, expected: RestorePhase, new: RestorePhase, *, extra=None) -> None:
-    def build(view):
-        raw, op = _read_op(view, root, op_id)
-        _require(op, expected)
-        predicates, mutations = ([], []) if extra is None else extra(view, op)
-        predicates.append(ValueEquals("operation", _op_key(root, op_id), raw))
-        mutations.append(Put("operation", _op_key(root, op_id), dataclasses.replace(op, phase=new)))
-        return Built(predicates=predicates, mutations=mutations)
-
-    _apply(root, f"restore.{new.name.lower()}", op_id, build)
+    ROWS.set_phase(root, op_id, expected, new, label=f"restore.{new.name.lower()}", extra=extra)
 
 
 def _clean_members(root, op_id: bytes, batch: int) -> bool:
     """One cleanup batch driven by the RestoreMember rows; False once the cursor is at EOF."""
     limit = min(batch, MAX_ITEMS_PER_CALL)
-    state = {}
 
-    def build(view):
-        raw, op = _read_op(view, root, op_id)
-        _require(op, RestorePhase.Cleaning)
+    def change(view, op):
+        ROWS.require(op_id, op, RestorePhase.Cleaning)
         if op.cleanup_cursor == EOF:
-            state["done"] = True
-            raise _Done()
+            raise Done()
         start = 0 if not op.cleanup_cursor else _U64.unpack(op.cleanup_cursor)[0]
         prefix = keys.restore_member_prefix(root.root_id, op_id)
         marker = None if start == 0 else _member_key(root, op_id, start - 1)
@@ -965,37 +899,18 @@ def _clean_members(root, op_id: bytes, batch: int) -> bool:
                 refs.remove(ReferenceKind.Path, publish.path_owner(inc, components), member.artifact_revision_id)
         cursor = EOF if page.next_marker is None else _U64.pack(following)
         ref_predicates, ref_mutations = refs.rows()
-        predicates += ref_predicates + [ValueEquals("operation", _op_key(root, op_id), raw)]
-        mutations += ref_mutations + [Put("operation", _op_key(root, op_id), dataclasses.replace(op, cleanup_cursor=cursor))]
-        return Built(predicates=predicates, mutations=mutations)
+        return predicates + ref_predicates, mutations + ref_mutations, dataclasses.replace(op, cleanup_cursor=cursor)
 
-    try:
-        _apply(root, "restore.clean", op_id, build)
-    except _Done:
-        return False
-    return True
-
-
-class _Done(Exception):
-    """The member cleanup cursor is at EOF."""
+    return ROWS.batch(root, op_id, "restore.clean", change)
 
 
 def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
-    op = operation(root, op_id)
-    if op.phase in TERMINAL:
-        return op.phase
-    if op.phase == RestorePhase.Aborting:
-        _set_phase(root, op_id, RestorePhase.Aborting, RestorePhase.Cleaning)
-        publish.crash_point("restore-after-cleaning")
-    _require(operation(root, op_id), RestorePhase.Cleaning)
-    quarantined = False
-    for publish_id, pub in commits.attempts(root, lambda n: manifest_publish_id(op_id, n)):
-        phase = pub.phase
-        if phase not in publish.TERMINAL:
-            phase = publish.abort(root, publish_id, reason="its restore was aborted")
-        quarantined |= phase == PublishPhase.Quarantined
+    cleaning = RestorePhase.Cleaning
+    if not ROWS.start_cleaning(root, op_id, aborting=RestorePhase.Aborting, cleaning=cleaning, label="restore.cleaning", crash="restore-after-cleaning"):
+        return operation(root, op_id).phase
+    quarantined = staging.abort_attempts(root, attempts_of(op_id), "its restore was aborted")
     while _clean_members(root, op_id, batch):
-        publish.crash_point("restore-after-clean-batch")
+        crash_point("restore-after-clean-batch")
     final = RestorePhase.Quarantined if quarantined else RestorePhase.Cleaned
 
     def finish(view, op):
@@ -1026,22 +941,33 @@ def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
 
 
 def pending(view, root) -> list[tuple[bytes, RestoreOperation]]:
-    return operations.pending(view, root, OperationKind.Restore, TERMINAL)
+    return ROWS.pending(view, root)
 
 
 def recover(root) -> list[tuple[str, str]]:
     """Resume every restore whose owning process is gone: (op hex, terminal phase name)."""
-    with root.read() as view:
-        candidates = pending(view, root)
-    outcomes = []
-    for op_id, _ in candidates:
-        lock = publish.OperationLock(root.run_dir, op_id)
-        if not lock.try_acquire():
-            continue  # a live process still drives it
-        lock.release(remove=False)
+
+    def drive(op_id, _):
         try:
-            resume(root, op_id)
+            _drive(root, op_id)
         except NokvError as exc:
             _log.info("recovery of restore %s: %s", op_id.hex(), exc)
-        outcomes.append((op_id.hex(), operation(root, op_id).phase.name.lower()))
-    return outcomes
+        return operation(root, op_id).phase.name.lower()
+
+    return drive_each(root, ROWS, drive)
+
+
+def reconcile(root, op_id: bytes, op: RestoreOperation) -> str:
+    """Reconcile a terminal restore (README, "Reconciliation"); the caller holds its lock.
+
+    Its staged restore-manifest attempts that are Quarantined are reconciled. A Quarantined
+    restore (its staged paths, references and bound manifest were removed by its cleanup; it
+    still retains the source and the Staging destination name) then takes the explicit
+    transition Quarantined -> Cleaning, and its cleanup's terminal command retires the marker
+    and releases the source exactly once: Cleaned. Returns the phase afterwards (lower case).
+    """
+    if not staging.reconcile(root, attempts_of(op_id)) or op.phase != RestorePhase.Quarantined:
+        return operation(root, op_id).phase.name.lower()
+    _set_phase(root, op_id, RestorePhase.Quarantined, RestorePhase.Cleaning)
+    crash_point("restore-after-reconcile")
+    return _clean(root, op_id).name.lower()

@@ -1,6 +1,7 @@
 """Leased snapshots: SnapshotRef, an optional SnapshotAlias and a HistoryHold, created atomically.
 
-    Active -> ReapClaimed -> Reaped      (the reaper, after the lease deadline plus skew grace)
+    Active -> ReapClaimed -> Reaped      (the reaper, after the lease deadline plus skew grace;
+                                          a later reaper finishes a claim a killed one left)
     Active -> Retired                    (explicit retirement)
 
 A SnapshotId is the commit version of the command that minted it: unique within the root,
@@ -22,12 +23,13 @@ from dataclasses import dataclass
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
 from nokvfs.engine.scan import scan_prefix
-from nokvfs.errors import IntegrityError, InvalidInput, NokvError, NotFound, PredicateFailed
+from nokvfs.errors import IntegrityError, InvalidInput, NotFound, PredicateFailed
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind, HistoryHoldKind, HistoryHoldState, SnapshotState
 from nokvfs.schema.names import check_snapshot_alias
 from nokvfs.schema.records import HistoryHold, SnapshotAlias, SnapshotRef
 from nokvfs.workspace import workbench as wb
+from nokvfs.workspace.operations import crash_point
 from nokvfs.workspace.root import Built, intent_digest
 
 DEFAULT_LEASE_SECONDS = 3600
@@ -102,7 +104,12 @@ def _resolve(view, root, workbench: wb.Workbench, selector: int | str):
 def get(root, workbench_id: str, selector: int | str) -> Snapshot:
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
-        snapshot_id, _, raw, _ = _resolve(view, root, workbench, selector)
+        return find(view, root, workbench, selector)
+
+
+def find(view, root, workbench: wb.Workbench, selector: int | str) -> Snapshot:
+    """`get` within one read view, for a workbench already read from it."""
+    snapshot_id, _, raw, _ = _resolve(view, root, workbench, selector)
     return Snapshot(snapshot_id, workbench, SnapshotRef.decode(raw), root.shard.lease_clock_ms)
 
 
@@ -250,34 +257,38 @@ def retire(root, workbench_id: str, selector: int | str) -> int:
 
 
 def reap(root, *, skew_grace_ms: int = DEFAULT_SKEW_GRACE_MS, now_ms: int | None = None) -> list[int]:
-    """Claim every Active snapshot whose deadline plus the skew grace is behind the lease clock.
+    """Claim every Active snapshot whose deadline plus the skew grace is behind the lease clock,
+    and finish every reap a killed reaper left ReapClaimed. Returns the ids reaped.
 
     The lease clock is persisted and only moves forward: a wall clock that went backwards is
-    ignored until it catches up, so it can never reap early.
+    ignored until it catches up, so it can never reap early (finishing a claimed reap needs no
+    clock: the claim already released the hold).
     """
     observed = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     clock = root.shard.observe_lease_clock(observed)
-    if observed < clock:
-        return []  # wall clock regressed below the high water: wait until it catches up
     reaped = []
     with root.read() as view:
         workbenches = wb.list_visible(view, root.root_id)
     for workbench in workbenches:
         for snapshot in list_snapshots(root, workbench.workbench_id):
             ref = snapshot.ref
-            if ref.state != SnapshotState.Active or ref.lease_deadline + skew_grace_ms > clock or ref.consumer_count:
-                continue
             try:
-                _claim_and_reap(root, workbench, snapshot.snapshot_id)
-                reaped.append(snapshot.snapshot_id)
+                if ref.state == SnapshotState.ReapClaimed:
+                    _finish_reap(root, workbench, snapshot.snapshot_id)
+                elif ref.state != SnapshotState.Active or observed < clock or ref.lease_deadline + skew_grace_ms > clock or ref.consumer_count:
+                    continue  # live, terminal, or the wall clock regressed below the high water
+                else:
+                    _claim_reap(root, workbench, snapshot.snapshot_id)
+                    crash_point("reap-after-claim")
+                    _finish_reap(root, workbench, snapshot.snapshot_id)
             except (PredicateFailed, NotFound):
-                continue  # renewed, retired or attached concurrently: the CAS loser moves on
-            except NokvError:
-                raise
+                continue  # renewed, retired, attached or finished concurrently: the CAS loser moves on
+            reaped.append(snapshot.snapshot_id)
     return reaped
 
 
-def _claim_and_reap(root, workbench: wb.Workbench, snapshot_id: int) -> None:
+def _claim_reap(root, workbench: wb.Workbench, snapshot_id: int) -> None:
+    """Active -> ReapClaimed, the hold released (and the alias's terminal state projected)."""
     ref_key = _ref_key(root, workbench.incarnation_id, snapshot_id)
 
     def claim(view):
@@ -290,6 +301,11 @@ def _claim_and_reap(root, workbench: wb.Workbench, snapshot_id: int) -> None:
         return _terminal(view, root, workbench, snapshot_id, ref_key, raw, None, SnapshotState.ReapClaimed, None)
 
     root.apply(claim, digest=intent_digest("snapshot.reap-claim", workbench.incarnation_id, snapshot_id))
+
+
+def _finish_reap(root, workbench: wb.Workbench, snapshot_id: int) -> None:
+    """ReapClaimed -> Reaped, with its SnapshotRetired event."""
+    ref_key = _ref_key(root, workbench.incarnation_id, snapshot_id)
 
     def finish(view):
         raw = view.get("snapshot_ref", ref_key)

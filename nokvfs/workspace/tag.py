@@ -121,12 +121,17 @@ def delete(root, workbench_id: str, name: str, expected_generation: int | None =
 
 
 def resolve(root, workbench_id: str, name: str) -> TagInfo:
-    check_tag_name(name)
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
-        raw = view.get("tag", tag_key(root.root_id, workbench.incarnation_id, name))
+        return resolve_in(view, root, workbench, name)
+
+
+def resolve_in(view, root, workbench: wb.Workbench, name: str) -> TagInfo:
+    """`resolve` within one read view, for a workbench already read from it."""
+    check_tag_name(name)
+    raw = view.get("tag", tag_key(root.root_id, workbench.incarnation_id, name))
     if raw is None:
-        raise NotFound(f"no tag {name!r} in {workbench_id}")
+        raise NotFound(f"no tag {name!r} in {workbench.workbench_id}")
     tag = Tag.decode(raw)
     return TagInfo(name, tag.commit_id, tag.tag_generation, workbench)
 
