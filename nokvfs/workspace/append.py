@@ -14,11 +14,12 @@ import hashlib
 import os
 import tempfile
 
-from nokvfs.errors import IsADirectory, NotFound, StoreError, StoreFull
+from nokvfs.errors import InvalidInput, IsADirectory, NotFound, StoreError, StoreFull
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.paths import join, normalize_path
 from nokvfs.schema.records import ArtifactRevision, PathEntry
+from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import body as bodies
 from nokvfs.workspace import publish, reading
 from nokvfs.workspace import workbench as wb
@@ -42,6 +43,8 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
             raise NotFound(f"{workbench_id}:{join(components)} does not exist")
         base = PathEntry.decode(raw)
         publish.check_expectation(expected_generation, expected_revision_id, base, join(components))
+        if attrs.is_symlink(base):
+            raise InvalidInput(f"{workbench_id}:{join(components)} is a symbolic link; its target is not appended to")
         base_rows = publish.read_manifest(view, root, base.artifact_revision_id)
         owners = {row.physical_owner_revision_id for row in base_rows}
         depth = 0
@@ -79,7 +82,7 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
                 expected_revision_id=base.artifact_revision_id,
                 content_type=base.content_type,
                 producer=base.producer,
-                index_fields=base.typed_index_projection,
+                index_fields=_appended_projection(base),
                 reused=reused,
                 base_revision_id=base_revision,
                 event_kind=ChangeEventKind.PathAppended,
@@ -88,6 +91,16 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
     finally:
         if rematerialise:
             delta_body.discard()
+
+
+def _appended_projection(base: PathEntry) -> tuple:
+    """The base's projection; stored attributes keep mode and owner, and mtime and ctime move to
+    now (the body changed), as a write does on a local file."""
+    stored = attrs.of(base)
+    if stored is None:
+        return tuple(base.typed_index_projection)
+    now = attrs.now_ns()
+    return attrs.with_attributes(base.typed_index_projection, stored.replace(mtime_ns=now, ctime_ns=now))
 
 
 def _rematerialised_body(root, base: PathEntry, delta: bodies.Body) -> bodies.Body:

@@ -159,7 +159,7 @@ from nokvfs.schema.records import (
 )
 from nokvfs.workspace import operations
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import listing, publish
+from nokvfs.workspace import attributes, listing, publish
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.consumers import Consumers, consumer_key, read_commit
 from nokvfs.workspace.refs import References
@@ -1907,14 +1907,17 @@ class CommitTree:
         out = []
         for item in page.items:
             name = unordered_path(item.child + b"\x01")[0]
+            if not item.is_prefix and name == attributes.DIRECTORY_MARKER:
+                continue  # a directory's attributes, not a child
             if item.is_prefix:
                 out.append(listing.Child(name, listing.DIRECTORY, None))
             else:
                 out.append(listing.Child(name, listing.FILE, entry_of(CommitMember.decode(item.value), self.commit.created_version)))
         return out, page.next_marker
 
-    def files(self, path: str = ""):
-        """Every file below `path` as (path below it, PathEntry), in canonical order."""
+    def files(self, path: str = "", *, with_markers: bool = False):
+        """Every file below `path` as (path below it, PathEntry), in canonical order (directory
+        markers only `with_markers`, as listing.list_recursive)."""
         components = listing.split(path)
         prefix = self._prefix + subtree_prefix(components)
         marker = None
@@ -1922,6 +1925,8 @@ class CommitTree:
             page = scan_prefix(self.view, "commit_member", prefix, start_after=marker)
             for key, value in page.items:
                 full = unordered_path(key[len(self._prefix):])
+                if not with_markers and full[-1] == attributes.DIRECTORY_MARKER:
+                    continue
                 yield join(full[len(components):]), entry_of(CommitMember.decode(value), self.commit.created_version)
             if page.next_marker is None:
                 return
