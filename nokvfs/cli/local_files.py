@@ -136,23 +136,30 @@ def write_atomically(dest: str, chunks, *, attributes=None, owner: bool = False)
     directory = os.path.dirname(os.path.abspath(dest))
     mode = attributes.mode if attributes is not None else default_mode(dest)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dest) + ".", suffix=".nokvfs-tmp", dir=directory)
+    with _installed(tmp, dest), os.fdopen(fd, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        if owner and attributes is not None:
+            os.fchown(f.fileno(), _id(attributes.uid), _id(attributes.gid))
+        os.fchmod(f.fileno(), mode)  # after fchown, which clears setuid/setgid
+        if attributes is not None:
+            os.utime(f.fileno(), ns=(attributes.atime_ns, attributes.mtime_ns))
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _installed(tmp: str, dest: str):
+    """Rename the temp file `tmp` over `dest` once the block is done (and fsync the directory);
+    remove it if the block fails."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            if owner and attributes is not None:
-                os.fchown(f.fileno(), _id(attributes.uid), _id(attributes.gid))
-            os.fchmod(f.fileno(), mode)  # after fchown, which clears setuid/setgid
-            if attributes is not None:
-                os.utime(f.fileno(), ns=(attributes.atime_ns, attributes.mtime_ns))
-            os.fsync(f.fileno())
+        yield
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_directory(directory)
+    fsync_directory(os.path.dirname(os.path.abspath(dest)))
 
 
 def write_link(dest: str, target: str, *, attributes=None, owner: bool = False) -> None:
@@ -168,17 +175,11 @@ def write_link(dest: str, target: str, *, attributes=None, owner: bool = False) 
             continue
     else:
         raise FileExistsError(f"no free temporary name beside {dest!r}")
-    try:
+    with _installed(tmp, dest):
         if owner and attributes is not None:
             os.lchown(tmp, _id(attributes.uid), _id(attributes.gid))
         if attributes is not None:
             os.utime(tmp, ns=(attributes.atime_ns, attributes.mtime_ns), follow_symlinks=False)
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_directory(directory)
 
 
 def set_directory(path: str, attributes, *, owner: bool = False) -> None:

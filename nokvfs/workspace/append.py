@@ -14,14 +14,14 @@ import hashlib
 import os
 import tempfile
 
-from nokvfs.errors import InvalidInput, IsADirectory, NotFound, StoreError, StoreFull
+from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.paths import join, normalize_path
 from nokvfs.schema.records import ArtifactRevision, PathEntry
 from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import publish, reading
+from nokvfs.workspace import namespace, publish, reading
 from nokvfs.workspace import workbench as wb
 
 MAX_DEPENDENCY_OWNERS = 64
@@ -35,12 +35,7 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
     delta = data if isinstance(data, bodies.Body) else bodies.from_bytes(bytes(data), root.block_size)
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
-        raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
-        if raw is None:
-            prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
-            if view.seek("path_current", prefix, within=prefix) is not None:
-                raise IsADirectory(f"{workbench_id}:{join(components)} is a directory")
-            raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+        _, raw = namespace.existing_file(view, root, workbench, components)
         base = PathEntry.decode(raw)
         publish.check_expectation(expected_generation, expected_revision_id, base, join(components))
         if attrs.is_symlink(base):

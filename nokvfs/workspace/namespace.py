@@ -107,6 +107,18 @@ def _entry(view, root, incarnation: bytes, components) -> tuple[bytes, bytes | N
     return key, view.get("path_current", key)
 
 
+def existing_file(view, root, workbench, components, *, hint: str = "") -> tuple[bytes, bytes]:
+    """(key, raw PathEntry) of the file at `components`: IsADirectory if a directory is there
+    (one bounded probe), NotFound if nothing is."""
+    key, raw = _entry(view, root, workbench.incarnation_id, components)
+    if raw is None:
+        prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+        if view.seek("path_current", prefix, within=prefix) is not None:
+            raise IsADirectory(f"{workbench.workbench_id}:{join(components)} is a directory{hint}")
+        raise NotFound(f"{workbench.workbench_id}:{join(components)} does not exist")
+    return key, raw
+
+
 def remove(root, workbench_id: str, path: str, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
     components = normalize_path(path)
     publish.check_publishable(components)
@@ -216,12 +228,7 @@ def _set_attributes(root, workbench_id: str, components, changes: dict, expected
 
     def build(view):
         raw_wb, workbench = wb.visible(view, root.root_id, workbench_id)
-        key, raw = _entry(view, root, workbench.incarnation_id, components)
-        if raw is None:
-            prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
-            if view.seek("path_current", prefix, within=prefix) is not None:
-                raise IsADirectory(f"{workbench_id}:{join(components)} is a directory: set its attributes with set_directory_attributes")
-            raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+        key, raw = existing_file(view, root, workbench, components, hint=": set its attributes with set_directory_attributes")
         entry = PathEntry.decode(raw)
         publish.check_expectation(None, expected_revision_id, entry, join(components))
         stored = attrs.merged(attrs.shown(entry), **changes, ctime_ns=ctime)
