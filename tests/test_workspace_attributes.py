@@ -388,3 +388,46 @@ def test_reading_entries_that_predate_attributes(bench):
     assert made.typed_index_projection == () and attrs.of(made) is None
     decoded = PathEntry.decode(made.encode())
     assert attrs.shown(decoded).mtime_ns == attrs.revision_time_ns(decoded)
+
+
+def test_gc_frees_removed_links_and_markers_and_keeps_a_chmodded_file(bench):
+    from nokvfs.schema.enums import RevisionState
+    from nokvfs.workspace import gc
+    from tests.workspace_fixtures import revision
+
+    kept = namespace.put(bench, WB, "outputs/kept", b"kept", attributes=SCRIPT)
+    link = namespace.symlink(bench, WB, "outputs/link", "kept")
+    marker = namespace.set_directory_attributes(bench, WB, "outputs/d", mode=0o700)
+    namespace.set_attributes(bench, WB, "outputs/kept", mode=0o600)  # no new revision to free
+    assert gc.collect(bench).freed_revisions == 0
+    namespace.remove(bench, WB, "outputs/link")
+    namespace.remove_directory_attributes(bench, WB, "outputs/d")
+    report = gc.collect(bench)
+    assert sorted(report.freed) == sorted([link.artifact_revision_id.hex(), marker.artifact_revision_id.hex()])
+    assert report.freed_bytes == len("kept")  # the link's body; a marker has none
+    assert revision(bench, kept.artifact_revision_id).state == RevisionState.Available
+    assert get_bytes(bench, "outputs/kept") == b"kept" and attrs.of(entry(bench, "outputs/kept")).mode == 0o600
+
+
+def test_a_page_of_only_the_marker_is_skipped_not_returned_empty(bench):
+    """A reader that stops at an empty page (the mount's readdir) must still see what follows the
+    marker: pages of one child at a time walk past it."""
+    for name in ("-a", "zz"):  # '-' sorts before '.nokvfs-directory', 'z' after it
+        namespace.put(bench, WB, f"outputs/d/{name}", b"x")
+    namespace.set_directory_attributes(bench, WB, "outputs/d", mode=0o700)
+    made = commit.build(bench, WB)
+    with bench.read() as view:
+        _, bench_wb = wb.visible(view, bench.root_id, WB)
+        tree = commit.tree_view(view, bench, made.commit_id)
+        for page_of in (
+            lambda anchor: listing.children_page(view, bench, bench_wb, ("outputs", "d"), start_after=anchor, limit=1),
+            lambda anchor: tree.children_page(("outputs", "d"), start_after=anchor, limit=1),
+        ):
+            seen, anchor = [], None
+            while True:
+                children, anchor = page_of(anchor)
+                assert children or anchor is None
+                seen += [c.name for c in children]
+                if anchor is None:
+                    break
+            assert seen == ["-a", "zz"]

@@ -1903,17 +1903,21 @@ class CommitTree:
         info = self.stat(components)
         if info.kind != listing.DIRECTORY:
             raise NotADirectory(f"{info.path} is a file")
-        page = list_children(self.view, "commit_member", self._prefix + subtree_prefix(components), start_after=start_after, limit=limit)
-        out = []
-        for item in page.items:
-            name = unordered_path(item.child + b"\x01")[0]
-            if not item.is_prefix and name == attributes.DIRECTORY_MARKER:
-                continue  # a directory's attributes, not a child
-            if item.is_prefix:
-                out.append(listing.Child(name, listing.DIRECTORY, None))
-            else:
-                out.append(listing.Child(name, listing.FILE, entry_of(CommitMember.decode(item.value), self.commit.created_version)))
-        return out, page.next_marker
+        out, anchor = [], start_after
+        while not out:  # never an empty page with an anchor (a page of only the marker)
+            page = list_children(self.view, "commit_member", self._prefix + subtree_prefix(components), start_after=anchor, limit=limit)
+            for item in page.items:
+                name = unordered_path(item.child + b"\x01")[0]
+                if not item.is_prefix and name == attributes.DIRECTORY_MARKER:
+                    continue  # a directory's attributes, not a child
+                if item.is_prefix:
+                    out.append(listing.Child(name, listing.DIRECTORY, None))
+                else:
+                    out.append(listing.Child(name, listing.FILE, entry_of(CommitMember.decode(item.value), self.commit.created_version)))
+            anchor = page.next_marker
+            if anchor is None:
+                break
+        return out, anchor
 
     def files(self, path: str = "", *, with_markers: bool = False):
         """Every file below `path` as (path below it, PathEntry), in canonical order (directory

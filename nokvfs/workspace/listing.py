@@ -107,17 +107,21 @@ def children_page(view, root, workbench: wb.Workbench, components: tuple[str, ..
         anchor = chosen[-1] if start + limit < len(ordered) and chosen else None
         return [Child(n.decode(), DIRECTORY, None) for n in chosen], anchor
     prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
-    page = list_children(view, "path_current", prefix, start_after=start_after, limit=limit)
-    children = []
-    for item in page.items:
-        name = item.child.translate(_UNSHIFT).decode("utf-8")
-        if not item.is_prefix and name == attributes.DIRECTORY_MARKER:
-            continue  # a directory's attributes, not a child (the page may come out one short)
-        if item.is_prefix:
-            children.append(Child(name, DIRECTORY, None))
-        else:
-            children.append(Child(name, FILE, PathEntry.decode(item.value)))
-    return children, page.next_marker
+    children, anchor = [], start_after
+    while not children:  # a page holding only the marker is never returned empty with an anchor
+        page = list_children(view, "path_current", prefix, start_after=anchor, limit=limit)
+        for item in page.items:
+            name = item.child.translate(_UNSHIFT).decode("utf-8")
+            if not item.is_prefix and name == attributes.DIRECTORY_MARKER:
+                continue  # a directory's attributes, not a child (the page may come out one short)
+            if item.is_prefix:
+                children.append(Child(name, DIRECTORY, None))
+            else:
+                children.append(Child(name, FILE, PathEntry.decode(item.value)))
+        anchor = page.next_marker
+        if anchor is None:
+            break
+    return children, anchor
 
 
 def _cursor_digest(workbench: wb.Workbench, components, selector: str) -> bytes:
