@@ -102,6 +102,20 @@ def test_no_preserve_stores_nothing_and_get_keeps_the_destination_mode(cli, tmp_
     assert os.stat(existing).st_mode & 0o7777 == 0o755
 
 
+def test_a_put_from_stdin_over_an_executable_keeps_it_executable(cli, tmp_path):
+    script = write(tmp_path / "run.sh", b"#!/bin/sh\necho one\n")
+    os.chmod(script, 0o750)
+    os.utime(script, ns=(ATIME, MTIME))
+    cli.ok("put", "wb1:scripts/run.sh", script)
+    cli.ok("put", "wb1:scripts/run.sh", stdin=b"#!/bin/sh\necho two\n")
+    info = cli.json("stat", "wb1:scripts/run.sh")
+    assert info["mode"] == 0o750 and info["mtime_ns"] > MTIME and info["generation"] == 2
+    cli.ok("put", "--no-preserve", "wb1:scripts/run.sh", stdin=b"three")
+    assert cli.json("stat", "wb1:scripts/run.sh")["attributes_stored"] is False
+    cli.ok("put", "wb1:outputs/new", stdin=b"x")
+    assert cli.json("stat", "wb1:outputs/new")["attributes_stored"] is False
+
+
 def test_owner_is_stored_only_when_asked_and_restored_only_when_asked(cli, tmp_path):
     src = write(tmp_path / "f", b"owned")
     os.chown(src, 4321, 8765)

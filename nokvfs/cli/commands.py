@@ -18,7 +18,8 @@ put   `put WB:PATH [SRC ...]`. One SRC: a file (or `-`/absent: stdin) is publish
       the files are then published one by one (names sorted, a directory's files before its
       subdirectories) and the first failure stops the run. The content type is guessed from
       the artifact path's extension (Python's built-in table, not the machine's) unless
-      `--content-type` is given.
+      `--content-type` is given. A put from stdin over a path with stored attributes keeps its
+      mode and owner (mtime now), as `cat > file` does.
 get   `get WB:PATH [DEST]` streams the body block by block to stdout, or to DEST through a temp
       file in DEST's directory and a rename (DEST an existing directory: DEST/<basename>); the
       stored mode and times are set on it (`--no-preserve`: not; `--owner`, as root: the owner
@@ -351,6 +352,25 @@ def _local_attributes(args, path: str, *, follow: bool = True):
     return attributes.from_stat(os.stat(path) if follow else os.lstat(path), keep_owner=args.owner)
 
 
+def _carried_attributes(root, args, target: Target):
+    """Stdin has no mode of its own: a put from it over a path with stored attributes keeps them,
+    with mtime and ctime now, as `cat > file` keeps a file's mode (None with --no-preserve)."""
+    from nokvfs.workspace import attributes, listing
+
+    if not args.preserve:
+        return None
+    try:
+        with root.read() as view:
+            existing = listing.stat(view, root, target.workbench_id, target.path).entry
+    except NotFound:
+        return None
+    stored = None if existing is None or attributes.is_symlink(existing) else attributes.of(existing)
+    if stored is None:
+        return None
+    now = attributes.now_ns()
+    return stored.replace(mtime_ns=now, ctime_ns=now)
+
+
 def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
     from nokvfs.workspace import body, namespace, publish
 
@@ -379,6 +399,7 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                     kept = None
                     if upload.source == STDIN:
                         source = stdin_binary()
+                        kept = _carried_attributes(root, args, upload.target)
                     elif is_regular_file(upload.source):
                         kept = _local_attributes(args, upload.source)  # before the body is read
                         source = body.from_file(upload.source, root.block_size)
