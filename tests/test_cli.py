@@ -179,7 +179,11 @@ def test_put_of_a_directory_tree_round_trips_every_file(cli, tmp_path):
     for rel, content in files.items():
         write(tree / rel, content)
     out = cli.text("put", "wb1:outputs/run1", str(tree))
-    assert len(out.splitlines()) == len(files)
+    # One line per file, then one per directory whose mode and times were kept (deepest first).
+    file_lines = [line for line in out.splitlines() if not line.endswith(" directory mode=0755")]
+    assert len(file_lines) == len(files)
+    directories = [line.split()[1] for line in out.splitlines()[len(files):]]
+    assert directories[-1] == "wb1:outputs/run1/" and len(directories) == 6  # run1, a, a/b, a/b/c, a/b/c/d, z
     for rel, content in files.items():
         assert cli.ok("get", f"wb1:outputs/run1/{rel}") == content, rel
     listed = cli.text("ls", "-R", "wb1:outputs/run1").splitlines()
@@ -321,14 +325,15 @@ def test_ls_shows_sections_and_children(cli):
     assert cli.text("ls", "wb1:input") == ""
 
 
-def test_ls_long_shows_kind_size_generation_mtime_name(cli):
+def test_ls_long_shows_mode_owner_size_generation_mtime_name(cli):
     cli.ok("put", "wb1:outputs/b.txt", stdin=b"bb")
     cli.ok("put", "wb1:outputs/b.txt", stdin=b"bbb")
     cli.ok("put", "wb1:outputs/a/x", stdin=b"x")
     lines = cli.text("ls", "-l", "wb1:outputs").splitlines()
-    assert lines[0].split() == ["dir", "-", "-", "-", "a/"]
-    kind, size, generation, mtime, name = lines[1].split()
-    assert (kind, size, generation, name) == ("file", "3", "2", "b.txt")
+    # The mode column replaced the kind column (d, -, l); nothing stored: the defaults, no owner.
+    assert lines[0].split() == ["drwxr-xr-x", "-", "-", "-", "-", "a/"]
+    mode, owner, size, generation, mtime, name = lines[1].split()
+    assert (mode, owner, size, generation, name) == ("-rw-r--r--", "-", "3", "2", "b.txt")
     revision = cli.json("stat", "wb1:outputs/b.txt")["artifact_revision_id"]
     import datetime
 

@@ -111,3 +111,24 @@ def test_same_names_in_different_enums_are_not_interchangeable():
     assert decode_enum(enums.RootPlacementLifecycle, 4) is enums.RootPlacementLifecycle.Retired
     with pytest.raises(UnknownDiscriminant):
         decode_enum(enums.RootActivationState, 5)
+
+
+def test_path_attributes_changed_is_extension_discriminant_12_in_a_change_event():
+    """The metadata-only change event (README "Durable format"): golden bytes, decode, and the
+    next value still refused."""
+    from nokvfs.schema.records import ChangeEvent
+
+    assert enums.ChangeEventKind.PathAttributesChanged == 12
+    assert max(enums.ChangeEventKind) is enums.ChangeEventKind.PathAttributesChanged
+    revision = bytes(range(16))
+    event = ChangeEvent("wb-1", b"\xb2" * 16, enums.ChangeEventKind.PathAttributesChanged, "a/b", revision, revision)
+    expected = (
+        "02" + "00000004" + b"wb-1".hex() + "b2" * 16 + "0c"  # value version 2, workbench, incarnation, kind 12
+        + "01" + "00000003" + b"a/b".hex() + ("01" + "00000010" + revision.hex()) * 2
+    )
+    assert event.encode().hex() == expected
+    assert ChangeEvent.decode(bytes.fromhex(expected)) == event
+    unknown = bytearray.fromhex(expected)
+    unknown[25] = 13
+    with pytest.raises(UnknownDiscriminant):
+        ChangeEvent.decode(bytes(unknown))

@@ -226,8 +226,12 @@ def test_the_follower_invalidates_foreign_changes_and_skips_this_mounts_own(root
     namespace.put(root, "wb", "outputs/f", b"22")  # another process replaces it
     namespace.put(root, "wb", "outputs/missing", b"now")  # and creates a name looked up before
     follower.poll()
-    assert ("inode", file_node.ino, False) in invalidator.calls
+    # The inode stays the old revision's; the path gets a fresh one at its next lookup.
+    assert ("entry", section.ino, "f", 0) in invalidator.calls and file_node.detached
     assert ("entry", section.ino, "missing", 0) in invalidator.calls
+    file_node = tree.lookup(section, "f")
+    assert tree.attributes(file_node).st_size == 2
+    tree.inodes.remember(file_node)
 
     invalidator.calls.clear()
     mine = namespace.put(root, "wb", "outputs/f", b"333")
@@ -274,9 +278,12 @@ def test_a_getattr_before_the_feed_keeps_an_open_readers_inode_its_file(root):
     fresh = tree.lookup(section, "r")
     assert fresh is not node and fresh.ino != node.ino and tree.attributes(fresh).st_size == 50
     assert tree.attributes(node).st_size == 1000 and node.bound.logical_size == 1000
-    # With no reader open, a getattr simply learns the new revision.
+    # With no reader open it is the same: the inode keeps the revision the kernel was told of,
+    # and the path's next lookup brings the new one on a fresh inode.
     namespace.put(root, "wb", "outputs/r", b"C" * 7)
-    assert tree.attributes(fresh).st_size == 7 and not fresh.detached
+    assert tree.attributes(fresh).st_size == 50 and fresh.detached
+    newest = tree.lookup(section, "r")
+    assert newest is not fresh and tree.attributes(newest).st_size == 7
 
 
 def test_rmdir_of_a_snapshot_drops_its_other_name_at_once(root):

@@ -207,7 +207,6 @@ def test_two_creators_of_one_new_name_the_second_close_fails_with_eexist(mount):
     assert durable(mount, "outputs/new.txt")["sha"] == sha(b"another process won")
 
 
-@pytest.mark.xfail(reason="tar sets directory and file attributes, stored once issue 12's workspace attributes land", strict=True)
 def test_a_tree_extracted_with_tar_round_trips(mount, tmp_path):
     rng = random.Random(3)
     source = tmp_path / "source"

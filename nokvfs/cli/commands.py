@@ -8,20 +8,33 @@ put   `put WB:PATH [SRC ...]`. One SRC: a file (or `-`/absent: stdin) is publish
       or at PATH/<basename> if PATH already is a directory (as cp does); a directory's files are
       published at PATH/<path below SRC> (`put WB: tree` lays out a tree whose top level holds
       sections). Several SRCs, or a target ending in '/': each lands at PATH/<basename of SRC>.
-      Directory walks include hidden files, read symlinks to files by content, do not follow
-      symlinks to directories, and skip (with a warning) anything that is not a regular file.
-      Every target path is validated before the first byte is uploaded; the files are then
-      published one by one (names sorted, a directory's files before its subdirectories) and
-      the first failure stops the run. The content type is guessed from the artifact path's
-      extension (Python's built-in table, not the machine's) unless `--content-type` is given.
+      Directory walks include hidden files and skip (with a warning) anything that is not a
+      regular file or a symlink; a symlink is stored as a link with `-l`, read by content with
+      `-L`, and otherwise read by content only if it is a link to a file inside the tree (links
+      out of the tree, to directories and dangling ones are skipped with a warning).
+      Local mode and times are stored with each file and directory (like `cp -p`; the owner too
+      with `--owner`; nothing with `--no-preserve`): a directory's attributes are stored after
+      everything below it. Every target path is validated before the first byte is uploaded;
+      the files are then published one by one (names sorted, a directory's files before its
+      subdirectories) and the first failure stops the run. The content type is guessed from
+      the artifact path's extension (Python's built-in table, not the machine's) unless
+      `--content-type` is given. A put from stdin over a path with stored attributes keeps its
+      mode and owner (mtime now), as `cat > file` does.
 get   `get WB:PATH [DEST]` streams the body block by block to stdout, or to DEST through a temp
-      file in DEST's directory and a rename (DEST an existing directory: DEST/<basename>). On
-      stdout a failure after the first block leaves what was already written; the exit code
+      file in DEST's directory and a rename (DEST an existing directory: DEST/<basename>); the
+      stored mode and times are set on it (`--no-preserve`: not; `--owner`, as root: the owner
+      too; a path with none stored keeps DEST's mode, or the umask's). `get -r WB:PATH DEST`
+      writes every file below PATH at DEST/<path below PATH> (DEST created if missing; nothing
+      is written through a symlink below DEST), then the stored directory attributes, deepest
+      first. A link is recreated with `-l` (refused without it; skipped with a warning by -r).
+      On stdout a failure after the first block leaves what was already written; the exit code
       says so.
 ls    `ls` lists workbenches; `ls WB[:PATH]` the children of a directory (a file: itself);
       `-R` every file below, named by its path below PATH. Pages of at most 1000 entries at one
       read version, written as they arrive (JSON too: one array element per line; a JSON row
-      carries every field of the entry, with or without -l).
+      carries every field of the entry, with or without -l). `-l` shows mode, owner ('-' when
+      none is stored), size, generation, mtime and name (`name -> target` for a link).
+stat  kind (file, link, dir), mode, owner and times, and every field of the entry.
 """
 
 from __future__ import annotations
@@ -31,10 +44,9 @@ import contextlib
 import mimetypes
 import os
 import stat as stat_module
-import tempfile
 from dataclasses import dataclass
 
-from nokvfs.cli import render
+from nokvfs.cli import local_files, render, trees
 from nokvfs.cli.common import (
     Progress,
     Target,
@@ -48,11 +60,11 @@ from nokvfs.cli.common import (
     stdout_binary,
     warn,
 )
-from nokvfs.errors import IsADirectory, NotFound
+from nokvfs.errors import InvalidInput, IsADirectory, NotFound
 from nokvfs.schema.paths import join, normalize_path
 
 STDIN = "-"
-PAGE_LIMIT = 1000
+PAGE_LIMIT = trees.PAGE_LIMIT
 _MIME = None
 
 
@@ -215,6 +227,13 @@ def _register_put(subparsers) -> None:
     cond.add_argument("--if-absent", action="store_true", help="publish only if the path does not exist")
     cond.add_argument("--if-generation", metavar="N", type=_generation_arg, help="publish only if the path is at generation N (one file only)")
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+    p.add_argument("--no-preserve", dest="preserve", action="store_false",
+                   help="do not keep local files' and directories' mode and times (kept by default, like cp -p)")
+    p.add_argument("--owner", action="store_true", help="keep the owner (uid, gid) too")
+    links = p.add_mutually_exclusive_group()
+    links.add_argument("-l", "--links", action="store_true", help="store symlinks as links (like rsync -l)")
+    links.add_argument("-L", "--copy-links", action="store_true",
+                       help="read symlinks to files by content even when they point outside the tree")
     _add_json(p)
     p.set_defaults(func=cmd_put)
 
@@ -223,6 +242,7 @@ def _register_put(subparsers) -> None:
 class Upload:
     source: str  # a local path, or STDIN
     target: Target
+    kind: str = local_files.FILE  # FILE (a body), LINK (a symlink's target) or DIRECTORY (its attributes)
 
 
 def _basename(local: str) -> str:
@@ -232,33 +252,15 @@ def _basename(local: str) -> str:
     return name
 
 
-def _walk(top: str):
-    """(local path, components below top) of every regular file below `top`, in name order."""
-
-    def fail(exc):
-        raise exc
-
-    for dirpath, dirnames, filenames in os.walk(top, onerror=fail):
-        for name in list(dirnames):
-            if os.path.islink(os.path.join(dirpath, name)):
-                warn(f"skipping {os.path.join(dirpath, name)!r}: a symlink to a directory is not followed")
-                dirnames.remove(name)
-        dirnames.sort()
-        for name in sorted(filenames):
-            local = os.path.join(dirpath, name)
-            if not is_regular_file(local):
-                warn(f"skipping {local!r}: not a regular file")
-                continue
-            yield local, tuple(os.path.relpath(local, top).split(os.sep))
-
-
-def plan_put(target: Target, sources: list[str], *, is_directory=lambda target: False) -> list[Upload]:
-    """Every (source, target) of a put, validated before anything is uploaded.
+def plan_put(target: Target, sources: list[str], *, is_directory=lambda target: False, links: bool = False, copy_links: bool = False, directories: bool = False) -> list[Upload]:
+    """Every (source, target, kind) of a put, validated before anything is uploaded.
 
     is_directory(target) says whether a target already is a directory in the workbench: a single
     file put at an existing directory lands inside it (`put WB:outputs results.csv`), as cp does.
+    links/copy_links: what a symlink becomes (nokvfs.cli.local_files). directories: the walked
+    directories' attributes are planned too (after everything below them).
     """
-    from nokvfs.workspace import publish
+    from nokvfs.workspace import attributes, publish
 
     if len(sources) > 1 and STDIN in sources:
         raise UsageError("'-' (stdin) must be the only source")
@@ -270,22 +272,37 @@ def plan_put(target: Target, sources: list[str], *, is_directory=lambda target: 
                 raise UsageError("stdin needs a file path as its target (WB:PATH), not a directory")
             plan.append(Upload(STDIN, target))
             continue
-        info = os.stat(source)  # a missing source fails here, before any upload
-        if stat_module.S_ISDIR(info.st_mode):
+        if links and os.path.islink(source):
+            kind = local_files.LINK  # a named link operand is stored as a link too
+            info = os.lstat(source)
+        else:
+            kind = local_files.FILE
+            info = os.stat(source)  # a missing source fails here, before any upload
+        if kind == local_files.FILE and stat_module.S_ISDIR(info.st_mode):
             base = target.child(_basename(source)) if into else target
-            plan += [Upload(local, base.child(*below)) for local, below in _walk(source)]
+            for local in local_files.walk(source, links=links, copy_links=copy_links, directories=directories):
+                if local.kind == local_files.DIRECTORY and not base.child(*local.below).components:
+                    continue  # the workbench itself stores no attributes
+                plan.append(Upload(local.path, base.child(*local.below), local.kind))
         else:
             dest = target.child(_basename(source)) if into or (target.components and is_directory(target)) else target
             if not dest.components:
                 raise UsageError(f"a file needs a path to be put at: {target.workbench_id}:PATH")
-            plan.append(Upload(source, dest))
-    seen = {}
+            plan.append(Upload(source, dest, kind))
+    seen, dirs = {}, {}
     for upload in plan:
         components = normalize_path(join(upload.target.components))
+        if upload.kind == local_files.DIRECTORY:
+            publish.check_publishable(components + (attributes.DIRECTORY_MARKER,), directory_marker=True)
+            dirs.setdefault(components, upload.source)
+            continue
         publish.check_publishable(components)
         if components in seen:
             raise UsageError(f"{seen[components]!r} and {upload.source!r} would both be put at {upload.target}")
         seen[components] = upload.source
+    for components, source in dirs.items():
+        if components in seen:
+            raise UsageError(f"{seen[components]!r} and the directory {source!r} would both be put at {join(components)}")
     return plan
 
 
@@ -314,14 +331,44 @@ def cmd_put(args) -> int:
     target = parse_target(args.target, allow_root=True, allow_into=True)
     args.index_fields = _index_fields(args.index)
     with open_root(args, write=True) as root:
-        plan = plan_put(target, args.sources or [STDIN], is_directory=lambda t: _is_directory(root, t))
+        plan = plan_put(target, args.sources or [STDIN], is_directory=lambda t: _is_directory(root, t),
+                        links=args.links, copy_links=args.copy_links, directories=args.preserve)
         if not plan:
             warn("nothing to put")
             return 0
-        if args.if_generation is not None and len(plan) != 1:
+        if args.if_generation is not None and len([u for u in plan if u.kind != local_files.DIRECTORY]) != 1:
             raise UsageError("--if-generation names one file's generation; this put has several files")
         _put_all(root, args, plan, expected=0 if args.if_absent else args.if_generation)
     return 0
+
+
+def _local_attributes(args, path: str, *, follow: bool = True):
+    """What a put stores of a local path: its mode, times (and owner with --owner), or None
+    with --no-preserve."""
+    from nokvfs.workspace import attributes
+
+    if not args.preserve:
+        return None
+    return attributes.from_stat(os.stat(path) if follow else os.lstat(path), keep_owner=args.owner)
+
+
+def _carried_attributes(root, args, target: Target):
+    """Stdin has no mode of its own: a put from it over a path with stored attributes keeps them,
+    with mtime and ctime now, as `cat > file` keeps a file's mode (None with --no-preserve)."""
+    from nokvfs.workspace import attributes, listing
+
+    if not args.preserve:
+        return None
+    try:
+        with root.read() as view:
+            existing = listing.stat(view, root, target.workbench_id, target.path).entry
+    except NotFound:
+        return None
+    stored = None if existing is None or attributes.is_symlink(existing) else attributes.of(existing)
+    if stored is None:
+        return None
+    now = attributes.now_ns()
+    return stored.replace(mtime_ns=now, ctime_ns=now)
 
 
 def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
@@ -331,112 +378,170 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
     with out:
         for upload in plan:
             path = upload.target.path
-            content_type = args.content_type or guess_content_type(path) or publish.DEFAULT_CONTENT_TYPE
-            progress = Progress.for_args(args, str(upload.target))
-            with contextlib.ExitStack() as stack:
-                if upload.source == STDIN:
-                    source = stdin_binary()
-                elif is_regular_file(upload.source):
-                    source = body.from_file(upload.source, root.block_size)
-                else:  # a pipe, a fifo, a character device: read as a stream
-                    source = stack.enter_context(open(upload.source, "rb"))
-                stack.callback(progress.finish)
-                entry = namespace.put(
-                    root,
-                    upload.target.workbench_id,
-                    path,
-                    source,
-                    expected_generation=expected,
-                    content_type=content_type,
-                    producer=args.producer,
-                    index_fields=args.index_fields,
-                    progress=progress,
-                )
-            if args.json:
-                out.add(render.write_json(upload.target.workbench_id, path, entry))
+            if upload.kind == local_files.DIRECTORY:
+                kept = _local_attributes(args, upload.source)
+                namespace.set_directory_attributes(root, upload.target.workbench_id, path, mode=kept.mode, uid=kept.uid,
+                                                   gid=kept.gid, mtime_ns=kept.mtime_ns, atime_ns=kept.atime_ns)
+                if args.json:
+                    out.add(dict(render.attributes_json(kept, stored=True, kind="dir"), workbench=upload.target.workbench_id, path=path, kind="dir"))
+                else:
+                    print(f"put {upload.target}/ directory mode={kept.mode:04o}", flush=True)
+                continue
+            link_target = None
+            if upload.kind == local_files.LINK:
+                link_target = os.readlink(upload.source)
+                entry = namespace.symlink(root, upload.target.workbench_id, path, link_target,
+                                          attributes=_local_attributes(args, upload.source, follow=False), expected_generation=expected)
             else:
-                print(render.write_result("put", upload.target.workbench_id, path, entry), flush=True)
+                content_type = args.content_type or guess_content_type(path) or publish.DEFAULT_CONTENT_TYPE
+                progress = Progress.for_args(args, str(upload.target))
+                with contextlib.ExitStack() as stack:
+                    kept = None
+                    if upload.source == STDIN:
+                        source = stdin_binary()
+                        kept = _carried_attributes(root, args, upload.target)
+                    elif is_regular_file(upload.source):
+                        kept = _local_attributes(args, upload.source)  # before the body is read
+                        source = body.from_file(upload.source, root.block_size)
+                    else:  # a pipe, a fifo, a character device: read as a stream
+                        source = stack.enter_context(open(upload.source, "rb"))
+                    stack.callback(progress.finish)
+                    entry = namespace.put(
+                        root,
+                        upload.target.workbench_id,
+                        path,
+                        source,
+                        expected_generation=expected,
+                        content_type=content_type,
+                        producer=args.producer,
+                        index_fields=args.index_fields,
+                        progress=progress,
+                        attributes=kept,
+                    )
+            if args.json:
+                out.add(dict(render.write_json(upload.target.workbench_id, path, entry), **({"link_target": link_target} if link_target else {})))
+            else:
+                line = render.write_result("put", upload.target.workbench_id, path, entry)
+                print(line if link_target is None else f"{line} -> {link_target}", flush=True)
 
 
 # --- get ------------------------------------------------------------------------------------
 
 
 def _register_get(subparsers) -> None:
-    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file")
+    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file, or a tree into a directory")
     p.add_argument("source", metavar="WB:PATH")
-    p.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default)")
-    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+    p.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default); with -r a directory")
+    add_get_options(p)
     p.set_defaults(func=cmd_get)
 
 
-def _file_entry(view, root, target: Target):
-    from nokvfs.workspace import listing
+def add_get_options(p) -> None:
+    """The options get and `as-of REF get` share."""
+    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+    p.add_argument("-r", "--recursive", action="store_true", help="write every file below PATH into the directory DEST (created if missing)")
+    p.add_argument("--no-preserve", dest="preserve", action="store_false", help="do not restore stored modes and times (restored by default)")
+    p.add_argument("--owner", action="store_true", help="restore stored owners too (needs root)")
+    p.add_argument("-l", "--links", action="store_true", help="recreate links as symlinks (without it a link is refused, or skipped by -r)")
 
-    info = listing.stat(view, root, target.workbench_id, target.path)
-    if info.kind != listing.FILE:
-        raise IsADirectory(f"{target} is a directory")
-    return info.entry
+
+@dataclass(frozen=True)
+class Download:
+    dest: str  # the local path
+    kind: str  # local_files.FILE, LINK or DIRECTORY
+    entry: object  # the PathEntry (FILE, LINK); None for a directory
+    attributes: object  # what to restore: stored attributes, or None
+    below: tuple | None = None  # get -r: the path's components below DEST (created as needed)
 
 
-def _body_chunks(root, entry, progress):
-    from nokvfs.workspace import reading
+def plan_get(tree, components: tuple[str, ...], dest: str | None, args, label: str) -> list[Download] | None:
+    """What a get writes, decided before anything is written; None: the body goes to stdout."""
+    from nokvfs.workspace import attributes, listing
 
-    done = 0
-    for chunk in reading.iter_body(root, entry, chunk=root.block_size):
-        done += len(chunk)
-        progress(done, entry.logical_size)
-        yield chunk
+    if args.owner and os.geteuid() != 0:
+        raise UsageError("--owner restores owners, which needs root")
+    try:
+        info = tree.stat(components)
+    except NotFound:
+        raise NotFound(f"{label} does not exist") from None
+    if info.kind == listing.DIRECTORY:
+        if not args.recursive:
+            raise IsADirectory(f"{label} is a directory (get -r writes a tree)")
+        if dest in (None, STDIN):
+            raise UsageError("get -r writes into a local directory: give DEST")
+        return _plan_tree(tree, info.path, dest, args)
+    entry = info.entry
+    if attributes.is_symlink(entry) and not args.links:
+        raise InvalidInput(f"{label} is a symbolic link to {tree.read_link(entry)!r}; --links recreates it")
+    if dest in (None, STDIN):
+        if attributes.is_symlink(entry):
+            raise UsageError(f"{label} is a symbolic link; it cannot be written to stdout")
+        return None
+    if os.path.isdir(dest):
+        dest = os.path.join(dest, components[-1])
+    kind = local_files.LINK if attributes.is_symlink(entry) else local_files.FILE
+    return [Download(dest, kind, entry, attributes.of(entry) if args.preserve else None)]
+
+
+def _plan_tree(tree, base: str, dest: str, args) -> list[Download]:
+    from nokvfs.workspace import attributes
+
+    files, directories = [], []
+    for below, entry in tree.files(base, with_markers=True):
+        parts = tuple(below.split("/"))
+        if attributes.is_directory_marker(parts):
+            kept = attributes.shown(entry) if args.preserve else None
+            directories.append(Download(os.path.join(dest, *parts[:-1]), local_files.DIRECTORY, None, kept, parts[:-1]))
+        elif attributes.is_symlink(entry) and not args.links:
+            warn(f"skipping the symbolic link {join(parts)!r} (--links recreates it)")
+        else:
+            kind = local_files.LINK if attributes.is_symlink(entry) else local_files.FILE
+            files.append(Download(os.path.join(dest, *parts), kind, entry, attributes.of(entry) if args.preserve else None, parts))
+    # Directory attributes last, deepest first: writing into a directory would move its mtime.
+    return files + sorted(directories, key=lambda d: len(d.below), reverse=True)
+
+
+def run_get(tree, plan: list[Download] | None, entry, args, label: str) -> None:
+    """Write the plan (or `entry`'s body to stdout when the plan is None)."""
+    progress = Progress.for_args(args, label)
+    try:
+        if plan is None:
+            out = stdout_binary()
+            for chunk in tree.chunks(entry, progress):
+                out.write(chunk)
+            out.flush()
+            return
+        if args.recursive and all(item.below is not None for item in plan):  # a tree (`get -r` of a file is a get)
+            os.makedirs(args.dest, exist_ok=True)
+        for item in plan:
+            if item.kind == local_files.DIRECTORY:
+                path = local_files.ensure_directory(args.dest, item.below)
+                if item.attributes is not None:
+                    local_files.set_directory(path, item.attributes, owner=args.owner)
+                continue
+            if item.below is not None:
+                local_files.ensure_directory(args.dest, item.below[:-1])
+            if item.kind == local_files.LINK:
+                local_files.write_link(item.dest, tree.read_link(item.entry), attributes=item.attributes, owner=args.owner)
+            else:
+                local_files.write_atomically(item.dest, tree.chunks(item.entry, progress), attributes=item.attributes, owner=args.owner)
+    finally:
+        progress.finish()
 
 
 def write_atomically(dest: str, chunks) -> None:
-    """Write `chunks` to a temp file beside `dest`, fsync it, rename it over `dest`."""
-    directory = os.path.dirname(os.path.abspath(dest))
-    try:
-        mode = stat_module.S_IMODE(os.stat(dest).st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dest) + ".", suffix=".nokvfs-tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dirfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dirfd)
-    finally:
-        os.close(dirfd)
+    """Write `chunks` to `dest` through a temp file and a rename (local_files.write_atomically)."""
+    local_files.write_atomically(dest, chunks)
 
 
 def cmd_get(args) -> int:
-    target = parse_target(args.source)
+    target = parse_target(args.source, need_path=not args.recursive, allow_root=args.recursive)
     with open_root(args, write=False) as root:
         with root.read() as view:
-            entry = _file_entry(view, root, target)
-        progress = Progress.for_args(args, str(target))
-        try:
-            chunks = _body_chunks(root, entry, progress)
-            if args.dest in (None, STDIN):
-                out = stdout_binary()
-                for chunk in chunks:
-                    out.write(chunk)
-                out.flush()
-            else:
-                dest = args.dest
-                if os.path.isdir(dest):
-                    dest = os.path.join(dest, target.components[-1])
-                write_atomically(dest, chunks)
-        finally:
-            progress.finish()
+            tree = trees.ViewTree(view, root, target.workbench_id)
+            plan = plan_get(tree, target.components, args.dest, args, str(target))
+            entry = None if plan is not None else tree.stat(target.components).entry
+        run_get(tree, plan, entry, args, str(target))  # bodies are read outside the listing's view
     return 0
 
 
@@ -446,18 +551,20 @@ def cmd_get(args) -> int:
 def _register_ls(subparsers) -> None:
     p = subparsers.add_parser("ls", help="list workbenches, a directory's children, or every file below it")
     p.add_argument("target", metavar="WB[:PATH]", nargs="?", help="omit to list workbenches")
-    p.add_argument("-l", dest="long", action="store_true", help="long format: kind, size, generation, mtime (UTC), name")
+    p.add_argument("-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name")
     p.add_argument("-R", dest="recursive", action="store_true", help="every file below PATH, by its path below PATH")
     _add_json(p)
     p.set_defaults(func=cmd_ls)
 
 
 class _Listing:
-    """Writes listing rows as they arrive: names, `-l` lines, or one JSON array."""
+    """Writes listing rows as they arrive: names, `-l` lines, or one JSON array. With -l or
+    --json a link shows its target and a directory its stored attributes (read in `tree`)."""
 
-    def __init__(self, args):
+    def __init__(self, args, tree=None):
         self.json = render.JsonArray() if args.json else None
         self.long = args.long
+        self.tree = tree
 
     def __enter__(self):
         if self.json:
@@ -469,36 +576,42 @@ class _Listing:
             self.json.__exit__(*exc)
 
     def row(self, name: str, path: str, kind: str, entry) -> None:
-        from nokvfs.workspace import listing
+        from nokvfs.workspace import attributes, listing
 
+        extra = {}
+        if (self.json or self.long) and self.tree is not None:
+            if attributes.is_symlink(entry):
+                extra["link_target"] = self.tree.read_link(entry)
+            elif kind == listing.DIRECTORY:
+                extra["directory"] = self.tree.directory_attributes(listing.split(path))
         if self.json:
-            self.json.add(render.listing_json(name, path, kind, entry))
+            self.json.add(render.listing_json(name, path, kind, entry, **extra))
             return
         shown = name + "/" if kind == listing.DIRECTORY else name
-        print(render.long_line(shown, kind, entry) if self.long else shown)
+        print(render.long_line(shown, kind, entry, **extra) if self.long else shown)
+
+
+def list_tree(tree, base: str, args) -> None:
+    """`ls` of a tree (live or as of a reference): a file itself, a directory's children, or
+    every file below it with -R."""
+    from nokvfs.workspace import listing
+
+    with _Listing(args, tree) as out:
+        info = tree.stat(listing.split(base))
+        if info.kind == listing.FILE:
+            out.row(base, base, listing.FILE, info.entry)
+            return
+        for name, kind, entry in tree.rows(base, args.recursive):
+            out.row(name, trees.path_of(base, name), kind, entry)
 
 
 def cmd_ls(args) -> int:
-    from nokvfs.workspace import listing
-
     if args.target is None:
         return _ls_workbenches(args)
     target = parse_target(args.target, need_path=False, allow_root=True, allow_into=True)
-    wb_id, base = target.workbench_id, target.path
-    with open_root(args, write=False) as root, root.read() as view, _Listing(args) as out:
-        info = listing.stat(view, root, wb_id, base)
-        if info.kind == listing.FILE:
-            out.row(base, base, listing.FILE, info.entry)
-            return 0
-        pager = listing.list_recursive if args.recursive else listing.list_dir
-        cursor = None
-        while True:
-            page = pager(view, root, wb_id, base, cursor=cursor, limit=PAGE_LIMIT)
-            for child in page.children:
-                out.row(child.name, f"{base}/{child.name}" if base else child.name, child.kind, child.entry)
-            cursor = page.cursor
-            if cursor is None:
-                return 0
+    with open_root(args, write=False) as root, root.read() as view:
+        list_tree(trees.ViewTree(view, root, target.workbench_id, page_limit=PAGE_LIMIT), target.path, args)
+    return 0
 
 
 def _ls_workbenches(args) -> int:
@@ -519,22 +632,32 @@ def _ls_workbenches(args) -> int:
 
 
 def _register_stat(subparsers) -> None:
-    p = subparsers.add_parser("stat", help="show a path's entry: generation, revision, digests, ...")
+    p = subparsers.add_parser("stat", help="show a path's entry: kind, mode, owner, times, generation, revision, digests, ...")
     p.add_argument("target", metavar="WB:PATH")
     _add_json(p)
     p.set_defaults(func=cmd_stat)
 
 
-def cmd_stat(args) -> int:
-    from nokvfs.workspace import listing
+def show_stat(tree, info, workbench_id: str, args) -> None:
+    """A stat as text or JSON: a link with its target, a directory with its stored attributes."""
+    from nokvfs.workspace import attributes, listing
 
+    extra = {}
+    if info.entry is not None and attributes.is_symlink(info.entry):
+        extra["link_target"] = tree.read_link(info.entry)
+    elif info.kind == listing.DIRECTORY:
+        extra["directory"] = tree.directory_attributes(listing.split(info.path))
+    if args.json:
+        render.print_json(render.stat_json(info, workbench_id, **extra))
+    else:
+        print(render.stat_text(info, workbench_id, **extra))
+
+
+def cmd_stat(args) -> int:
     target = parse_target(args.target, need_path=False, allow_root=True)
     with open_root(args, write=False) as root, root.read() as view:
-        info = listing.stat(view, root, target.workbench_id, target.path)
-    if args.json:
-        render.print_json(render.stat_json(info, target.workbench_id))
-    else:
-        print(render.stat_text(info, target.workbench_id))
+        tree = trees.ViewTree(view, root, target.workbench_id)
+        show_stat(tree, tree.stat(target.components), target.workbench_id, args)
     return 0
 
 

@@ -9,7 +9,7 @@
     nokvfs commit-retire WB COMMIT [--json]
     nokvfs restore WB --from snapshot:ID|snapshot:ALIAS|commit:PREFIX|tag:NAME --to NEW_WB [--json]
     nokvfs as-of REF ls [PATH] [-l] [-R] [--json]
-    nokvfs as-of REF get PATH [DEST] [--progress]
+    nokvfs as-of REF get PATH [DEST] [-r] [-l] [--no-preserve] [--owner] [--progress]
     nokvfs as-of REF stat [PATH] [--json]
 
 References. A commit operand (COMMIT, `--parent`) is a lowercase hex prefix of a commit id of the
@@ -38,33 +38,33 @@ commit-retire
 restore  creates NEW_WB from a snapshot or commit of WB (restore.restore; an exact retry
          resumes or returns the same result). Prints `restored NEW_WB incarnation=<hex> from
          WB@KIND:SOURCE members=N`.
-as-of    ls / get / stat of WB as of the reference, formatted exactly like the live commands,
-         read through the workspace's as-of model (nokvfs.workspace.asof: a snapshot through its
-         MVCC view at the held read version, a commit through its sealed members, like the
-         mount's views). Only these read verbs exist under as-of.
+as-of    ls / get / stat of WB as of the reference, formatted and written exactly like the live
+         commands (nokvfs.cli.trees), read through the workspace's as-of model
+         (nokvfs.workspace.asof: a snapshot through its MVCC view at the held read version, a
+         commit through its sealed members, like the mount's views), modes, times and links of
+         then included. Only these read verbs exist under as-of.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 
-from nokvfs.cli import render
+from nokvfs.cli import render, trees
 from nokvfs.cli.commands import (
-    STDIN,
     _generation_arg,
-    _Listing,
-    write_atomically,
+    add_get_options,
+    list_tree,
+    plan_get,
+    run_get,
+    show_stat,
 )
 from nokvfs.cli.common import (
-    Progress,
     UsageError,
     open_root,
     parse_target,
-    stdout_binary,
 )
-from nokvfs.errors import IntegrityError, IsADirectory, NotFound
+from nokvfs.errors import NotFound
 from nokvfs.schema.names import check_tag_name, check_workbench_id
 
 REF_KINDS = ("snapshot", "commit", "tag")
@@ -462,14 +462,14 @@ def _register_as_of(subparsers) -> None:
     verbs = p.add_subparsers(dest="as_of_command", metavar="<ls|get|stat>", required=True)
     ls = verbs.add_parser("ls", help="a directory's children (or the file itself), or every file below with -R")
     ls.add_argument("path", metavar="PATH", nargs="?", default="", help="a path in the workbench (default: its top)")
-    ls.add_argument("-l", dest="long", action="store_true", help="long format: kind, size, generation, mtime (UTC), name")
+    ls.add_argument("-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name")
     ls.add_argument("-R", dest="recursive", action="store_true", help="every file below PATH, by its path below PATH")
     _add_json(ls)
     ls.set_defaults(func=cmd_as_of_ls)
-    get = verbs.add_parser("get", help="write a file's bytes as of REF to stdout or a local file")
-    get.add_argument("path", metavar="PATH")
-    get.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default)")
-    get.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+    get = verbs.add_parser("get", help="write a file's bytes as of REF to stdout or a local file, or a tree into a directory")
+    get.add_argument("path", metavar="PATH", nargs="?", default="")
+    get.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default); with -r a directory")
+    add_get_options(get)
     get.set_defaults(func=cmd_as_of_get)
     stat = verbs.add_parser("stat", help="a path's entry as of REF")
     stat.add_argument("path", metavar="PATH", nargs="?", default="")
@@ -479,7 +479,8 @@ def _register_as_of(subparsers) -> None:
 
 @contextlib.contextmanager
 def as_of_tree(root, ref: AsOfRef):
-    """The reference's asof Tree, inside one read view held for the whole command."""
+    """(tree, view) of the reference: the workspace's as-of tree (nokvfs.workspace.asof, the
+    model the mount's views read too) inside one read view held for the whole command."""
     from nokvfs.workspace import asof
     from nokvfs.workspace import workbench as wb
 
@@ -487,19 +488,8 @@ def as_of_tree(root, ref: AsOfRef):
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, ref.workbench_id)
         point = asof.locate(view, root, workbench, ref.kind, selector)
-        yield asof.open(view, root, ref.workbench_id, workbench.incarnation_id, point)
-
-
-def _rows(tree, base: str, recursive: bool):
-    """(name, kind, entry) of the children of `base`, or of every file below it."""
-    from nokvfs.workspace import listing
-
-    if recursive:
-        for below, entry in tree.files(base):
-            yield below, listing.FILE, entry
-        return
-    for child in tree.children(listing.split(base)):
-        yield child.name, child.kind, child.entry
+        tree = asof.open(view, root, ref.workbench_id, workbench.incarnation_id, point)
+        yield trees.AsOfTree(root, tree), tree.view
 
 
 def _stat(tree, ref: AsOfRef, target):
@@ -510,72 +500,27 @@ def _stat(tree, ref: AsOfRef, target):
 
 
 def cmd_as_of_ls(args) -> int:
-    from nokvfs.workspace import listing
-
     ref = parse_as_of(args.ref)
     target = parse_target(f"{ref.workbench_id}:{args.path}", need_path=False, allow_root=True, allow_into=True)
-    base = target.path
-    with open_root(args, write=False) as root, as_of_tree(root, ref) as tree, _Listing(args) as out:
-        info = _stat(tree, ref, target)
-        if info.kind == listing.FILE:
-            out.row(base, base, listing.FILE, info.entry)
-            return 0
-        for name, kind, entry in _rows(tree, base, args.recursive):
-            out.row(name, f"{base}/{name}" if base else name, kind, entry)
+    with open_root(args, write=False) as root, as_of_tree(root, ref) as (tree, _):
+        _stat(tree, ref, target)
+        list_tree(tree, target.path, args)
     return 0
 
 
 def cmd_as_of_stat(args) -> int:
     ref = parse_as_of(args.ref)
     target = parse_target(f"{ref.workbench_id}:{args.path}", need_path=False, allow_root=True)
-    with open_root(args, write=False) as root, as_of_tree(root, ref) as tree:
-        info = _stat(tree, ref, target)
-    if args.json:
-        render.print_json(render.stat_json(info, ref.workbench_id))
-    else:
-        print(render.stat_text(info, ref.workbench_id))
+    with open_root(args, write=False) as root, as_of_tree(root, ref) as (tree, _):
+        show_stat(tree, _stat(tree, ref, target), ref.workbench_id, args)
     return 0
-
-
-def _body_chunks(root, view, entry, progress):
-    """The body a block at a time, its manifest read in the as-of view (reading.iter_body has
-    no view parameter, and a snapshot's revision may be gone from the live rows)."""
-    from nokvfs.workspace import reading
-
-    offset = 0
-    while offset < entry.logical_size:
-        data = reading.read(root, entry, offset, root.block_size, view=view)
-        if not data:  # read() raises on a short manifest; never loop on an empty read
-            raise IntegrityError(f"revision {entry.artifact_revision_id.hex()} ends at byte {offset} of {entry.logical_size}")
-        offset += len(data)
-        progress(offset, entry.logical_size)
-        yield data
 
 
 def cmd_as_of_get(args) -> int:
-    from nokvfs.workspace import listing
-
     ref = parse_as_of(args.ref)
-    target = parse_target(f"{ref.workbench_id}:{args.path}")
+    target = parse_target(f"{ref.workbench_id}:{args.path}", need_path=not args.recursive, allow_root=args.recursive)
     shown = f"{ref}:{target.path}"
-    with open_root(args, write=False) as root, as_of_tree(root, ref) as tree:
-        info = _stat(tree, ref, target)
-        if info.kind != listing.FILE:
-            raise IsADirectory(f"{shown} is a directory")
-        progress = Progress.for_args(args, shown)
-        try:
-            chunks = _body_chunks(root, tree.view, info.entry, progress)
-            if args.dest in (None, STDIN):
-                out = stdout_binary()
-                for chunk in chunks:
-                    out.write(chunk)
-                out.flush()
-            else:
-                dest = args.dest
-                if os.path.isdir(dest):
-                    dest = os.path.join(dest, target.components[-1])
-                write_atomically(dest, chunks)
-        finally:
-            progress.finish()
+    with open_root(args, write=False) as root, as_of_tree(root, ref) as (tree, _):
+        plan = plan_get(tree, target.components, args.dest, args, shown)
+        run_get(tree, plan, None if plan is not None else tree.stat(target.components).entry, args, shown)
     return 0
-

@@ -48,6 +48,7 @@ from nokvfs.cli.common import UsageError
 
 COMMAND_MODULES = [
     "nokvfs.cli.commands",
+    "nokvfs.cli.attribute_commands",
     "nokvfs.cli.history_commands",
     "nokvfs.cli.commit_commands",
     "nokvfs.cli.maintenance_commands",

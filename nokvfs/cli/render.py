@@ -2,8 +2,13 @@
 
 JSON is always `sort_keys`, ids and raw bytes are lowercase hex, enums are their names, times are
 both `mtime_ms` (Unix milliseconds) and `mtime` (ISO-8601 UTC, millisecond precision, `Z`). A
-file's mtime is the creation time of its artifact revision (the UUIDv7 timestamp of the revision
-id): a put or an append moves it, a rename keeps it.
+path's attributes are what it stores (nokvfs.workspace.attributes): `mode` (an integer) and
+`mode_text` (`-rw-r--r--`, `lrwxrwxrwx`, `drwxr-xr-x`), `uid`/`gid` (null when not stored),
+`mtime_ns`/`atime_ns`/`ctime_ns` and `attributes_stored`; a path that stores none shows the
+defaults, its times being the creation time of its artifact revision (the UUIDv7 timestamp of
+the revision id: a put or an append moves it, a rename keeps it). A link is kind `link` and
+carries `link_target`. The reserved `nokvfs:posix` field is shown as these keys, not in
+`typed_index_projection`.
 """
 
 from __future__ import annotations
@@ -12,9 +17,9 @@ import dataclasses
 import datetime
 import enum
 import json
+import stat as stat_module
 import sys
 
-from nokvfs.schema.ids import creation_unix_ms
 
 
 def jsonable(value):
@@ -63,10 +68,6 @@ class JsonArray:
 # --- times ----------------------------------------------------------------------------------
 
 
-def mtime_ms(entry) -> int:
-    return creation_unix_ms(entry.artifact_revision_id)
-
-
 def iso_ms(ms: int, *, seconds: bool = False) -> str:
     moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     return moment.isoformat(timespec="seconds" if seconds else "milliseconds").replace("+00:00", "Z")
@@ -79,13 +80,51 @@ def workbench_json(workbench) -> dict:
     return jsonable(workbench)
 
 
-def entry_json(entry) -> dict:
-    """Every PathEntry field plus `size`, `mtime_ms` and `mtime`."""
+def entry_json(entry, link_target: str | None = None) -> dict:
+    """Every PathEntry field plus `size`, the attributes and `mtime_ms`/`mtime`."""
+    from nokvfs.workspace import attributes
+
     out = jsonable(entry)
+    out["typed_index_projection"] = jsonable(attributes.user_fields(entry.typed_index_projection))
     out["size"] = entry.logical_size
-    out["mtime_ms"] = mtime_ms(entry)
-    out["mtime"] = iso_ms(out["mtime_ms"])
+    out.update(attributes_json(attributes.shown(entry), stored=attributes.of(entry) is not None, kind=entry_kind(entry)))
+    if link_target is not None:
+        out["link_target"] = link_target
     return out
+
+
+def entry_kind(entry) -> str:
+    from nokvfs.workspace import attributes
+
+    return "link" if attributes.is_symlink(entry) else "file"
+
+
+def mode_text(kind: str, mode: int) -> str:
+    """`-rw-r--r--`, `lrwxrwxrwx`, `drwxr-xr-x` (setuid, setgid and sticky as ls shows them)."""
+    file_type = {"dir": stat_module.S_IFDIR, "link": stat_module.S_IFLNK}.get(kind, stat_module.S_IFREG)
+    return stat_module.filemode(file_type | mode)
+
+
+def attributes_json(shown, *, stored: bool, kind: str) -> dict:
+    ms = shown.mtime_ns // 1_000_000
+    return {
+        "mode": shown.mode,
+        "mode_text": mode_text(kind, shown.mode),
+        "uid": shown.uid,
+        "gid": shown.gid,
+        "mtime_ns": shown.mtime_ns,
+        "atime_ns": shown.atime_ns,
+        "ctime_ns": shown.ctime_ns,
+        "attributes_stored": stored,
+        "mtime_ms": ms,
+        "mtime": iso_ms(ms),
+    }
+
+
+def owner_text(shown) -> str:
+    if shown.uid is None and shown.gid is None:
+        return "-"
+    return f"{'-' if shown.uid is None else shown.uid}:{'-' if shown.gid is None else shown.gid}"
 
 
 def qualified(workbench_id: str, path: str) -> str:
@@ -103,7 +142,9 @@ def write_json(workbench_id: str, path: str, entry) -> dict:
     return out
 
 
-def stat_json(info, workbench_id: str) -> dict:
+def stat_json(info, workbench_id: str, *, link_target: str | None = None, directory=None) -> dict:
+    """A stat: the path's entry (a file or link), or a directory with its stored attributes
+    (`directory`, from its marker) when it has any."""
     out = {
         "workbench": workbench_id,
         "path": info.path,
@@ -112,13 +153,16 @@ def stat_json(info, workbench_id: str) -> dict:
         "read_version": info.read_version,
     }
     if info.entry is not None:
-        out.update(entry_json(info.entry))
+        out.update(entry_json(info.entry, link_target))
+        out["kind"] = entry_kind(info.entry)
+    elif directory is not None:
+        out.update(attributes_json(directory, stored=True, kind="dir"))
     return out
 
 
-def stat_text(info, workbench_id: str) -> str:
-    fields = stat_json(info, workbench_id)
-    order = ["workbench", "path", "kind", "size", "generation", "mtime", "mtime_ms"]
+def stat_text(info, workbench_id: str, **extra) -> str:
+    fields = stat_json(info, workbench_id, **extra)
+    order = ["workbench", "path", "kind", "link_target", "size", "generation", "mode_text", "mode", "uid", "gid", "mtime", "mtime_ms"]
     keys = [k for k in order if k in fields] + sorted(k for k in fields if k not in order)
     width = max(len(k) for k in keys)
     lines = []
@@ -126,8 +170,10 @@ def stat_text(info, workbench_id: str) -> str:
         value = fields[key]
         if isinstance(value, list):
             value = ", ".join(f"{v['name']}={v['encoded_value']}" for v in value) if value else "-"
-        elif value == "":
+        elif value == "" or value is None:
             value = "-"
+        elif key == "mode":
+            value = f"{value:04o}"
         lines.append(f"{key + ':':<{width + 1}} {value}")
     return "\n".join(lines)
 
@@ -135,16 +181,28 @@ def stat_text(info, workbench_id: str) -> str:
 # --- listings -------------------------------------------------------------------------------
 
 
-def listing_json(name: str, path: str, kind: str, entry) -> dict:
+def listing_json(name: str, path: str, kind: str, entry, *, link_target: str | None = None, directory=None) -> dict:
     out = {"name": name, "path": path, "kind": kind}
     if entry is not None:
-        out.update(entry_json(entry))
+        out.update(entry_json(entry, link_target))
+        out["kind"] = entry_kind(entry)
+    elif directory is not None:
+        out.update(attributes_json(directory, stored=True, kind="dir"))
     return out
 
 
-def long_line(name: str, kind: str, entry) -> str:
-    """`ls -l`: kind, size, generation, mtime (UTC), name; directories show '-' for the rest."""
+def long_line(name: str, kind: str, entry, *, link_target: str | None = None, directory=None) -> str:
+    """`ls -l`: mode, owner (uid:gid, '-' when not stored), size, generation, mtime (UTC), name
+    (`name -> target` for a link). A directory shows its stored mode and mtime (defaults and
+    '-' without a marker) and '-' for size and generation."""
+    from nokvfs.workspace import attributes
+
     if entry is None:
-        return f"{kind:<4} {'-':>12} {'-':>6} {'-':<20} {name}"
-    when = iso_ms(mtime_ms(entry), seconds=True)
-    return f"{kind:<4} {entry.logical_size:>12} {entry.generation:>6} {when:<20} {name}"
+        mode = mode_text("dir", attributes.DIRECTORY_MODE if directory is None else directory.mode)
+        owner = "-" if directory is None else owner_text(directory)
+        when = "-" if directory is None else iso_ms(directory.mtime_ns // 1_000_000, seconds=True)
+        return f"{mode} {owner:>11} {'-':>12} {'-':>6} {when:<20} {name}"
+    shown = attributes.shown(entry)
+    when = iso_ms(shown.mtime_ns // 1_000_000, seconds=True)
+    line = f"{mode_text(entry_kind(entry), shown.mode)} {owner_text(shown):>11} {entry.logical_size:>12} {entry.generation:>6} {when:<20} {name}"
+    return line if link_target is None else f"{line} -> {link_target}"

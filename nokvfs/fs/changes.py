@@ -5,10 +5,10 @@ Changes this mount made itself are skipped (the kernel already knows them), so a
 does not invalidate what it created; a change of a path this mount is changing right now waits
 until that change has committed, when it is known whether the event is this mount's own.
 
-For a path that changed: a node in use (open descriptors or this mount's spool) keeps the
-revision it shows and is detached -- the path gets a fresh inode at its next lookup; a node not
-in use forgets what it knew and its kernel attributes (and pages, unless the revision is the one
-the kernel holds) are invalidated. Implicit directories above the path may have appeared or
+For a path that changed: a node keeps the revision it shows (its descriptors read it, the
+kernel's pages are its) and is detached -- the path gets a fresh inode at its next lookup; a
+file this mount is writing keeps its inode (its publication answers the conflict); an
+attribute-only change refreshes the attributes of the same inode. Implicit directories above the path may have appeared or
 vanished; the names in `.snapshots/`, `.commits/` and `.tags/` follow the history events.
 """
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 LIVE = views_.LIVE
 _PATH_KINDS = (ChangeEventKind.PathPut, ChangeEventKind.PathAppended, ChangeEventKind.PathRemoved, ChangeEventKind.PathRenamed)
-_ATTRIBUTE_KIND = getattr(ChangeEventKind, "PathAttributesChanged", None)
+_ATTRIBUTE_KIND = ChangeEventKind.PathAttributesChanged
 _HISTORY_KINDS = (
     ChangeEventKind.SnapshotMinted,
     ChangeEventKind.SnapshotRetired,
@@ -57,7 +57,7 @@ class Changes:
                 # names the commit, not the manifest's revision: the kernel's copy is dropped).
                 self._path_changed(event.workspace_incarnation_id, tuple(event.path.split("/")), False, None)
             return
-        attribute_only = _ATTRIBUTE_KIND is not None and kind is _ATTRIBUTE_KIND
+        attribute_only = kind is _ATTRIBUTE_KIND
         if (kind not in _PATH_KINDS and not attribute_only) or event.path is None:
             return
         revision = event.before if kind is ChangeEventKind.PathRemoved else event.after
@@ -82,8 +82,9 @@ class Changes:
         tree = self.tree
         node = tree.inodes.find(LIVE, incarnation, components)
         if node is not None:
-            if not node.in_use:
-                node.unlearn()
+            entry = tree.current_entry(node)
+            if entry is not None and node.shows(entry):
+                node.learn(entry)
             tree.invalidator.inode(node.ino, attr_only=True)
         directory = tree.inodes.find(LIVE, incarnation, components[:-1])
         if directory is not None:
@@ -100,16 +101,16 @@ class Changes:
                 if tree.overlay.pending(incarnation, components) is node:
                     return  # a file this mount is still writing keeps its name here
                 tree.detach(node, parent=parent, deleted=True)
-            elif node.in_use and not node.kind.is_dir:
-                # Open descriptors keep the revision they opened, size included: the old inode
-                # stays theirs and the path gets a fresh one at its next lookup.
+            elif node.kind.is_dir or node.spool is not None:
+                # A directory that became a file's name, or a file this mount is writing (its
+                # publication will answer the conflict): the kernel looks again at its next use.
+                tree.invalidator.inode(node.ino, attr_only=True)
+            elif revision is None or node.revision != revision:
+                # Another revision: the node stays the one it shows (for its descriptors and the
+                # kernel's pages) and the path gets a fresh inode at its next lookup.
                 tree.detach(node, parent=parent)
             else:
-                node.unlearn()
-                cached = revision is not None and node.kernel_revision == revision
-                if not cached:
-                    node.kernel_revision = None
-                tree.invalidator.inode(node.ino, attr_only=cached)
+                tree.invalidator.inode(node.ino, attr_only=True)
         elif parent is not None:
             tree.invalidator.entry(parent.ino, components[-1])  # a cached negative entry
         if parent is not None and not gone:

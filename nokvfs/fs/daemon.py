@@ -245,8 +245,21 @@ def setup_logging(debug: bool, stream=None, path: str | None = None) -> None:
         root_logger.removeHandler(old)
     root_logger.addHandler(handler)
     root_logger.setLevel(logging.DEBUG if debug else logging.INFO)
+    pyfuse3_logger = logging.getLogger("pyfuse3")
+    pyfuse3_logger.addFilter(_late_release_replies)
     if not debug:
-        logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+        pyfuse3_logger.setLevel(logging.WARNING)
+
+
+def _late_release_replies(record: logging.LogRecord) -> bool:
+    """A release(dir) the kernel sent in the background can be answered after the unmount has
+    torn the connection down; pyfuse3 logs the failed reply as an ERROR although nothing is
+    wrong (the kernel no longer waits for it). Such a record is kept at DEBUG."""
+    message = record.getMessage()
+    if record.levelno >= logging.WARNING and message.startswith(("fuse_release(", "fuse_releasedir(")) and "No such file or directory" in message:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger("pyfuse3").isEnabledFor(logging.DEBUG)
+    return True
 
 
 # --- mount ----------------------------------------------------------------------------------

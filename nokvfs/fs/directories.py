@@ -68,7 +68,7 @@ class Directories:
         tree.overlay.add_dir(parent.incarnation, components)
         node = tree.child(parent, Kind.DIR, name)
         owner = (uid, gid) != (tree.uid, tree.gid)
-        if ((mode & 0o7777) != DEFAULT_MODE or owner) and hasattr(namespace, "set_directory_attributes"):
+        if (mode & 0o7777) != DEFAULT_MODE or owner:
             # Attributes other than what an implicit directory shows are stored at once.
             await self.set_attributes(node, {"mode": mode & 0o7777, "uid": uid, "gid": gid})
         return node
@@ -144,8 +144,6 @@ class Directories:
         tree.check_writable(f"attributes of {node.describe()}", node)
         if node.kind not in (Kind.SECTION, Kind.DIR):
             raise refuse(errno.EPERM, f"the attributes of {node.describe()} are fixed (the root, a workbench or a view)")
-        if not hasattr(namespace, "set_directory_attributes"):
-            raise refuse(errno.EPERM, "directory attributes are not stored by this build")
         names.check_storable(self.root, node.workbench_id, node.components + (attributes.DIRECTORY_MARKER,))
         entry = await self.workers.bounded(
             f"attributes of {node.describe()}",

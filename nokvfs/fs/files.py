@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 _ATTRIBUTE_FIELDS = ("mode", "uid", "gid", "mtime_ns", "atime_ns")
-# Whether the workspace stores POSIX attributes and links (nokvfs.workspace.attributes).
-STORES_ATTRIBUTES = hasattr(attributes, "POSIX_FIELD")
 
 
 class FileHandle:
@@ -85,13 +83,11 @@ class Files:
         if writing or flags & os.O_TRUNC:
             tree.check_writable(f"open {node.describe()} for writing", node)
             names.check_publishable(self.root, node, node.components)
-        keep_cache = False
         if node.spool is None:
-            entry = self._entry_to_open(node, writing)
-            view = tree.view_of(node)
-            # A view's inode only ever has one revision: its page cache is always right.
-            keep_cache = view.immutable or node.kernel_revision == entry.artifact_revision_id
-            node.kernel_revision = entry.artifact_revision_id
+            self._entry_to_open(node, writing)
+        # An inode only ever holds one revision's bytes (or this mount's own, published as its
+        # next revision): its page cache is always right.
+        keep_cache = True
         handle = FileHandle(fh, node, writable=writing, append=bool(flags & os.O_APPEND))
         if writing:
             spool = node.spool
@@ -108,22 +104,20 @@ class Files:
         return handle, keep_cache
 
     def _entry_to_open(self, node: Node, writing: bool):
-        """The revision an open of a node without a spool reads: the node's, fixed while it is in
-        use. ESTALE (the kernel looks the path up again) when the path moved on meanwhile."""
+        """The revision an open of a node without a spool reads: the node's own. ESTALE when the
+        path holds another one now (or nothing): the kernel then looks the path up again, and the
+        lookup hands it the path's current inode."""
+        tree = self.tree
         if node.detached:
             if node.handles and node.bound is not None and not writing:
                 return node.bound  # reopened through /proc/PID/fd: the same file
             raise refuse(errno.ESTALE, f"{node.describe()} was replaced or removed")
-        entry = self.tree.current_entry(node)
-        if entry is None:
-            if node.handles:
-                self.tree.detach(node)
-            raise refuse(errno.ENOENT if not node.handles else errno.ESTALE, f"{node.describe()} no longer exists")
-        if node.handles and node.bound is not None and node.bound.artifact_revision_id != entry.artifact_revision_id:
-            self.tree.detach(node)
-            raise refuse(errno.ESTALE, f"{node.describe()} was replaced while open: look it up again")
+        entry = tree.current_entry(node)
+        if entry is None or not node.shows(entry):
+            tree.detach(node)
+            raise refuse(errno.ESTALE, f"{node.describe()} was replaced or removed: look it up again")
         node.learn(entry)
-        if not node.handles or node.bound is None:
+        if node.bound is None:
             node.bound = entry
         return node.bound
 
@@ -153,12 +147,11 @@ class Files:
             handle, _ = await self.open(fh, existing, flags)
             return handle
         stale = tree.inodes.find(parent.view, parent.incarnation, components)
-        if stale is not None and stale.in_use:
-            tree.detach(stale, parent=parent)
+        if stale is not None:
+            tree.detach(stale, parent=parent)  # a new file is a new inode
         node = tree.child(parent, Kind.FILE, name)
         node.unlearn()
         node.bound = None
-        node.kernel_revision = None
         spool = node.spool = self._new_spool(node, None)
         spool.attributes = {"mode": mode & 0o7777, "uid": uid, "gid": gid}
         spool.writers += 1
@@ -254,8 +247,7 @@ class Files:
                 "%s of %s failed (%s: %s); nothing is lost: the bytes are kept in %s (described in %s)",
                 why, spool.describe(), type(exc).__name__, exc, spool.path, spool.sidecar,
             )
-            node.kernel_revision = None
-            tree.invalidator.inode(node.ino)
+            tree.invalidator.inode(node.ino)  # its pages hold bytes that were not published
             if isinstance(exc, GenerationConflict):
                 # Something outside this mount changed the path since the mount last saw it.
                 raise refuse(errno.EEXIST if spool.expected_revision is None else errno.EBUSY, str(exc)) from None
@@ -266,18 +258,15 @@ class Files:
         self.publications += 1
         spool.published(entry)
         if node.components == components and not node.detached:
+            # The inode's next revision: the kernel's pages of it are exactly the bytes published.
             node.learn(entry)
             node.bound = entry
-            # The kernel's pages of this inode are exactly the bytes just published.
-            node.kernel_revision = entry.artifact_revision_id
         tree.overlay.published(spool.incarnation, components)
         tree.directory_changed(spool.incarnation, components[:-1], node.facts.ctime_ns if node.facts else None)
         log.debug("published %s generation %d (%d bytes)", spool.describe(), entry.generation, entry.logical_size)
 
     def _attributes_to_publish(self, node: Node, spool: Spool):
-        """The Attributes a publication of the spool stores (None where the workspace stores none)."""
-        if not STORES_ATTRIBUTES:
-            return None
+        """The Attributes a publication of the spool stores: the file's, with what was changed."""
         base = node.facts
         pending = spool.attributes or {}
         now = attributes.now_ns()
@@ -321,9 +310,9 @@ class Files:
                 tree.overlay.remove_file(spool.incarnation, spool.components)
                 tree.detach(node)
             elif spool.dirty:
-                node.unlearn()
-                node.kernel_revision = None
+                # Its bytes were not published: the path shows what is durable, on a fresh inode.
                 tree.invalidator.inode(node.ino)
+                tree.detach(node)
             if spool.dirty and not spool.orphaned:
                 reason = "its publication failed" if spool.failed is None else f"{type(spool.failed).__name__}: {spool.failed}"
                 spool.keep(reason)
@@ -349,8 +338,6 @@ class Files:
 
     async def _apply_attributes(self, node: Node, changes: dict) -> None:
         """One metadata-only command: no upload, no new revision."""
-        if not STORES_ATTRIBUTES:
-            raise refuse(errno.EPERM, "attributes are not stored by this build")
         tree = self.tree
         expected = node.revision
         tree.begin_change(node.incarnation, node.components)
@@ -394,7 +381,7 @@ class Files:
         entry = tree.current_entry(node)
         if entry is None:
             raise refuse(errno.ENOENT, f"{node.describe()} does not exist")
-        if node.revision is not None and entry.artifact_revision_id != node.revision and node.in_use:
+        if not node.shows(entry):
             tree.detach(node)
             raise refuse(errno.ESTALE, f"{node.describe()} was replaced: look it up again")
         if entry.logical_size == size:
@@ -537,8 +524,6 @@ class Files:
         names.check_entry_parent(parent, f"symlink {name}")
         components = parent.components + (name,)
         names.check_publishable(self.root, parent, components)
-        if not STORES_ATTRIBUTES:
-            raise refuse(errno.EPERM, "symbolic links are not stored by this build")
         if len(target) > attributes.MAX_LINK_TARGET:
             raise refuse(errno.ENAMETOOLONG, f"a link target of {len(target)} bytes is longer than {attributes.MAX_LINK_TARGET}")
         try:

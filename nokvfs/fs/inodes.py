@@ -55,9 +55,11 @@ class Kind(enum.Enum):
 class Node:
     """What the daemon knows about one inode the kernel may hold.
 
-    A file's inode shows exactly one revision at a time (`facts`, and `bound` while descriptors are
-    open): when the path moves to another revision while the inode is in use, the node is
-    detached and the path gets a fresh inode, so the kernel's page cache never mixes revisions.
+    A file's inode shows one revision (`facts`, and `bound` while descriptors are open) for its
+    whole life, except where this mount itself publishes the inode's next revision (its pages are
+    then exactly those bytes). When the path moves to another revision any other way, the node is
+    detached and the path gets a fresh inode: the kernel's page cache and its cached size of an
+    inode never belong to two revisions.
     """
 
     __slots__ = (
@@ -70,7 +72,6 @@ class Node:
         "nlookup",
         "facts",
         "bound",
-        "kernel_revision",
         "spool",
         "handles",
         "open_count",
@@ -91,7 +92,6 @@ class Node:
         # unknown (a new file, or forgotten after a change).
         self.facts = None
         self.bound = None  # FILE/LINK: the PathEntry open descriptors read (while any is open)
-        self.kernel_revision = None  # FILE: the revision whose bytes the kernel page cache may hold
         self.spool = None  # FILE: the one write state of the file in this mount (nokvfs.fs.spools)
         self.handles = 0  # open file descriptors (FILE/LINK)
         self.open_count = 0  # open handles of any kind (file and directory)
@@ -113,6 +113,10 @@ class Node:
     def in_use(self) -> bool:
         """Descriptors are open on it, or this mount is writing it."""
         return self.handles > 0 or self.spool is not None
+
+    def shows(self, entry) -> bool:
+        """Whether the node can stand for `entry`: it shows that revision, or none yet."""
+        return self.facts is None or self.facts.revision_id == entry.artifact_revision_id
 
     @property
     def key(self) -> tuple:

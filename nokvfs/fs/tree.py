@@ -140,17 +140,19 @@ class Tree:
     def path_node(self, parent: Node, name: str, entry) -> Node:
         """The node of a published file or link at parent/name, showing `entry`.
 
-        A node in use that shows another revision keeps it (its descriptors read it to the end)
-        and is detached: the path gets a fresh node, so no inode ever shows two revisions.
+        A node that shows another revision stays that revision's (its descriptors and the
+        kernel's pages are that revision's) and is detached: the path gets a fresh node. The one
+        exception is a file this mount is writing: it keeps its inode, and its publication will
+        find out whether the change came from outside.
         """
         kind = Kind.LINK if attributes.is_symlink(entry) else Kind.FILE
         node = self.inodes.find(parent.view, parent.incarnation, parent.components + (name,))
-        if node is not None and node.in_use and node.revision is not None and node.revision != entry.artifact_revision_id:
-            if self.overlay.pending(node.incarnation, node.components) is not node:
-                self.detach(node, parent=parent)
+        if node is not None and node.spool is not None:
+            return node
+        if node is not None and not node.shows(entry):
+            self.detach(node, parent=parent)
         node = self.child(parent, kind, name)
-        if not (node.in_use and node.revision is None):
-            node.learn(entry)
+        node.learn(entry)
         return node
 
     def detach(self, node: Node, *, parent: Node | None = None, deleted: bool = False) -> None:
@@ -262,13 +264,13 @@ class Tree:
         # A view's file never changes: what a lookup or listing learnt of it stays true.
         if ((fresh and not view.immutable) or node.facts is None) and not node.detached:
             entry = self.current_entry(node)
-            if entry is not None and node.in_use and node.revision is not None and entry.artifact_revision_id != node.revision:
-                # The path moved to another revision and the change feed has not said so yet:
-                # this inode stays the file its descriptors opened (size included), as the
-                # follower would leave it, and the path gets a fresh inode at its next lookup.
-                self.detach(node)
+            if entry is not None and node.shows(entry):
+                node.learn(entry)  # the same revision; its attributes may have changed
             elif entry is not None:
-                node.learn(entry)
+                # The path moved to another revision and the change feed has not said so yet:
+                # this inode stays the file the kernel knows (size included), as the follower
+                # would leave it, and the path gets a fresh inode at its next lookup.
+                self.detach(node)
         facts = node.facts
         if facts is None:
             shown = attrs.Shown(attrs.FILE_MODE, 0, self.uid, self.gid, self.mounted_ns, self.mounted_ns, self.mounted_ns)

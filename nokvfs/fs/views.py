@@ -43,7 +43,7 @@ import logging
 from nokvfs.errors import InvalidInput, NotFound, PathInvalid
 from nokvfs.schema.paths import check_component
 from nokvfs.schema.records import PathEntry
-from nokvfs.workspace import asof, commit, listing
+from nokvfs.workspace import asof, attributes, commit, listing
 from nokvfs.workspace import workbench as wb
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,11 @@ class LiveView:
         """One bounded page of a directory's children: ([listing.Child], next anchor or None)."""
         return asof.PathTree(view, self.root, workbench).children_page(components, start_after=start_after, limit=limit)
 
+    def directory_attributes(self, view, incarnation: bytes, components: tuple):
+        """A directory's stored attributes (its marker's), or None: one point read."""
+        entry = asof.path_entry(view, self.root, incarnation, components + (attributes.DIRECTORY_MARKER,))
+        return None if entry is None else attributes.shown(entry)
+
     def facts(self) -> dict:
         return {}
 
@@ -146,6 +151,10 @@ class _AsOfView:
 
     def children(self, tree, workbench, components: tuple, *, start_after: bytes | None, limit: int):
         return tree.children_page(components, start_after=start_after, limit=limit)
+
+    def directory_attributes(self, tree, incarnation: bytes, components: tuple):
+        entry = tree.entry(components + (attributes.DIRECTORY_MARKER,))
+        return None if entry is None else attributes.shown(entry)
 
 
 class SnapshotView(_AsOfView):

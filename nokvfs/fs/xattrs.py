@@ -29,7 +29,7 @@ import errno
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.inodes import Kind
 from nokvfs.schema.index_codec import IndexKind, IndexValue
-from nokvfs.workspace import index
+from nokvfs.workspace import attributes, index
 
 LIVE = "live"
 
@@ -76,7 +76,7 @@ def _attribute_name(field: str) -> bytes:
 def index_names(entry) -> list[bytes]:
     """The `user.nokv.<name>` attribute names of an entry's index fields, in field order."""
     out = []
-    for field in entry.typed_index_projection:
+    for field in attributes.user_fields(entry.typed_index_projection):
         name = _attribute_name(field.name)
         if len(name) <= XATTR_NAME_MAX:
             out.append(name)

@@ -200,6 +200,8 @@ class ChangeEventKind(IntEnum):
     TagSet = 9
     TagDeleted = 10
     WorkspaceRestored = 11
+    # A metadata-only change of a path (mode, owner, times): before = after = its revision id.
+    PathAttributesChanged = 12
 
 
 class OutboxRecordKind(IntEnum):

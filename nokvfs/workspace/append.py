@@ -14,34 +14,36 @@ import hashlib
 import os
 import tempfile
 
-from nokvfs.errors import IsADirectory, NotFound, StoreError, StoreFull
+from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.paths import join, normalize_path
 from nokvfs.schema.records import ArtifactRevision, PathEntry
+from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import publish, reading
+from nokvfs.workspace import namespace, publish, reading
 from nokvfs.workspace import workbench as wb
 
 MAX_DEPENDENCY_OWNERS = 64
 MAX_DEPENDENCY_DEPTH = 8
 
 
-def append(root, workbench_id: str, path: str, data, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
-    """Append `data` (bytes or a Body) to the file at `path`; NotFound if there is none."""
+def append(root, workbench_id: str, path: str, data, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None, attributes: attrs.Attributes | None = None) -> PathEntry:
+    """Append `data` (bytes or a Body) to the file at `path`; NotFound if there is none.
+
+    `attributes`: what the new revision stores (the mount's, with its writes' times); None keeps
+    the base's, with mtime and ctime moved to now.
+    """
     components = normalize_path(path)
     publish.check_publishable(components)
     delta = data if isinstance(data, bodies.Body) else bodies.from_bytes(bytes(data), root.block_size)
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
-        raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
-        if raw is None:
-            prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
-            if view.seek("path_current", prefix, within=prefix) is not None:
-                raise IsADirectory(f"{workbench_id}:{join(components)} is a directory")
-            raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+        _, raw = namespace.existing_file(view, root, workbench, components)
         base = PathEntry.decode(raw)
         publish.check_expectation(expected_generation, expected_revision_id, base, join(components))
+        if attrs.is_symlink(base):
+            raise InvalidInput(f"{workbench_id}:{join(components)} is a symbolic link; its target is not appended to")
         base_rows = publish.read_manifest(view, root, base.artifact_revision_id)
         owners = {row.physical_owner_revision_id for row in base_rows}
         depth = 0
@@ -79,7 +81,7 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
                 expected_revision_id=base.artifact_revision_id,
                 content_type=base.content_type,
                 producer=base.producer,
-                index_fields=base.typed_index_projection,
+                index_fields=_appended_projection(base) if attributes is None else attrs.with_attributes(base.typed_index_projection, attributes),
                 reused=reused,
                 base_revision_id=base_revision,
                 event_kind=ChangeEventKind.PathAppended,
@@ -88,6 +90,16 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
     finally:
         if rematerialise:
             delta_body.discard()
+
+
+def _appended_projection(base: PathEntry) -> tuple:
+    """The base's projection; stored attributes keep mode and owner, and mtime and ctime move to
+    now (the body changed), as a write does on a local file."""
+    stored = attrs.of(base)
+    if stored is None:
+        return tuple(base.typed_index_projection)
+    now = attrs.now_ns()
+    return attrs.with_attributes(base.typed_index_projection, stored.replace(mtime_ns=now, ctime_ns=now))
 
 
 def _rematerialised_body(root, base: PathEntry, delta: bodies.Body) -> bodies.Body:

@@ -34,7 +34,7 @@ from nokvfs.schema.enums import CommitState, SnapshotState
 from nokvfs.schema.ids import check_commit_id
 from nokvfs.schema.paths import join, subtree_prefix, unordered_path
 from nokvfs.schema.records import CommitMember, PathEntry, WorkspaceCurrent
-from nokvfs.workspace import commit, listing, snapshot, tag
+from nokvfs.workspace import attributes, commit, listing, snapshot, tag
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.consumers import read_commit
 
@@ -76,8 +76,9 @@ class Tree:
         """One bounded page of a directory's children: ([listing.Child], next anchor or None)."""
         raise NotImplementedError
 
-    def files(self, path: str = ""):
-        """Every file below `path` as (path below it, PathEntry), in canonical order."""
+    def files(self, path: str = "", *, with_markers: bool = False):
+        """Every file below `path` as (path below it, PathEntry), in canonical order; directory
+        attribute markers only `with_markers` (a recursive get restores directory attributes)."""
         raise NotImplementedError
 
     def children(self, components: tuple[str, ...]):
@@ -102,9 +103,11 @@ def path_has_children(view, root, incarnation: bytes, components: tuple[str, ...
     return view.seek("path_current", prefix, within=prefix) is not None
 
 
-def _files(view, family: str, prefix: bytes, base: int, components, decode):
+def _files(view, family: str, prefix: bytes, base: int, components, decode, with_markers: bool):
     for key, value in iter_prefix(view, family, prefix):
-        yield join(unordered_path(key[base:])[len(components):]), decode(value)
+        full = unordered_path(key[base:])
+        if with_markers or full[-1] != attributes.DIRECTORY_MARKER:
+            yield join(full[len(components):]), decode(value)
 
 
 class PathTree(Tree):
@@ -129,12 +132,12 @@ class PathTree(Tree):
     def children_page(self, components, *, start_after=None, limit=MAX_ITEMS_PER_CALL):
         return listing.children_page(self.view, self.root, self.workbench, components, start_after=start_after, limit=limit)
 
-    def files(self, path=""):
+    def files(self, path="", *, with_markers=False):
         components = listing.split(path)
         incarnation = self.workbench.incarnation_id
         whole = keys.path_current_prefix(self.root.root_id, incarnation)
         prefix = whole if not components else keys.path_subtree_prefix(self.root.root_id, incarnation, components)
-        return _files(self.view, "path_current", prefix, len(whole), components, PathEntry.decode)
+        return _files(self.view, "path_current", prefix, len(whole), components, PathEntry.decode, with_markers)
 
 
 class CommitTree(Tree):
@@ -184,19 +187,23 @@ class CommitTree(Tree):
         info = self.stat(components)
         if info.kind != listing.DIRECTORY:
             raise NotADirectory(f"{info.path} is a file")
-        page = list_children(self.view, "commit_member", self._prefix + subtree_prefix(components), start_after=start_after, limit=limit)
-        out = []
-        for item in page.items:
-            name = unordered_path(item.child + b"\x01")[0]
-            if item.is_prefix:
-                out.append(listing.Child(name, listing.DIRECTORY, None))
-            else:
-                out.append(listing.Child(name, listing.FILE, self._entry_of(item.value)))
-        return out, page.next_marker
+        out, anchor = [], start_after
+        while not out:  # never an empty page with an anchor (a page of only the marker)
+            page = list_children(self.view, "commit_member", self._prefix + subtree_prefix(components), start_after=anchor, limit=limit)
+            for item in page.items:
+                name = unordered_path(item.child + b"\x01")[0]
+                if item.is_prefix:
+                    out.append(listing.Child(name, listing.DIRECTORY, None))
+                elif name != attributes.DIRECTORY_MARKER:  # a directory's attributes, not a child
+                    out.append(listing.Child(name, listing.FILE, self._entry_of(item.value)))
+            anchor = page.next_marker
+            if anchor is None:
+                break
+        return out, anchor
 
-    def files(self, path=""):
+    def files(self, path="", *, with_markers=False):
         components = listing.split(path)
-        return _files(self.view, "commit_member", self._prefix + subtree_prefix(components), len(self._prefix), components, self._entry_of)
+        return _files(self.view, "commit_member", self._prefix + subtree_prefix(components), len(self._prefix), components, self._entry_of, with_markers)
 
 
 # --- points -----------------------------------------------------------------------------------

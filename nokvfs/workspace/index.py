@@ -21,6 +21,7 @@ from nokvfs.errors import IndexValueInvalid, InvalidInput, ReadVersionStale
 from nokvfs.schema import index_codec, keys
 from nokvfs.schema.paths import join
 from nokvfs.schema.records import IndexField, PathEntry, SecondaryIndex
+from nokvfs.workspace import attributes
 from nokvfs.workspace import workbench as wb
 
 MAX_FIELDS = 32
@@ -48,12 +49,15 @@ def _check_name(name) -> str:
     raw = name.encode("utf-8", "surrogatepass")
     if not raw or len(raw) > MAX_NAME_BYTES or b"\x00" in raw or not name.isprintable():
         raise IndexValueInvalid(f"index field name {name!r} must be 1-{MAX_NAME_BYTES} printable UTF-8 bytes")
+    if attributes.is_reserved_field(name):
+        raise IndexValueInvalid(f"index field names starting {attributes.RESERVED_FIELD_PREFIX!r} are reserved: {name!r}")
     return name
 
 
 def decoded(entry: PathEntry) -> dict:
-    """The typed projection of a PathEntry as name -> IndexValue."""
-    return {f.name: index_codec.decode(f.encoded_value) for f in entry.typed_index_projection}
+    """The user fields of a PathEntry's typed projection as name -> IndexValue (reserved fields,
+    such as the POSIX attributes, are not index fields a user set)."""
+    return {f.name: index_codec.decode(f.encoded_value) for f in attributes.user_fields(entry.typed_index_projection)}
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, list_children, scan_prefix
 from nokvfs.errors import InvalidInput, NotADirectory, NotFound, ReadVersionStale
 from nokvfs.schema import keys
-from nokvfs.schema.paths import join, normalize_path, unordered_path
+from nokvfs.schema.paths import join, normalize_path, ordered_component, unordered_path
 from nokvfs.schema.records import PathEntry
+from nokvfs.workspace import attributes
 from nokvfs.workspace import workbench as wb
 
 FILE = "file"
@@ -96,6 +97,15 @@ def stat_tree(components: tuple[str, ...], workbench: wb.Workbench, version: int
     raise NotFound(f"{label}:{path} does not exist")
 
 
+def has_children(view, root, incarnation: bytes, components: tuple[str, ...], *, ignore_marker: bool = True) -> bool:
+    """Whether a directory holds anything (rmdir's emptiness test): one bounded delimiter scan
+    of at most two children, the directory's own marker not counted unless asked."""
+    prefix = keys.path_subtree_prefix(root.root_id, incarnation, components)
+    page = list_children(view, "path_current", prefix, limit=2)
+    marker = ordered_component(attributes.DIRECTORY_MARKER)
+    return any(not ignore_marker or item.is_prefix or item.child != marker for item in page.items)
+
+
 def stat(view, root, workbench_id: str, path: str) -> Stat:
     _, workbench = wb.visible(view, root.root_id, workbench_id)
     return stat_in(view, root, workbench, split(path))
@@ -114,15 +124,21 @@ def children_page(view, root, workbench: wb.Workbench, components: tuple[str, ..
         anchor = chosen[-1] if start + limit < len(ordered) and chosen else None
         return [Child(n.decode(), DIRECTORY, None) for n in chosen], anchor
     prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
-    page = list_children(view, "path_current", prefix, start_after=start_after, limit=limit)
-    children = []
-    for item in page.items:
-        name = item.child.translate(_UNSHIFT).decode("utf-8")
-        if item.is_prefix:
-            children.append(Child(name, DIRECTORY, None))
-        else:
-            children.append(Child(name, FILE, PathEntry.decode(item.value)))
-    return children, page.next_marker
+    children, anchor = [], start_after
+    while not children:  # a page holding only the marker is never returned empty with an anchor
+        page = list_children(view, "path_current", prefix, start_after=anchor, limit=limit)
+        for item in page.items:
+            name = item.child.translate(_UNSHIFT).decode("utf-8")
+            if not item.is_prefix and name == attributes.DIRECTORY_MARKER:
+                continue  # a directory's attributes, not a child (the page may come out one short)
+            if item.is_prefix:
+                children.append(Child(name, DIRECTORY, None))
+            else:
+                children.append(Child(name, FILE, PathEntry.decode(item.value)))
+        anchor = page.next_marker
+        if anchor is None:
+            break
+    return children, anchor
 
 
 def _cursor_digest(workbench: wb.Workbench, components, selector: str) -> bytes:
@@ -176,8 +192,12 @@ def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | Non
     return ListPage(tuple(out), view.version, next_cursor)
 
 
-def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000) -> ListPage:
-    """Every file below `path`, in canonical path order; Child.name is the path below `path`."""
+def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000, with_markers: bool = False) -> ListPage:
+    """Every file below `path`, in canonical path order; Child.name is the path below `path`.
+
+    Directory markers are left out unless `with_markers` (a recursive get restores directory
+    attributes from them); a page may then hold fewer than `limit` children and a cursor.
+    """
     if limit < 1:
         # Without this, limit 0 returns an empty page with no cursor: "complete" while it is not.
         raise InvalidInput("limit must be positive")
@@ -199,6 +219,8 @@ def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str
         page = scan_prefix(view, "path_current", prefix, start_after=marker, limit=min(MAX_ITEMS_PER_CALL, limit - len(out)))
         for key, value in page.items:
             full = unordered_path(key[base:])
+            if not with_markers and full[-1] == attributes.DIRECTORY_MARKER:
+                continue
             out.append(Child(join(full[len(components):]), FILE, PathEntry.decode(value)))
         marker = page.next_marker
         if marker is None:

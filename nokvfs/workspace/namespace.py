@@ -1,7 +1,14 @@
-"""Put, remove and rename of paths: each one MetadataCommand over PathCurrent and references.
+"""Put, remove and rename of paths, and the metadata-only attribute, link and directory-marker
+commands: each one MetadataCommand over PathCurrent and references (a put or a new link or
+marker goes through the publish pipeline).
 
 Rename is one command: the new path takes a Path reference to the same revision (replacing and
 releasing whatever the target held), the old path's entry and reference are removed.
+
+Attributes (nokvfs.workspace.attributes) ride in the PathEntry's typed projection: a put stores
+the ones it is given in the same command that creates the revision; set_attributes changes them
+alone, with no upload and no new revision. Links are artifacts whose body is the target; a
+directory's attributes are its marker artifact (DIRECTORY_MARKER), written only here.
 """
 
 from __future__ import annotations
@@ -9,27 +16,38 @@ from __future__ import annotations
 import dataclasses
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
-from nokvfs.errors import GenerationConflict, InvalidInput, NotFound
+from nokvfs.errors import CorruptRecord, GenerationConflict, InvalidInput, IsADirectory, NotADirectory, NotFound
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind, ReferenceKind
 from nokvfs.schema.paths import join, normalize_path
 from nokvfs.schema.records import PathEntry
+from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import publish, workbench as wb
+from nokvfs.workspace import publish, reading, workbench as wb
+from nokvfs.workspace.attributes import Attributes
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
 
-def put(root, workbench_id: str, path: str, source, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None, content_type: str = publish.DEFAULT_CONTENT_TYPE, producer: str = "", index_fields=(), progress=None) -> PathEntry:
+def put(root, workbench_id: str, path: str, source, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None, content_type: str = publish.DEFAULT_CONTENT_TYPE, producer: str = "", index_fields=(), progress=None, attributes: Attributes | None = None) -> PathEntry:
     """Publish `source` (bytes, a Body, or a readable binary stream) as a new revision of `path`.
 
     expected_generation: None replaces unconditionally, 0 requires the path to be absent, N
     requires the path to be at generation N; expected_revision_id requires it to hold exactly
-    that revision (GenerationConflict otherwise).
+    that revision (GenerationConflict otherwise). attributes: stored in the same command (None:
+    nothing stored; the path then shows the defaults of attributes.shown).
     """
+    if content_type in attrs.RESERVED_CONTENT_TYPES:
+        raise InvalidInput(f"content type {content_type!r} is reserved: links are made by symlink, directory markers by set_directory_attributes")
     components = normalize_path(path)
     publish.check_publishable(components)
-    index_fields = check_index_fields(index_fields)
+    return _put(root, workbench_id, components, source, expected_generation=expected_generation, expected_revision_id=expected_revision_id,
+                content_type=content_type, producer=producer, index_fields=check_index_fields(index_fields), progress=progress, attributes=attributes)
+
+
+def _put(root, workbench_id: str, components, source, *, expected_generation, expected_revision_id, content_type, producer="", index_fields=(), progress=None, attributes=None) -> PathEntry:
+    if attributes is not None and not isinstance(attributes, Attributes):
+        raise InvalidInput(f"attributes must be an Attributes, not {type(attributes).__name__}")
     if isinstance(source, (bytes, bytearray, memoryview)):
         body = bodies.from_bytes(bytes(source), root.block_size)
     elif isinstance(source, bodies.Body):
@@ -49,7 +67,7 @@ def put(root, workbench_id: str, path: str, source, *, expected_generation: int 
                 expected_revision_id=expected_revision_id,
                 content_type=content_type,
                 producer=producer,
-                index_fields=tuple(index_fields),
+                index_fields=attrs.with_attributes(index_fields, attributes),
                 progress=progress,
             ),
         )
@@ -74,6 +92,8 @@ def check_index_fields(index_fields) -> tuple:
             raise IndexValueInvalid(f"index id {field.name!r} must be 1..65535 UTF-8 bytes without NUL")
         if field.name in names:
             raise IndexValueInvalid(f"index id {field.name!r} is given twice")
+        if attrs.is_reserved_field(field.name):
+            raise IndexValueInvalid(f"index ids starting {attrs.RESERVED_FIELD_PREFIX!r} are reserved: {field.name!r}")
         names.add(field.name)
         try:
             index_codec.decode(bytes(field.encoded_value))
@@ -87,10 +107,25 @@ def _entry(view, root, incarnation: bytes, components) -> tuple[bytes, bytes | N
     return key, view.get("path_current", key)
 
 
+def existing_file(view, root, workbench, components, *, hint: str = "") -> tuple[bytes, bytes]:
+    """(key, raw PathEntry) of the file at `components`: IsADirectory if a directory is there
+    (one bounded probe), NotFound if nothing is."""
+    key, raw = _entry(view, root, workbench.incarnation_id, components)
+    if raw is None:
+        prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+        if view.seek("path_current", prefix, within=prefix) is not None:
+            raise IsADirectory(f"{workbench.workbench_id}:{join(components)} is a directory{hint}")
+        raise NotFound(f"{workbench.workbench_id}:{join(components)} does not exist")
+    return key, raw
+
+
 def remove(root, workbench_id: str, path: str, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
     components = normalize_path(path)
     publish.check_publishable(components)
+    return _remove(root, workbench_id, components, expected_generation=expected_generation, expected_revision_id=expected_revision_id)
 
+
+def _remove(root, workbench_id: str, components, *, expected_generation=None, expected_revision_id=None) -> PathEntry:
     def build(view):
         raw_wb, workbench = wb.visible(view, root.root_id, workbench_id)
         key, raw = _entry(view, root, workbench.incarnation_id, components)
@@ -168,3 +203,130 @@ def rename(root, workbench_id: str, source: str, target: str, *, replace: bool =
 
     _, built = root.apply(build, digest=intent_digest("path.rename", workbench_id, join(src), join(dst)))
     return built.value
+
+
+# --- attributes, links and directory markers ---------------------------------------------------
+
+
+def set_attributes(root, workbench_id: str, path: str, *, mode: int | None = None, uid: int | None = None, gid: int | None = None, mtime_ns: int | None = None, atime_ns: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
+    """chmod/chown/utime of an existing file or link: ONE metadata-only command.
+
+    The entry keeps its revision, body, size and generation; its projection gets the merged
+    attributes (fields not given keep their stored or shown value) with ctime = now;
+    modified_version and the workspace revision advance; the event is PathAttributesChanged
+    (before = after = the revision id). Nothing is uploaded and no revision is created.
+    GenerationConflict if `expected_revision_id` is given and the path holds another revision.
+    """
+    components = normalize_path(path)
+    publish.check_publishable(components)
+    return _set_attributes(root, workbench_id, components, dict(mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns), expected_revision_id)
+
+
+def _set_attributes(root, workbench_id: str, components, changes: dict, expected_revision_id: bytes | None = None) -> PathEntry:
+    ctime = attrs.now_ns()  # taken once, so a rebuilt command stores the same time
+    attrs.merged(Attributes(0, None, None, 0, 0, 0), **changes)  # bad values fail here, before any read
+
+    def build(view):
+        raw_wb, workbench = wb.visible(view, root.root_id, workbench_id)
+        key, raw = existing_file(view, root, workbench, components, hint=": set its attributes with set_directory_attributes")
+        entry = PathEntry.decode(raw)
+        publish.check_expectation(None, expected_revision_id, entry, join(components))
+        stored = attrs.merged(attrs.shown(entry), **changes, ctime_ns=ctime)
+        version = view.version + 1
+        updated = dataclasses.replace(
+            entry,
+            modified_version=version,
+            typed_index_projection=attrs.with_attributes(entry.typed_index_projection, stored),
+        )
+        wb_predicate, wb_mutation = wb.advance_revision(root.root_id, workbench_id, raw_wb, version)
+        mutations = [Put("path_current", key, updated), wb_mutation]
+        mutations += publish.index_mutations(root.root_id, workbench.incarnation_id, components, entry, updated)
+        revision = entry.artifact_revision_id
+        return Built(
+            predicates=[ValueEquals("path_current", key, raw), wb_predicate],
+            mutations=mutations,
+            events=[wb.event(workbench, ChangeEventKind.PathAttributesChanged, join(components), revision, revision)],
+            value=updated,
+        )
+
+    parts = [changes[name] for name in ("mode", "uid", "gid", "mtime_ns", "atime_ns")]
+    _, built = root.apply(build, digest=intent_digest("path.attributes", workbench_id, join(components), *parts, expected_revision_id, ctime))
+    return built.value
+
+
+def symlink(root, workbench_id: str, path: str, target: str, *, attributes: Attributes | None = None, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
+    """A symbolic link at `path`: an artifact (SYMLINK_CONTENT_TYPE) whose body is the target's
+    UTF-8 bytes (1..MAX_LINK_TARGET, no NUL; InvalidInput otherwise), with mode LINK_MODE and
+    the current time unless `attributes` are given. The target is never resolved."""
+    raw = attrs.link_target_bytes(target)
+    components = normalize_path(path)
+    publish.check_publishable(components)
+    if attributes is None:
+        now = attrs.now_ns()
+        attributes = Attributes(attrs.LINK_MODE, None, None, now, now, now)
+    return _put(root, workbench_id, components, raw, expected_generation=expected_generation, expected_revision_id=expected_revision_id,
+                content_type=attrs.SYMLINK_CONTENT_TYPE, attributes=attributes)
+
+
+def read_link(root, entry: PathEntry, *, view=None) -> str:
+    """The target of a link entry (one bounded read; `view` for a snapshot or commit whose
+    revision the live rows may no longer name). InvalidInput if the entry is not a link."""
+    if not attrs.is_symlink(entry):
+        raise InvalidInput(f"revision {entry.artifact_revision_id.hex()} is not a symbolic link ({entry.content_type})")
+    if not 1 <= entry.logical_size <= attrs.MAX_LINK_TARGET:
+        raise CorruptRecord(f"link revision {entry.artifact_revision_id.hex()} has a {entry.logical_size}-byte target")
+    raw = reading.read(root, entry, 0, entry.logical_size, view=view)
+    if b"\x00" in raw:
+        raise CorruptRecord(f"link revision {entry.artifact_revision_id.hex()} has a NUL in its target")
+    return attrs.link_target_text(raw)
+
+
+def _marker(dir_path: str) -> tuple[str, ...]:
+    """The marker path of a directory below a section (a section itself included)."""
+    if dir_path in ("", "."):
+        raise InvalidInput("the workbench itself has no stored attributes; name a section or a directory below one")
+    components = normalize_path(dir_path) + (attrs.DIRECTORY_MARKER,)
+    publish.check_publishable(components, directory_marker=True)
+    return components
+
+
+def directory_attributes(view, root, incarnation: bytes, components: tuple) -> Attributes | None:
+    """The stored attributes of a directory: one PathCurrent point read of its marker."""
+    raw = view.get("path_current", keys.path_current_key(root.root_id, incarnation, tuple(components) + (attrs.DIRECTORY_MARKER,)))
+    return None if raw is None else attrs.shown(PathEntry.decode(raw))
+
+
+def set_directory_attributes(root, workbench_id: str, dir_path: str, *, mode: int | None = None, uid: int | None = None, gid: int | None = None, mtime_ns: int | None = None, atime_ns: int | None = None) -> PathEntry:
+    """chmod/chown/utime of a directory: creates its marker (an empty-body artifact) with these
+    attributes if it has none (unset fields: DIRECTORY_MODE, no owner, now), else one
+    metadata-only change of the marker. A directory that does not exist yet comes into being
+    with its marker (the mount's mkdir + chmod); a file at `dir_path` is NotADirectory."""
+    components = _marker(dir_path)
+    changes = dict(mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns)
+    with root.read() as view:
+        _, workbench = wb.visible(view, root.root_id, workbench_id)
+        if view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components[:-1])) is not None:
+            raise NotADirectory(f"{workbench_id}:{join(components[:-1])} is a file")
+        exists = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components)) is not None
+    if not exists:
+        now = attrs.now_ns()
+        fresh = attrs.merged(Attributes(attrs.DIRECTORY_MODE, None, None, now, now, now), **changes)
+        try:
+            return _put(root, workbench_id, components, b"", expected_generation=0, expected_revision_id=None,
+                        content_type=attrs.DIRECTORY_CONTENT_TYPE, attributes=fresh)
+        except GenerationConflict:
+            pass  # another writer created the marker first: change it instead
+    return _set_attributes(root, workbench_id, components, changes)
+
+
+def remove_directory_attributes(root, workbench_id: str, dir_path: str) -> PathEntry | None:
+    """Remove a directory's marker (the mount's rmdir); None if it has none (idempotent)."""
+    components = _marker(dir_path)
+    with root.read() as view:
+        _, workbench = wb.visible(view, root.root_id, workbench_id)
+        if view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components)) is None:
+            return None
+    try:
+        return _remove(root, workbench_id, components)
+    except NotFound:
+        return None  # removed by another writer in between

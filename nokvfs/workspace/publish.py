@@ -69,6 +69,7 @@ from nokvfs.schema.records import (
     SecondaryIndex,
     StagedObject,
 )
+from nokvfs.workspace import attributes
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.body import Body
 from nokvfs.workspace.operations import CRASH_ENV, Rows, crash_point, drive_each, driving  # noqa: F401 - CRASH_ENV for callers
@@ -87,16 +88,25 @@ TERMINAL = (PublishPhase.Published, PublishPhase.Cleaned, PublishPhase.Quarantin
 ROWS = Rows(OperationKind.Publish, "publish", TERMINAL)
 
 
-def check_publishable(components: tuple[str, ...]) -> None:
-    """Artifact paths live below a section; sections and the typed manifests refuse generic writes."""
+def check_publishable(components: tuple[str, ...], *, directory_marker: bool = False) -> None:
+    """Artifact paths live below a section; sections and the typed manifests refuse generic writes.
+
+    A directory's attribute marker (attributes.DIRECTORY_MARKER) is written only by the
+    directory-attribute functions of namespace, which pass `directory_marker=True`; the name is
+    refused anywhere else in a path.
+    """
+    from nokvfs.errors import ReservedPath
+
     if components[0] not in wb.SECTIONS:
         raise InvalidInput(f"artifact paths must start with a section {wb.SECTIONS}, not {components[0]!r}")
     if len(components) == 1:
         raise InvalidInput(f"{components[0]!r} is a section; it cannot be replaced or removed")
     if components in RESERVED_MANIFESTS:
-        from nokvfs.errors import ReservedPath
-
         raise ReservedPath(f"{join(components)} is written only by its commit/restore state machine")
+    if attributes.DIRECTORY_MARKER in components[:-1] or (components[-1] == attributes.DIRECTORY_MARKER) != directory_marker:
+        if directory_marker:
+            raise InvalidInput(f"{join(components)} is not a directory marker path")
+        raise ReservedPath(f"{attributes.DIRECTORY_MARKER!r} is reserved for a directory's attributes: {join(components)}")
 
 
 def path_owner(incarnation: bytes, components: tuple[str, ...]) -> bytes:
@@ -160,7 +170,7 @@ def read_ledger(view, root, operation_id: bytes) -> list[tuple[bytes, StagedObje
 
 def run(root, pub: Publication) -> PathEntry:
     """Drive one publication to Published, or clean it up and raise."""
-    check_publishable(pub.components)
+    check_publishable(pub.components, directory_marker=pub.content_type == attributes.DIRECTORY_CONTENT_TYPE)
     check_key_lengths(root, pub.components, pub.index_fields)
     _precheck(root, pub)
     with driving(root, pub.operation_id, "publish"):
@@ -211,7 +221,10 @@ def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> Non
         keys.RevisionRefKey(root.root_id, ReferenceKind.Path, path_owner(placeholder, components), placeholder).encode(),
         keys.path_current_key(root.root_id, placeholder, components),
     ]
-    longest += [keys.SecondaryIndexKey(root.root_id, f.name, f.encoded_value, placeholder, components).encode() for f in index_fields]
+    longest += [
+        keys.SecondaryIndexKey(root.root_id, f.name, f.encoded_value, placeholder, components).encode()
+        for f in attributes.user_fields(index_fields)
+    ]
     size = max(len(k) for k in longest)
     if size > limit:
         from nokvfs.errors import KeyTooLong
@@ -550,14 +563,17 @@ def read_manifest(view, root, revision_id: bytes) -> list[ArtifactManifest]:
 
 
 def index_mutations(root_id, incarnation, components, old: PathEntry | None, new: PathEntry | None):
-    """SecondaryIndex rows follow the PathEntry's typed projection in the same command."""
+    """SecondaryIndex rows follow the PathEntry's typed projection in the same command: its user
+    fields only (reserved fields such as the POSIX attributes are projection-only)."""
     mutations = []
-    old_fields = {} if old is None else {f.name: f.encoded_value for f in old.typed_index_projection}
-    new_fields = {} if new is None else {f.name: f.encoded_value for f in new.typed_index_projection}
+    old_fields = {} if old is None else {f.name: f.encoded_value for f in attributes.user_fields(old.typed_index_projection)}
+    new_fields = {} if new is None else {f.name: f.encoded_value for f in attributes.user_fields(new.typed_index_projection)}
     for name, value in old_fields.items():
         if new_fields.get(name) != value or new is None:
             mutations.append(Delete("secondary_index", keys.SecondaryIndexKey(root_id, name, value, incarnation, components).encode()))
     for name, value in new_fields.items():
+        if old is not None and old.generation == new.generation and old_fields.get(name) == value:
+            continue  # the same row (a metadata-only change): nothing to write
         key = keys.SecondaryIndexKey(root_id, name, value, incarnation, components).encode()
         mutations.append(Put("secondary_index", key, SecondaryIndex(path_generation=new.generation, projection=b"")))
     return mutations
