@@ -123,3 +123,30 @@ def test_failover_drill(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
     with datadir.open_root(a_dir, recover=False) as root, root.read() as view:
         y = listing.stat(view, root, "wb", "outputs/y.txt").entry
     assert all(f"/{y.artifact_revision_id.hex()}/blocks/" in key for key in y_blocks)
+
+
+def test_a_live_owner_mount_turns_read_only_when_another_owner_takes_over(tmp_path, s3_bucket, s3_endpoint):
+    url = f"s3://{s3_bucket}/prod"
+    init_owner(str(tmp_path / "a" / "data"), s3_bucket, s3_endpoint)
+    with mounted(str(tmp_path / "a"), init=False, extra_args=owner_args(url, s3_endpoint)) as a:
+        within(lambda: "published the data directory record" in a.log(), SHOWS, "A's first push")
+        write(a.path("wb", "outputs", "before.txt"), b"shipped")
+        within(lambda: bucket_head(url, s3_endpoint) == local_tail(a.data_dir), SHOWS, "A shipped")
+        writer = open(a.path("wb", "outputs", "open.txt"), "wb")  # open across the takeover
+        try:
+            nokvfs("--endpoint-url", s3_endpoint, "--data-dir", str(tmp_path / "c"), "shard", "restore", "--from", url, "--take-ownership")
+            within(lambda: "the mount is read-only from now on" in a.log(), SHOWS, "A fenced")
+            assert "every record of this shard is in the bucket" in a.log()
+            writer.write(b"accepted by nobody")
+            with pytest.raises(OSError) as info:
+                writer.close()  # the publish is refused: its spool is kept
+            assert info.value.errno == errno.EROFS
+        finally:
+            if not writer.closed:
+                writer.close()
+        for attempt in (lambda: write(a.path("wb", "outputs", "new.txt"), b"x"), lambda: os.unlink(a.path("wb", "outputs", "before.txt"))):
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert info.value.errno == errno.EROFS
+        assert read(a.path("wb", "outputs", "before.txt")) == b"shipped"
+        assert nokvfs("--data-dir", a.data_dir, "put", "wb:outputs/cli.txt", "-", check=False).returncode == 7
