@@ -35,9 +35,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from nokvfs.errors import CanonicalJsonError
-from nokvfs.replicate.errors import ManifestGenerationInvalid, ManifestMalformed, ManifestVersionUnsupported
-from nokvfs.replicate.manifest import is_uuid7_hex
+from nokvfs.replicate.errors import ManifestGenerationInvalid, ManifestMalformed
+from nokvfs.replicate.manifest import is_uuid7_hex, members, strict_object
 from nokvfs.schema import canonical_json
 from nokvfs.schema.enums import RootPlacementLifecycle
 from nokvfs.schema.ids import U64_MAX
@@ -129,21 +128,6 @@ class DataDirRecord:
         return canonical_json.dumps(self.to_json())
 
 
-def _members(obj, where: str, names: tuple[str, ...]) -> dict:
-    if not isinstance(obj, dict):
-        raise ManifestMalformed(f"{where} must be an object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - set(names))
-    if unknown:
-        raise ManifestMalformed(f"{where} has unknown field(s) {unknown}")
-    missing = [n for n in names if n not in obj]
-    if missing:
-        raise ManifestMalformed(f"{where} is missing field(s) {missing}")
-    nulls = [n for n in names if obj[n] is None]
-    if nulls:
-        raise ManifestMalformed(f"{where}.{nulls[0]} is an explicit null")
-    return obj
-
-
 def _int(value, where: str, low: int = 0, high: int = U64_MAX) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ManifestMalformed(f"{where} must be an integer in {low}..{high}, got {value!r}")
@@ -164,20 +148,10 @@ def _hex16(value, where: str) -> bytes:
 
 def loads(data: bytes, *, logical_shard_id: bytes | None = None) -> DataDirRecord:
     """Parse and validate the record strictly; every failure is a typed ManifestError."""
-    try:
-        obj = canonical_json.loads(data)
-    except CanonicalJsonError as exc:
-        raise ManifestMalformed(f"{DATADIR} is not strict JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ManifestMalformed(f"{DATADIR} must be a JSON object, got {type(obj).__name__}")
-    if "version" not in obj:
-        raise ManifestMalformed(f"{DATADIR} is missing field(s) ['version']")
-    version = obj["version"]
-    if not isinstance(version, int) or isinstance(version, bool) or version != RECORD_VERSION:
-        raise ManifestVersionUnsupported(f"{DATADIR} has version {version!r}; this reader knows version {RECORD_VERSION}")
-    o = _members(obj, DATADIR, _TOP_FIELDS)
-    p = _members(o["placement"], f"{DATADIR}.placement", _PLACEMENT_FIELDS)
-    c = _members(o["config"], f"{DATADIR}.config", _CONFIG_FIELDS)
+    obj = strict_object(data, DATADIR, RECORD_VERSION)
+    o = members(obj, DATADIR, _TOP_FIELDS)
+    p = members(o["placement"], f"{DATADIR}.placement", _PLACEMENT_FIELDS)
+    c = members(o["config"], f"{DATADIR}.config", _CONFIG_FIELDS)
     lifecycle = p["lifecycle"]
     if not isinstance(lifecycle, str) or lifecycle not in RootPlacementLifecycle.__members__:
         raise ManifestMalformed(f"{DATADIR}.placement.lifecycle {lifecycle!r} is not a RootPlacement lifecycle")
