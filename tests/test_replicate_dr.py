@@ -406,3 +406,22 @@ def test_wait_shipped_raises_owner_fenced_once_another_owner_took_over(owner, ur
         finally:
             replicator.stop()
             replicator.bucket.store.close()
+
+
+@pytest.mark.parametrize("damage", ["interrupted re-bootstrap", "torn data file"])
+def test_a_follower_whose_shard_is_missing_or_damaged_rebuilds_it_at_bootstrap(owner, url, s3_endpoint, tmp_path, damage):
+    push(owner, url, s3_endpoint)
+    cache = str(tmp_path / "f")
+    follower.bootstrap(url, cache, endpoint_url=s3_endpoint)
+    shard_dir = os.path.join(cache, "shard")
+    if damage == "interrupted re-bootstrap":  # the old shard renamed away, the new one not yet in place
+        os.rename(shard_dir, os.path.join(cache, ".shard-retired-" + "0" * 32))
+    else:
+        with open(os.path.join(shard_dir, "data.mdb"), "r+b") as f:
+            f.seek(8192)
+            f.write(b"\xff" * 4096)
+    put(owner, "outputs/since.txt", b"since")
+    push(owner, url, s3_endpoint)
+    follower.bootstrap(url, cache, endpoint_url=s3_endpoint)
+    assert not [n for n in os.listdir(cache) if n.startswith(".shard")]
+    assert files_of(cache) == files_of(owner)

@@ -12,7 +12,8 @@ A poll costs one HEAD of `current` when nothing changed. Otherwise the follower 
 (validated as a whole), finds the increment holding its next LSN in the active tail or in a
 retained generation's (which are contiguous: each retained tail runs to the checkpoint that
 replaced it), downloads and verifies each pack and replays its records through the engine's own
-write entrypoints (nokvfs.replicate.restore.replay), so the follower's shard gets exactly the
+write entrypoints (nokvfs.replicate.restore.replay; a follower's shard is opened without a flush
+per commit, and flushed once per poll), so the follower's shard gets exactly the
 owner's rows -- its ChangeEvent rows included, which is what lets a follower's mount invalidate
 its kernel cache from the replayed change feed as the owner's mount does from its own.
 
@@ -92,9 +93,11 @@ def bootstrap(url: str, data_dir: str, *, endpoint_url: str | None = None, logic
         wanted.store.close()
     _remove_leftovers(data_dir)
     shard_dir = os.path.join(data_dir, "shard")
-    if not os.path.exists(os.path.join(shard_dir, "data.mdb")):
-        # A crash between the two renames of a re-bootstrap: the follower's shard is rebuildable.
-        log.warning("%s has no shard (an interrupted re-bootstrap): restoring it", data_dir)
+    damage = _damage(shard_dir)
+    if damage is not None:
+        # A crash between the two renames of a re-bootstrap, or a system crash while replayed
+        # commits were not flushed yet: the follower's shard is a cache, rebuilt from the bucket.
+        log.warning("%s: %s; restoring its shard from %s", data_dir, damage, role.bucket)
         shutil.rmtree(shard_dir, ignore_errors=True)
         bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=role.endpoint_url or endpoint_url)
         try:
@@ -102,6 +105,17 @@ def bootstrap(url: str, data_dir: str, *, endpoint_url: str | None = None, logic
         finally:
             bucket.store.close()
     return role
+
+
+def _damage(shard_dir: str) -> str | None:
+    """Why the follower's shard cannot be used as it is (None: it opens and verifies)."""
+    if not os.path.exists(os.path.join(shard_dir, "data.mdb")):
+        return "it has no shard (an interrupted re-bootstrap)"
+    try:
+        Shard.open(shard_dir, verify=True).close()
+    except Exception as exc:  # noqa: BLE001 - a torn file can fail in LMDB itself (lmdb.BadTxnError)
+        return f"its shard does not open and verify ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _remove_leftovers(data_dir: str) -> None:
@@ -213,6 +227,8 @@ class Follower:
                 records, increments, rebooted = self._catch_up(manifest)
             except _Restart:
                 continue
+            finally:
+                self.shard.inner.sync()  # one flush per poll, not one per replayed record
             self._manifest, self._etag = manifest, etag
             self._behind_since = None
             return PollResult(records, increments, rebooted, manifest.generation)
@@ -266,7 +282,7 @@ class Follower:
         os.rename(shard_dir, retired)
         os.rename(fresh, shard_dir)
         _fsync_dir(self.data_dir)
-        old = self.shard.replace(Shard.open(shard_dir, verify=False))
+        old = self.shard.replace(Shard.open(shard_dir, verify=False, sync=False))
         self._retired.append((time.monotonic(), old, retired))
         self.rebootstraps += 1
         log.info("follower %s re-bootstrapped at generation %d (LSN %d)", self.data_dir, result.generation, result.applied_lsn)

@@ -559,8 +559,7 @@ class Replicator:
             self.last_push, self.last_push_at = result, time.time()
         self._note_shipped(manifest)
         self._datadir_synced = False
-        if self.data_dir is not None:
-            self.sync_datadir()
+        self._sync_datadir_quietly()  # the claim stands even if this must wait for the next push
         return result
 
     # --- the data directory record ------------------------------------------------------------

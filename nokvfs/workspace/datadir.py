@@ -172,7 +172,10 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
     config = read_config(data_dir)
     role = replica.read_role(data_dir)
     read_only = role is not None and not role.writable
-    shard = Shard.open(os.path.join(data_dir, "shard"), verify=verify)
+    # A follower's shard is a cache the follower replays into: its commits are not flushed one by
+    # one, the follower syncs once per poll (nokvfs.replicate.follower).
+    options = {"sync": False} if role is not None and role.role == replica.FOLLOWER else {}
+    shard = Shard.open(os.path.join(data_dir, "shard"), verify=verify, **options)
     if read_only:
         shard = replica.ReplicaShard(shard, role)
     try:
