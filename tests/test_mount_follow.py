@@ -20,29 +20,13 @@ import pytest
 
 from nokvfs.workspace import datadir, namespace, workbench
 from tests.mount_fixtures import REPO, env, mounted, needs_fuse, unmount
+from tests.test_mount_freshness import read, within
 
 pytest_plugins = ["tests.s3_fixtures"]
 pytestmark = needs_fuse
 
 SHOWS = 15.0  # seconds for an owner's write to reach the follower's mount (pushed, polled, replayed)
 INVALIDATES = 6.0  # below the kernel's 10 s timeout for files: only an invalidation explains it
-
-
-def within(predicate, deadline: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > deadline:
-            raise AssertionError(f"{what}: not within {deadline} s")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
 
 
 def write(path: str, data: bytes) -> None:
@@ -201,3 +185,22 @@ def test_a_follower_re_bootstraps_without_unmounting_when_its_increments_were_cl
         b_log = b.log_path
     with open(b_log) as f:
         assert "Traceback" not in f.read()
+
+
+def test_a_restored_data_directory_mounts_at_once_and_follows_its_bucket(tmp_path, s3_bucket, s3_endpoint):
+    url = f"s3://{s3_bucket}/dr"
+    owner = str(tmp_path / "owner")
+    init_owner(owner, s3_bucket, s3_endpoint)
+    nokvfs("--endpoint-url", s3_endpoint, "--data-dir", owner, "shard", "push", "--to", url)
+    restored = str(tmp_path / "new" / "data")
+    nokvfs("--endpoint-url", s3_endpoint, "--data-dir", restored, "shard", "restore", "--from", url)
+    with mounted(str(tmp_path / "new"), init=False, extra_args=("--follow-interval", "0.2")) as m:
+        assert read(m.path("wb", "input", "a.txt")) == b"alpha\n"
+        with datadir.open_root(owner) as root:
+            namespace.put(root, "wb", "input/later.txt", b"later")
+        nokvfs("--endpoint-url", s3_endpoint, "--data-dir", owner, "shard", "push", "--to", url)
+        within(lambda: read(m.path("wb", "input", "later.txt")) == b"later", SHOWS, "the owner's next push")
+        with pytest.raises(OSError) as info:
+            write(m.path("wb", "input", "mine.txt"), b"x")
+        assert info.value.errno == errno.EROFS
+        assert "is a follower of" in m.log()
