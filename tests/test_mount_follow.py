@@ -204,3 +204,23 @@ def test_a_restored_data_directory_mounts_at_once_and_follows_its_bucket(tmp_pat
             write(m.path("wb", "input", "mine.txt"), b"x")
         assert info.value.errno == errno.EROFS
         assert "is a follower of" in m.log()
+
+
+def test_a_follower_mounts_while_its_bucket_is_unreachable_and_follows_once_it_is_back(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
+    from nokvfs.replicate.restore import restore_data_dir
+
+    url = f"s3://{s3_bucket}/dr"
+    owner = str(tmp_path / "owner")
+    init_owner(owner, s3_bucket, s3_endpoint)
+    nokvfs("--endpoint-url", s3_endpoint, "--data-dir", owner, "shard", "push", "--to", url)
+    restore_data_dir(url, str(tmp_path / "b" / "data"), endpoint_url=s3_endpoint)
+    cuttable_proxy.cut()
+    args = ("--follow", url, "--follow-endpoint-url", cuttable_proxy.endpoint, "--follow-interval", "0.2")
+    with mounted(str(tmp_path / "b"), init=False, extra_args=args) as b:
+        assert read(b.path("wb", "input", "a.txt")) == b"alpha\n"  # its last state, served at once
+        with datadir.open_root(owner) as root:
+            namespace.put(root, "wb", "input/while-away.txt", b"away")
+        nokvfs("--endpoint-url", s3_endpoint, "--data-dir", owner, "shard", "push", "--to", url)
+        within(lambda: "cannot open the bucket of" in b.log(), SHOWS, "the retry")
+        cuttable_proxy.mend()
+        within(lambda: read(b.path("wb", "input", "while-away.txt")) == b"away", SHOWS * 4, "following once reachable")

@@ -170,24 +170,52 @@ class Following:
         self.lag_warning = follower.DEFAULT_LAG_WARNING if lag_warning is None else lag_warning
         self.follower = None
         self.on_fenced = None  # never called: a follower owns nothing
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._connector: threading.Thread | None = None
 
     def start(self) -> None:
+        """Open the bucket and start following in the background (returns at once); an
+        unreachable bucket is retried with a growing delay, the mount serving its last state."""
+        self._connector = threading.Thread(target=self._connect, name="nokvfs-follow-open", daemon=True)
+        self._connector.start()
+
+    def _connect(self) -> None:
         from nokvfs.replicate.follower import Follower
 
-        try:
-            self.follower = Follower.attach(self.data_dir, self.root.shard, endpoint_url=self.endpoint_url, lag_warning=self.lag_warning)
-            self.follower.start(self.interval)
-        except Exception as exc:  # noqa: BLE001 - the mount serves what it has
-            log.error("following the bucket of %s not started: %s: %s (the mount serves its last state)", self.data_dir, type(exc).__name__, exc)
+        delay = min(self.interval, MAX_RETRY_DELAY)
+        while not self._stop.is_set():
+            try:
+                follower = Follower.attach(self.data_dir, self.root.shard, endpoint_url=self.endpoint_url, lag_warning=self.lag_warning)
+            except (InvalidInput, ValueError) as exc:
+                log.error("following the bucket of %s not started: %s: %s (the mount serves its last state)", self.data_dir, type(exc).__name__, exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - the mount serves what it has meanwhile
+                log.warning("cannot open the bucket of %s yet (%s: %s); retrying in %.3g s", self.data_dir, type(exc).__name__, exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    follower.bucket.store.close()
+                    return
+                follower.start(self.interval)
+                self.follower = follower
+            log.info("following %s every %.3g s into %s", follower.bucket.url, self.interval, self.data_dir)
             return
-        log.info("following %s every %.3g s into %s", self.follower.bucket.url, self.interval, self.data_dir)
 
     def lag(self):
+        """The follower's Lag (nokvfs.replicate.follower.Lag), None until it follows."""
         return None if self.follower is None else self.follower.lag()
 
     def stop_blocking(self) -> None:
-        if self.follower is not None:
-            self.follower.stop(timeout=STOP_TIMEOUT)
+        self._stop.set()
+        if self._connector is not None:
+            self._connector.join(CONNECT_JOIN_TIMEOUT)
+        with self._lock:
+            follower, self.follower = self.follower, None
+        if follower is not None:
+            follower.stop(timeout=STOP_TIMEOUT)
 
 
 def bootstrap_follower(url: str, data_dir: str, *, endpoint_url: str | None = None) -> None:

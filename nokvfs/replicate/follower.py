@@ -44,10 +44,10 @@ from nokvfs.engine.shard import Shard
 from nokvfs.errors import InvalidInput, NokvError, NotFound
 from nokvfs.replicate.errors import PackMissing, ReplayFailed
 from nokvfs.replicate.manifest import IncrementDescriptor, Manifest
-from nokvfs.replicate.remote import ShardBucket, open_remote
+from nokvfs.replicate.remote import ShardBucket, locate, open_remote
 from nokvfs.replicate.restore import fetch_increment, replay, restore, restore_data_dir
 from nokvfs.schema import canonical_json
-from nokvfs.schema.ids import uuid7_unix_ms
+from nokvfs.schema.ids import id16_from_hex, uuid7_unix_ms
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +82,14 @@ def bootstrap(url: str, data_dir: str, *, endpoint_url: str | None = None, logic
     role = replica.read_role(data_dir)
     if role is None or role.role != replica.FOLLOWER:
         raise InvalidInput(f"{data_dir} is a data directory but not a follower (role {None if role is None else role.role})")
-    wanted = open_remote(url, logical_shard_id=logical_shard_id or role.logical_shard_id, endpoint_url=endpoint_url)
-    try:
-        if wanted.store.url != role.bucket or wanted.logical_shard_id != role.logical_shard_id:
-            raise InvalidInput(
-                f"{data_dir} follows shard {role.logical_shard_id.hex()} of {role.bucket}, not {wanted.url}: "
-                "choose another --cache-dir"
-            )
-    finally:
-        wanted.store.close()
+    store_url, shard = locate(url)  # offline: an existing follower mounts while the bucket is unreachable
+    if shard is None and logical_shard_id is not None:
+        shard = logical_shard_id if isinstance(logical_shard_id, bytes) else id16_from_hex(logical_shard_id, "logical shard id")
+    shard = shard or role.logical_shard_id
+    if store_url != role.bucket or shard != role.logical_shard_id:
+        raise InvalidInput(
+            f"{data_dir} follows shard {role.logical_shard_id.hex()} of {role.bucket}, not {url}: choose another --cache-dir"
+        )
     _remove_leftovers(data_dir)
     shard_dir = os.path.join(data_dir, "shard")
     damage = _damage(shard_dir)
@@ -99,7 +98,7 @@ def bootstrap(url: str, data_dir: str, *, endpoint_url: str | None = None, logic
         # commits were not flushed yet: the follower's shard is a cache, rebuilt from the bucket.
         log.warning("%s: %s; restoring its shard from %s", data_dir, damage, role.bucket)
         shutil.rmtree(shard_dir, ignore_errors=True)
-        bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=role.endpoint_url or endpoint_url)
+        bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=endpoint_url or role.endpoint_url)
         try:
             restore(bucket, shard_dir)
         finally:
@@ -194,7 +193,7 @@ class Follower:
         role = replica.read_role(data_dir)
         if role is None or role.role != replica.FOLLOWER:
             raise InvalidInput(f"{data_dir} is not a follower data directory")
-        bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=role.endpoint_url or endpoint_url)
+        bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=endpoint_url or role.endpoint_url)
         return cls(data_dir, shard, bucket, **options)
 
     # --- one poll ------------------------------------------------------------------------------

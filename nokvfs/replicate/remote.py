@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import threading
 import urllib.parse
@@ -384,6 +385,19 @@ def open_remote(url_or_store, *, logical_shard_id: bytes | str | None = None, en
             raise InvalidInput(f"{store.url} holds {len(shards)} shards ({', '.join(shards)}): name one")
         logical_shard_id = shards[0]
     return ShardBucket(store, _shard_bytes(logical_shard_id))
+
+
+def locate(url: str) -> tuple[str, bytes | None]:
+    """(the URL of the store `open_remote(url)` opens, as that store spells it; the logical shard
+    the URL names, or None), worked out without contacting anything."""
+    parsed = urllib.parse.urlsplit(url)
+    match = _SHARD_IN_URL.fullmatch(parsed.path)
+    if parsed.scheme == "s3":
+        path, shard = (match.group(1), bytes.fromhex(match.group(2))) if match else (parsed.path, None)
+        prefix = path.strip("/")
+        return f"s3://{parsed.netloc}/{prefix + '/' if prefix else ''}", shard
+    path = urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url
+    return "file://" + os.path.abspath(path), None
 
 
 def _shard_bytes(value: bytes | str) -> bytes:
