@@ -72,32 +72,23 @@ class Replication:
     def _connect(self) -> None:
         from nokvfs.replicate import Replicator
 
-        delay = min(self.interval, MAX_RETRY_DELAY)
-        while not self._stop.is_set():
-            try:
-                replicator = Replicator.from_url(
-                    self.shard, self.url, endpoint_url=self.endpoint_url, data_dir=self.data_dir, on_fenced=self._fenced
-                )
-            except (InvalidInput, ValueError) as exc:
-                log.error("replication to %s not started: %s: %s (the mount goes on without it)", self.url, type(exc).__name__, exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - replication must never crash the mount
-                log.warning("cannot open %s yet (%s: %s); retrying in %.3g s", self.url, type(exc).__name__, exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, MAX_RETRY_DELAY)
-                continue
-            with self._lock:
-                if self._stop.is_set():
-                    return  # the mount ended while the bucket was being opened
-                try:
-                    replicator.start(self.interval)
-                except Exception as exc:  # noqa: BLE001
-                    log.error("replication to %s not started: %s: %s", self.url, type(exc).__name__, exc)
-                    return
-                self.replicator = replicator
-                self._connected.set()
-            log.info("replicating shard %s to %s every %.3g s", self.shard.logical_shard_id.hex(), self.url, self.interval)
+        replicator = _open_until_stopped(
+            lambda: Replicator.from_url(self.shard, self.url, endpoint_url=self.endpoint_url, data_dir=self.data_dir, on_fenced=self._fenced),
+            self._stop, self.interval, what=f"replication to {self.url}", target=self.url, meanwhile="the mount goes on without it",
+        )
+        if replicator is None:
             return
+        with self._lock:
+            if self._stop.is_set():
+                return  # the mount ended while the bucket was being opened
+            try:
+                replicator.start(self.interval)
+            except Exception as exc:  # noqa: BLE001
+                log.error("replication to %s not started: %s: %s", self.url, type(exc).__name__, exc)
+                return
+            self.replicator = replicator
+            self._connected.set()
+        log.info("replicating shard %s to %s every %.3g s", self.shard.logical_shard_id.hex(), self.url, self.interval)
 
     def _fenced(self, fencing) -> None:
         """The replicator found another owner (it logged why and what was never shipped)."""
@@ -183,26 +174,20 @@ class Following:
     def _connect(self) -> None:
         from nokvfs.replicate.follower import Follower
 
-        delay = min(self.interval, MAX_RETRY_DELAY)
-        while not self._stop.is_set():
-            try:
-                follower = Follower.attach(self.data_dir, self.root.shard, endpoint_url=self.endpoint_url, lag_warning=self.lag_warning)
-            except (InvalidInput, ValueError) as exc:
-                log.error("following the bucket of %s not started: %s: %s (the mount serves its last state)", self.data_dir, type(exc).__name__, exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - the mount serves what it has meanwhile
-                log.warning("cannot open the bucket of %s yet (%s: %s); retrying in %.3g s", self.data_dir, type(exc).__name__, exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, MAX_RETRY_DELAY)
-                continue
-            with self._lock:
-                if self._stop.is_set():
-                    follower.bucket.store.close()
-                    return
-                follower.start(self.interval)
-                self.follower = follower
-            log.info("following %s every %.3g s into %s", follower.bucket.url, self.interval, self.data_dir)
+        follower = _open_until_stopped(
+            lambda: Follower.attach(self.data_dir, self.root.shard, endpoint_url=self.endpoint_url, lag_warning=self.lag_warning),
+            self._stop, self.interval, what=f"following the bucket of {self.data_dir}", target=f"the bucket of {self.data_dir}",
+            meanwhile="the mount serves its last state",
+        )
+        if follower is None:
             return
+        with self._lock:
+            if self._stop.is_set():
+                follower.bucket.store.close()
+                return
+            follower.start(self.interval)
+            self.follower = follower
+        log.info("following %s every %.3g s into %s", follower.bucket.url, self.interval, self.data_dir)
 
     def lag(self):
         """The follower's Lag (nokvfs.replicate.follower.Lag), None until it follows."""
@@ -216,6 +201,24 @@ class Following:
             follower, self.follower = self.follower, None
         if follower is not None:
             follower.stop(timeout=STOP_TIMEOUT)
+
+
+def _open_until_stopped(open_, stop: threading.Event, interval: float, *, what: str, target: str, meanwhile: str):
+    """open_()'s result, retried with a delay growing from `interval` to MAX_RETRY_DELAY while it
+    fails (no network at boot, a bucket not created yet); None once `stop` is set or when the
+    failure cannot heal (a malformed URL). The mount never waits for this."""
+    delay = min(interval, MAX_RETRY_DELAY)
+    while not stop.is_set():
+        try:
+            return open_()
+        except (InvalidInput, ValueError) as exc:
+            log.error("%s not started: %s: %s (%s)", what, type(exc).__name__, exc, meanwhile)
+            return None
+        except Exception as exc:  # noqa: BLE001 - the link to the bucket must never crash the mount
+            log.warning("cannot open %s yet (%s: %s); retrying in %.3g s", target, type(exc).__name__, exc, delay)
+            stop.wait(delay)
+            delay = min(delay * 2, MAX_RETRY_DELAY)
+    return None
 
 
 def bootstrap_follower(url: str, data_dir: str, *, endpoint_url: str | None = None) -> None:
