@@ -84,6 +84,10 @@ class OwnerFenced(FenceError):
     """The command's owner epoch is not the shard's current owner epoch."""
 
 
+class ReadOnlyReplica(FenceError):
+    """The data directory is a follower of a bucket: only the owner's replayed increments write it."""
+
+
 class ReadVersionStale(CommandRejected):
     """The command or cursor was built at a read version the shard has moved past."""
 

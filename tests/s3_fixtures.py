@@ -237,3 +237,84 @@ def scripted_server(aws_test_env):
     server = ScriptedS3Server()
     yield server
     server.close()
+
+
+class CuttableProxy:
+    """A TCP proxy on 127.0.0.1 in front of `target` ("http://127.0.0.1:PORT") that can be cut:
+    `cut()` closes every connection and refuses new ones (a network partition between one
+    "machine" and the bucket), `mend()` forwards again. `endpoint` is what a client uses."""
+
+    def __init__(self, target: str):
+        host, port = target.removeprefix("http://").split(":")
+        self._target = (host, int(port))
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._cut = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept, name="cuttable-proxy", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            readable, _, _ = select.select([self._listener], [], [], 0.05)
+            if not readable:
+                continue
+            client, _ = self._listener.accept()
+            if self._cut.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while not self._cut.is_set() and (data := source.recv(65536)):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            self._close(sock)
+
+    def _close(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+    def cut(self) -> None:
+        self._cut.set()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            self._close(sock)
+
+    def mend(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self._stop.set()
+        self._thread.join()
+        self._listener.close()
+
+
+@pytest.fixture
+def cuttable_proxy(s3_endpoint):
+    proxy = CuttableProxy(s3_endpoint)
+    yield proxy
+    proxy.close()

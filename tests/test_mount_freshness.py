@@ -20,14 +20,14 @@ def cli(m, *args, input=None):
     return done
 
 
-def within(predicate, deadline: float = DEADLINE) -> float:
+def within(predicate, deadline: float = DEADLINE, what: str = "not visible") -> float:
     """Seconds until predicate() held; fails past the deadline."""
     start = time.monotonic()
     while True:
         if predicate():
             return time.monotonic() - start
         if time.monotonic() - start > deadline:
-            raise AssertionError(f"not visible within {deadline} s")
+            raise AssertionError(f"{what}: not within {deadline} s")
         time.sleep(0.01)
 
 

@@ -3,17 +3,26 @@
     nokvfs shard push       [--to URL] [--shard-path DIR] [--all]
     nokvfs shard status     [--to URL] [--shard-path DIR] [--json]
     nokvfs shard checkpoint [--to URL] [--shard-path DIR]
+    nokvfs [--data-dir NEW] shard restore --from URL [--shard HEX] [--take-ownership]
     nokvfs shard restore    --from URL [--shard HEX] [--take-ownership] DATA_DIR_SHARD
 
 URL is `s3://bucket/prefix` (the shard's keys are `prefix/shards/<logical shard hex>/...`); it
-defaults to `$NOKVFS_REPLICATE_URL`. The global `--endpoint-url` selects an S3-compatible
-endpoint. `--shard-path` defaults to the data directory's `shard/`.
+defaults to the bucket a restored data directory records (replica.json), else to
+`$NOKVFS_REPLICATE_URL`. The global `--endpoint-url` selects an S3-compatible endpoint.
+`--shard-path` defaults to the data directory's `shard/`.
 
 push ships the local outbox records after the bucket's head as one increment (`--all`: until
-there is no lag); status prints the bucket's generation, owner epoch, checkpoint through-LSN and
-increment count beside the local applied LSN and the lag; checkpoint forces one; restore
-rebuilds the shard into an absent or empty directory (nothing is left behind on failure) and,
-with `--take-ownership`, then makes it the owner (the old owner's pushes and commands are fenced).
+there is no lag) and, from a data directory, keeps the bucket's data directory record
+(configuration and the root's placement) equal to the local one; status prints the bucket's
+generation, owner epoch, checkpoint through-LSN and increment count beside the local applied
+LSN and the lag (and, once fenced, the LSNs the bucket never received); checkpoint forces one.
+
+restore without DATA_DIR_SHARD rebuilds a complete data directory at `--data-dir` (absent or
+empty): shard, control plane placement and configuration. It is a read-only follower of the
+bucket (`get`, `ls`, `mount` work at once; `mount` follows the bucket); `--take-ownership` makes
+it the owner, which fences the old one: its pushes and commands fail with OwnerFenced and its
+mount turns read-only. The global `--store` names another copy of the object store. With
+DATA_DIR_SHARD only the LMDB shard is rebuilt there. Nothing is left behind on failure.
 """
 
 from __future__ import annotations
@@ -50,19 +59,35 @@ def register(subparsers) -> None:
     p = commands.add_parser("restore", help="rebuild the shard from the bucket into an empty directory")
     p.add_argument("--from", dest="url", metavar="URL", required=True, help="s3://bucket/prefix")
     p.add_argument("--shard", metavar="HEX", help="the logical shard id (needed when the prefix holds several)")
-    p.add_argument("--take-ownership", action="store_true", help="then advance the owner epoch and publish it")
-    p.add_argument("path", metavar="DATA_DIR_SHARD", help="an absent or empty directory")
+    p.add_argument("--take-ownership", action="store_true", help="then become the owner (the old owner is fenced)")
+    p.add_argument(
+        "path", metavar="DATA_DIR_SHARD", nargs="?",
+        help="rebuild only the LMDB shard into this absent or empty directory (default: a whole data directory at --data-dir)",
+    )
     p.set_defaults(func=cmd_restore)
 
 
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _url(args) -> str:
-    url = getattr(args, "url", None) or os.environ.get(URL_ENV)
+def _role(args):
+    """The data directory's replica role (None: made by `init`, or shard commands on a bare shard)."""
+    from nokvfs.workspace import replica
+
+    return None if getattr(args, "shard_path", None) else replica.read_role(args.data_dir)
+
+
+def _url(args) -> tuple[str, str | None]:
+    """(bucket URL, its endpoint): --to, else the bucket a restored data directory records, else $NOKVFS_REPLICATE_URL."""
+    endpoint = getattr(args, "endpoint_url", None)
+    url = getattr(args, "url", None)
+    role = None if url else _role(args)
+    if role is not None:
+        return role.bucket, endpoint or role.endpoint_url
+    url = url or os.environ.get(URL_ENV)
     if not url:
         raise UsageError(f"name the bucket with --to s3://bucket/prefix (or set ${URL_ENV})")
-    return url
+    return url, endpoint
 
 
 def _shard_path(args) -> str:
@@ -70,16 +95,21 @@ def _shard_path(args) -> str:
 
 
 class _Opened:
-    """The local shard and its Replicator, closed on exit."""
+    """The local shard and its Replicator (of the data directory, unless --shard-path names a
+    bare shard), closed on exit. A replica that is not the owner may read its status only."""
 
-    def __init__(self, args):
+    def __init__(self, args, *, write: bool = True):
         from nokvfs.engine.shard import Shard
         from nokvfs.replicate import Replicator
 
-        url = _url(args)
+        role = _role(args)
+        if write and role is not None and not role.writable:
+            raise role.refusal()
+        url, endpoint = _url(args)
+        data_dir = None if getattr(args, "shard_path", None) or not os.path.exists(os.path.join(args.data_dir, "nokvfs.json")) else args.data_dir
         self.shard = Shard.open(_shard_path(args), verify=False)
         try:
-            self.replicator = Replicator.from_url(self.shard, url, endpoint_url=getattr(args, "endpoint_url", None))
+            self.replicator = Replicator.from_url(self.shard, url, endpoint_url=endpoint, data_dir=data_dir)
         except BaseException:
             self.shard.close()
             raise
@@ -115,8 +145,12 @@ def cmd_push(args) -> int:
 
 
 def cmd_status(args) -> int:
-    with _Opened(args) as replicator:
+    with _Opened(args, write=False) as replicator:
         status = replicator.status()
+    role = _role(args)
+    status["role"] = "owner" if role is None else role.role
+    if role is not None and role.role == "fenced":
+        status["unshipped"] = None if role.unshipped is None else list(role.unshipped)  # as recorded when fenced
     if getattr(args, "json", False):
         from nokvfs.schema import canonical_json
 
@@ -131,10 +165,17 @@ def cmd_status(args) -> int:
         print(f"checkpoint through:  LSN {status['checkpoint_through_lsn']} (generation {status['checkpoint_through_generation']})")
         print(f"increments:          {status['increments']}")
         print(f"head:                LSN {status['head_lsn']} (commit version {status['head_commit_version']})")
+        print(f"data directory:      {'record generation ' + str(status['datadir_generation']) if status['datadir_generation'] else 'no record yet (the next push publishes it)'}")
     print(f"local applied LSN:   {status['local_applied_lsn']} (owner epoch {status['local_owner_epoch']})")
     print(f"lag:                 {status['lag']} records")
-    if status["fenced"]:
+    if status["role"] == "follower":
+        print("FOLLOWER: this data directory is a read-only replica of the bucket")
+    elif status["fenced"]:
         print("FENCED: another owner publishes this shard; this one stops writing (restore to follow it)")
+        unshipped = status.get("unshipped")
+        if unshipped:
+            first, last = unshipped
+            print(f"never shipped:       LSNs {first or '?'}..{last} (not in the bucket; the new owner does not have them)")
     if status["last_error"]:
         print(f"last error:          {status['last_error']}")
     return 0
@@ -158,7 +199,10 @@ def cmd_checkpoint(args) -> int:
 def cmd_restore(args) -> int:
     from nokvfs.replicate import restore
 
-    result = restore(args.url, args.path, logical_shard_id=args.shard, endpoint_url=getattr(args, "endpoint_url", None))
+    endpoint = getattr(args, "endpoint_url", None)
+    if args.path is None:
+        return _restore_data_dir(args, endpoint)
+    result = restore(args.url, args.path, logical_shard_id=args.shard, endpoint_url=endpoint)
     print(
         f"restored shard {result.logical_shard_id.hex()} into {result.path}: generation {result.generation}, "
         f"LSN {result.applied_lsn}, commit version {result.commit_version}, owner epoch {result.owner_epoch}"
@@ -168,4 +212,29 @@ def cmd_restore(args) -> int:
         with _Opened(args) as replicator:
             replicator.claim_ownership()
             print(f"took ownership at owner epoch {replicator.shard.owner_epoch}")
+    return 0
+
+
+def _restore_data_dir(args, endpoint: str | None) -> int:
+    import sys
+
+    from nokvfs.replicate.restore import restore_data_dir, take_ownership
+
+    result = restore_data_dir(
+        args.url, args.data_dir, logical_shard_id=args.shard, endpoint_url=endpoint,
+        store=getattr(args, "store", None), store_endpoint_url=endpoint if getattr(args, "store", None) else None,
+    )
+    shard = result.shard
+    print(
+        f"restored data directory {result.data_dir}: root {result.record.root_id.hex()}, shard "
+        f"{shard.logical_shard_id.hex()} at generation {shard.generation}, LSN {shard.applied_lsn}, commit version "
+        f"{shard.commit_version}; artifact bytes in {result.config['store']}"
+    )
+    for warning in result.warnings:
+        print(f"nokvfs: warning: {warning}", file=sys.stderr)
+    if args.take_ownership:
+        _, epoch = take_ownership(result.data_dir, args.url, endpoint_url=endpoint)
+        print(f"took ownership at owner epoch {epoch}: this data directory is the writer now")
+    else:
+        print("a read-only follower of the bucket (`nokvfs mount` follows it; --take-ownership makes it the writer)")
     return 0

@@ -19,7 +19,15 @@ deleted; the start-up log counts them.
 Replication (`--replicate s3://bucket/prefix [--replicate-endpoint-url URL] [--replicate-interval
 SECONDS]`): once the mount is live the shard is pushed to the bucket every interval, and after the
 unmount one last push ships the rest before the shard closes (nokvfs.fs.replication). Its
-failures are logged and never end the mount.
+failures are logged and never end the mount. If another owner takes the shard over, the mount
+turns read-only (EROFS) and logs why.
+
+Following (`nokvfs mount --follow s3://bucket/prefix MOUNTPOINT [--cache-dir DIR]
+[--follow-interval SECONDS]`): a read-only mount of the bucket's root on any machine. The
+data directory (DIR, default `$XDG_CACHE_HOME/nokvfs/follow/<bucket>-<hash>`) is bootstrapped
+from the bucket or reused, and the bucket's increments are replayed into it while mounted
+(nokvfs.replicate.follower). A data directory restored without ownership follows its bucket the
+same way when mounted; a fenced one mounts read-only.
 
 Shutdown. SIGTERM, SIGINT and SIGHUP end the FUSE loop and unmount; so does `nokvfs umount`
 (fusermount3 -u, or umount(8)), after which the daemon exits by itself. Files still open for
@@ -49,6 +57,8 @@ DEFAULT_READ_AHEAD_KB = 1024
 READY_TIMEOUT = 300.0
 DEFAULT_REPLICATE_INTERVAL = 5.0
 DEFAULT_SYSCALL_TIMEOUT = 30.0
+DEFAULT_FOLLOW_INTERVAL = 1.0  # nokvfs.replicate.follower.DEFAULT_INTERVAL (not imported: no I/O modules here)
+DEFAULT_FOLLOW_LAG_WARNING = 10.0
 
 
 # --- systemd readiness (sd_notify over NOTIFY_SOCKET, no dependency) --------------------------
@@ -197,6 +207,11 @@ def add_mount_arguments(parser: argparse.ArgumentParser, *, debug_option: bool =
     parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
     parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
     parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
+    parser.add_argument("--follow", metavar="URL", default=None, help="mount the root a bucket (s3://bucket/prefix) holds, read-only, following its owner")
+    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)")
+    parser.add_argument("--follow-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)")
+    parser.add_argument("--follow-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_INTERVAL, help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})")
+    parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
 
 
 def _positive_seconds(text: str) -> float:
@@ -231,7 +246,17 @@ def split_mount_paths(args) -> tuple[str, str]:
     paths = [p for p in (args.mount_first, args.mount_second) if p is not None]
     if len(paths) == 2:
         return os.path.abspath(paths[0]), os.path.abspath(paths[1])
+    if getattr(args, "follow", None):
+        if args.cache_dir:
+            return os.path.abspath(args.cache_dir), os.path.abspath(paths[0])
+        from nokvfs.replicate.follower import default_cache_dir
+
+        return default_cache_dir(args.follow, _follow_endpoint(args)), os.path.abspath(paths[0])
     return resolve_data_dir(getattr(args, "data_dir", None)), os.path.abspath(paths[0])
+
+
+def _follow_endpoint(args) -> str | None:
+    return getattr(args, "follow_endpoint_url", None) or getattr(args, "endpoint_url", None)
 
 
 # --- logging --------------------------------------------------------------------------------
@@ -273,7 +298,7 @@ def mount(args) -> int:
     args.debug = bool(getattr(args, "debug", False))
     setup_logging(args.debug)
     try:
-        _preflight(data_dir, mountpoint)
+        _preflight(data_dir, mountpoint, follow=bool(getattr(args, "follow", None)))
     except (RuntimeError, OSError, NokvError) as exc:
         log.error("mount: %s", exc)
         return 1
@@ -282,10 +307,11 @@ def mount(args) -> int:
     return _daemonise(args, data_dir, mountpoint)
 
 
-def _preflight(data_dir: str, mountpoint: str) -> None:
+def _preflight(data_dir: str, mountpoint: str, *, follow: bool = False) -> None:
     from nokvfs.workspace.datadir import read_config
 
-    read_config(data_dir)  # NotFound if this is no data directory: fail before forking
+    if not follow:  # a follower's directory may not exist yet: serve() bootstraps it
+        read_config(data_dir)  # NotFound if this is no data directory: fail before forking
     clear_stale(mountpoint)
     if not os.path.isdir(mountpoint):
         raise RuntimeError(f"mountpoint {mountpoint} is not a directory")
@@ -372,6 +398,10 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
             replicate_endpoint_url=getattr(args, "replicate_endpoint_url", None),
             replicate_interval=getattr(args, "replicate_interval", DEFAULT_REPLICATE_INTERVAL),
             syscall_timeout=getattr(args, "syscall_timeout", DEFAULT_SYSCALL_TIMEOUT),
+            follow=getattr(args, "follow", None),
+            follow_endpoint_url=_follow_endpoint(args),
+            follow_interval=getattr(args, "follow_interval", DEFAULT_FOLLOW_INTERVAL),
+            follow_lag_warning=getattr(args, "follow_lag_warning", DEFAULT_FOLLOW_LAG_WARNING),
         )
     except Exception as exc:  # noqa: BLE001 - reported to the waiting parent and the log
         log.error("mount of %s at %s failed: %s", data_dir, mountpoint, exc, exc_info=args.debug)
@@ -385,11 +415,12 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
                 pass
 
 
-def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL, syscall_timeout=DEFAULT_SYSCALL_TIMEOUT) -> int:
+def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL, syscall_timeout=DEFAULT_SYSCALL_TIMEOUT, follow=None, follow_endpoint_url=None, follow_interval=DEFAULT_FOLLOW_INTERVAL, follow_lag_warning=DEFAULT_FOLLOW_LAG_WARNING) -> int:
     """Open the root, mount it and serve until unmounted or signalled. Returns the exit code.
 
     With `replicate` (a bucket URL) the shard is replicated while mounted (nokvfs.fs.replication):
-    started once the mount is live, stopped with one last push after the unmount.
+    started once the mount is live, stopped with one last push after the unmount. With `follow`
+    (a bucket URL) `data_dir` is bootstrapped as its follower and mounted read-only, following.
     """
     import pyfuse3
     import trio
@@ -399,15 +430,27 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
     from nokvfs.fs.freshness import ChangeFollower, Invalidator
     from nokvfs.fs.operations import Operations
     from nokvfs.fs.prefetch import BlockFetcher
-    from nokvfs.fs.replication import Replication
+    from nokvfs.fs.replication import bootstrap_follower, bucket_link
     from nokvfs.fs.threads import Workers
     from nokvfs.fs.views import LiveView
     from nokvfs.workspace.datadir import open_root
 
     started = time.monotonic()
     _tame_malloc()
+    if follow:
+        bootstrap_follower(follow, data_dir, endpoint_url=follow_endpoint_url)
     root = open_root(data_dir, store=store, endpoint_url=endpoint_url)
-    replication = None if not replicate else Replication(root.shard, replicate, endpoint_url=replicate_endpoint_url, interval=replicate_interval)
+    try:
+        replication, read_only_why = bucket_link(
+            data_dir, root, replicate=replicate, replicate_endpoint_url=replicate_endpoint_url, replicate_interval=replicate_interval,
+            follow_endpoint_url=follow_endpoint_url, follow_interval=follow_interval, lag_warning=follow_lag_warning,
+        )
+    except BaseException:
+        root.close()
+        raise
+    if read_only_why:
+        log.info("mounting read-only: %s", read_only_why)
+        read_only = True
     try:
         if root.blocks.cache is None:
             log.warning("the block cache of %s is held by another process: this mount reads uncached", data_dir)
@@ -424,6 +467,8 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
             root, LiveView(root, read_only=read_only), pool, invalidator, fetcher,
             owner={"pid": os.getpid(), "mountpoint": mountpoint, "data_dir": data_dir},
         )
+        if replication is not None:
+            replication.on_fenced = lambda why: _turn_read_only(fs.tree, why)
         operations = Operations(fs)
         follower = ChangeFollower(root, fs.changes)
 
@@ -461,6 +506,12 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
         if cache is not None:
             cache.close()
         root.close()
+
+
+def _turn_read_only(tree, why: str) -> None:
+    """Another owner took the shard over: every change is EROFS from now on."""
+    tree.read_only = True
+    log.error("the mount is read-only from now on: %s", why)
 
 
 def _tame_malloc() -> None:

@@ -8,7 +8,7 @@ epoch is older than the manifest's is nokvfs.errors.OwnerFenced (7), raised as i
 
 from __future__ import annotations
 
-from nokvfs.errors import FormatError, IntegrityError
+from nokvfs.errors import FormatError, IntegrityError, StoreError
 
 
 class ManifestError(FormatError):
@@ -53,3 +53,7 @@ class ReplayFailed(IntegrityError):
 class ReplicaDiverged(IntegrityError):
     """The local shard's outbox is not an extension of the bucket's chain (another shard, another
     history, or a local shard behind the bucket): nothing is published."""
+
+
+class NotShipped(StoreError):
+    """The increment holding an LSN did not reach the bucket within the time asked for."""

@@ -303,9 +303,9 @@ def _string(value, where):
     return value
 
 
-def _members(obj, where: str, names: tuple[str, ...]) -> dict:
+def members(obj, where: str, names: tuple[str, ...]) -> dict:
     """`obj` if it is an object with exactly `names`, else ManifestMalformed (nulls are refused
-    earlier, by `_check_nulls`)."""
+    earlier, by `strict_object`)."""
     if not isinstance(obj, dict):
         raise ManifestMalformed(f"{where} must be an object, got {type(obj).__name__}")
     unknown = sorted(set(obj) - set(names))
@@ -351,7 +351,7 @@ def _check_nulls(value, where: str) -> None:
 
 
 def _head(obj, where) -> Head:
-    o = _members(obj, where, _HEAD_FIELDS)
+    o = members(obj, where, _HEAD_FIELDS)
     return Head(
         _u64(o["lsn"], f"{where}.lsn"),
         _digest(o["chainDigest"], f"{where}.chainDigest"),
@@ -360,7 +360,7 @@ def _head(obj, where) -> Head:
 
 
 def _checkpoint(obj, where) -> CheckpointDescriptor:
-    o = _members(obj, where, _CHECKPOINT_FIELDS)
+    o = members(obj, where, _CHECKPOINT_FIELDS)
     return CheckpointDescriptor(
         id=_uuid7(o["id"], f"{where}.id"),
         publication=_uuid7(o["publication"], f"{where}.publication"),
@@ -375,7 +375,7 @@ def _checkpoint(obj, where) -> CheckpointDescriptor:
 
 
 def _increment(obj, where) -> IncrementDescriptor:
-    o = _members(obj, where, _INCREMENT_FIELDS)
+    o = members(obj, where, _INCREMENT_FIELDS)
     return IncrementDescriptor(
         generation=_u64(o["generation"], f"{where}.generation"),
         publication=_uuid7(o["publication"], f"{where}.publication"),
@@ -394,6 +394,28 @@ def _increments(value, where) -> tuple[IncrementDescriptor, ...]:
     return tuple(_increment(item, f"{where}[{n}]") for n, item in enumerate(_list(value, where)))
 
 
+def strict_object(data: bytes, name: str, version: int) -> dict:
+    """The JSON object `name` at `version`, read strictly: duplicate names fail while parsing
+    (before any value exists), then the version is checked before any other field (a future
+    schema is refused as such, ManifestVersionUnsupported), then an explicit null anywhere is
+    refused. Each record then checks its own fields (`members`)."""
+    try:
+        obj = canonical_json.loads(data)
+    except CanonicalJsonError as exc:
+        raise ManifestMalformed(f"{name} is not strict JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ManifestMalformed(f"{name} must be a JSON object, got {type(obj).__name__}")
+    if "version" not in obj:
+        raise ManifestMalformed(f"{name} is missing field(s) ['version']")
+    found = obj["version"]
+    if found is None:
+        raise ManifestMalformed(f"{name}.version is an explicit null")
+    if not isinstance(found, int) or isinstance(found, bool) or found != version:
+        raise ManifestVersionUnsupported(f"{name} has version {found!r}; this reader knows version {version}")
+    _check_nulls(obj, name)
+    return obj
+
+
 def loads(data: bytes, *, logical_shard_id: bytes | None = None) -> Manifest:
     """Parse and validate `current` strictly; every failure is a typed ManifestError.
 
@@ -401,28 +423,15 @@ def loads(data: bytes, *, logical_shard_id: bytes | None = None) -> Manifest:
     before any other field, so a future schema is refused as such; then every object level must
     have exactly its fields, none null; then the whole chain is validated.
     """
-    try:
-        obj = canonical_json.loads(data)
-    except CanonicalJsonError as exc:
-        raise ManifestMalformed(f"current is not strict JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ManifestMalformed(f"current must be a JSON object, got {type(obj).__name__}")
-    if "version" not in obj:
-        raise ManifestMalformed("current is missing field(s) ['version']")
-    version = obj["version"]
-    if version is None:
-        raise ManifestMalformed("current.version is an explicit null")
-    if not isinstance(version, int) or isinstance(version, bool) or version != MANIFEST_VERSION:
-        raise ManifestVersionUnsupported(f"current has version {version!r}; this reader knows version {MANIFEST_VERSION}")
-    _check_nulls(obj, "current")
-    o = _members(obj, "current", _TOP_FIELDS)
+    obj = strict_object(data, CURRENT, MANIFEST_VERSION)
+    o = members(obj, "current", _TOP_FIELDS)
     shard_hex = o["logicalShardId"]
     if not isinstance(shard_hex, str) or not _SHARD.fullmatch(shard_hex):
         raise ManifestMalformed(f"current.logicalShardId must be 32 lowercase hex characters, got {shard_hex!r}")
     retained = []
     for n, item in enumerate(_list(o["retained"], "current.retained")):
         where = f"current.retained[{n}]"
-        r = _members(item, where, _RETAINED_FIELDS)
+        r = members(item, where, _RETAINED_FIELDS)
         retained.append(
             Retained(
                 _checkpoint(r["checkpoint"], f"{where}.checkpoint"),

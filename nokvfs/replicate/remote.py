@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import threading
 import urllib.parse
@@ -29,7 +30,9 @@ from nokvfs.errors import (
     StoreError,
 )
 from nokvfs.objects.store import ObjectStore, open_store
+from nokvfs.replicate import datadir_record
 from nokvfs.replicate import manifest as mf
+from nokvfs.replicate.datadir_record import DATADIR, DataDirRecord
 from nokvfs.replicate.errors import (
     ManifestError,
     ManifestGenerationInvalid,
@@ -74,6 +77,7 @@ class ShardBucket:
         self.logical_shard_id = logical_shard_id
         self.prefix = mf.shard_prefix(logical_shard_id)
         self._seen: tuple[int, str] | None = None  # (generation, publication) of the newest read
+        self._seen_datadir: tuple[int, str] | None = None  # the same for the data directory record
         # Reads (GET through observation) and observations of our own writes are serialised, so
         # a slow reader can never observe an older generation after a newer one was observed.
         self._observing = threading.Lock()
@@ -99,22 +103,34 @@ class ShardBucket:
             return self._read()
 
     def _read(self) -> tuple[Manifest | None, str | None]:
-        key = self.key(CURRENT)
+        data, etag = self._read_bytes(CURRENT)
+        if data is None:
+            self._check_absent()
+            return None, None
+        return self._accept(data), etag
+
+    def _read_bytes(self, relative: str) -> tuple[bytes | None, str | None]:
+        """The bytes at `relative` and the ETag provably of exactly them, or (None, None)."""
+        key = self.key(relative)
         for _ in range(8):
             before = self.store.head(key)
             if before is None:
-                self._check_absent()
                 return None, None
             try:
                 data = self.store.get(key)
             except ObjectMissing:
                 continue
             if hashlib.md5(data, usedforsecurity=False).hexdigest() == before.etag:
-                return self._accept(data), before.etag
+                return data, before.etag
             after = self.store.head(key)
             if after is not None and after.etag == before.etag:
-                return self._accept(data), before.etag
-        raise StoreError(f"{self.url}{CURRENT} kept changing while it was read")
+                return data, before.etag
+        raise StoreError(f"{self.url}{relative} kept changing while it was read")
+
+    def current_etag(self) -> str | None:
+        """The ETag of `current` (one HEAD): a follower polls this and reads only on a change."""
+        info = self.store.head(self.key(CURRENT))
+        return None if info is None else info.etag
 
     def _check_absent(self) -> None:
         if self._seen is not None:
@@ -175,6 +191,52 @@ class ShardBucket:
                 return latest, etag
             raise Contention(f"publication {proposal.publication_id} is not in {self.url}{CURRENT}: not accepted")
         raise AmbiguousResult(f"cannot reread {self.url}{CURRENT} to resolve publication {proposal.publication_id}: {last}")
+
+    # --- the data directory record (nokvfs.replicate.datadir_record) ---------------------------
+
+    def read_datadir(self) -> tuple[DataDirRecord | None, str | None]:
+        """The validated data directory record and the ETag of its bytes, or (None, None)."""
+        with self._observing:
+            data, etag = self._read_bytes(DATADIR)
+            if data is None:
+                if self._seen_datadir is not None:
+                    raise ManifestGenerationInvalid(
+                        f"{self.url}{DATADIR} is absent after generation {self._seen_datadir[0]} was read"
+                    )
+                return None, None
+            record = datadir_record.loads(data, logical_shard_id=self.logical_shard_id)
+            self._observe_datadir(record)
+            return record, etag
+
+    def _observe_datadir(self, record: DataDirRecord) -> None:
+        if self._seen_datadir is not None:
+            generation, publication = self._seen_datadir
+            if record.generation < generation or (record.generation == generation and record.publication_id != publication):
+                raise ManifestGenerationInvalid(
+                    f"{self.url}{DATADIR} went from generation {generation} to {record.generation}: generations increase strictly"
+                )
+        self._seen_datadir = (record.generation, record.publication_id)
+
+    def publish_datadir(self, proposal: DataDirRecord, etag: str | None) -> DataDirRecord:
+        """Create (etag None) or replace the data directory record; Contention if not accepted."""
+        datadir_record.validate(proposal, logical_shard_id=self.logical_shard_id)
+        key = self.key(DATADIR)
+        try:
+            if etag is None:
+                self.store.put(key, proposal.dumps(), if_none_match=True)
+            else:
+                self.store.put(key, proposal.dumps(), if_match=etag)
+        except PreconditionFailed:
+            raise Contention(f"{self.url}{DATADIR} changed since it was read (412)") from None
+        except AmbiguousResult as exc:
+            log.warning("publishing %s generation %d: %s; rereading it", DATADIR, proposal.generation, exc)
+            latest, _ = self.read_datadir()
+            if latest is not None and latest.publication_id == proposal.publication_id:
+                return latest
+            raise Contention(f"publication {proposal.publication_id} is not in {self.url}{DATADIR}: not accepted") from None
+        with self._observing:
+            self._observe_datadir(proposal)
+        return proposal
 
     # --- packs --------------------------------------------------------------------------------
 
@@ -291,11 +353,16 @@ class ShardBucket:
 
 def open_remote(url_or_store, *, logical_shard_id: bytes | str | None = None, endpoint_url: str | None = None,
                 region: str | None = None) -> ShardBucket:
-    """The ShardBucket a URL (`s3://bucket/prefix`, optionally ending in `shards/<hex>`) names.
+    """The ShardBucket a URL (`s3://bucket/prefix`, optionally ending in `shards/<hex>`) names
+(an ObjectStore stands for its URL; a ShardBucket is returned as it is).
 
     Without a shard id (in the URL or given), the one shard under the prefix is used: the
     listing only names it, `current` alone decides its state. Several shards: InvalidInput.
     """
+    if isinstance(url_or_store, ShardBucket):
+        if logical_shard_id is not None and _shard_bytes(logical_shard_id) != url_or_store.logical_shard_id:
+            raise InvalidInput(f"{url_or_store.url} is not shard {_shard_bytes(logical_shard_id).hex()}")
+        return url_or_store
     if isinstance(url_or_store, ObjectStore):
         store = url_or_store
     else:
@@ -318,6 +385,19 @@ def open_remote(url_or_store, *, logical_shard_id: bytes | str | None = None, en
             raise InvalidInput(f"{store.url} holds {len(shards)} shards ({', '.join(shards)}): name one")
         logical_shard_id = shards[0]
     return ShardBucket(store, _shard_bytes(logical_shard_id))
+
+
+def locate(url: str) -> tuple[str, bytes | None]:
+    """(the URL of the store `open_remote(url)` opens, as that store spells it; the logical shard
+    the URL names, or None), worked out without contacting anything."""
+    parsed = urllib.parse.urlsplit(url)
+    match = _SHARD_IN_URL.fullmatch(parsed.path)
+    if parsed.scheme == "s3":
+        path, shard = (match.group(1), bytes.fromhex(match.group(2))) if match else (parsed.path, None)
+        prefix = path.strip("/")
+        return f"s3://{parsed.netloc}/{prefix + '/' if prefix else ''}", shard
+    path = urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url
+    return "file://" + os.path.abspath(path), None
 
 
 def _shard_bytes(value: bytes | str) -> bytes:

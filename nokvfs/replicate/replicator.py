@@ -14,6 +14,15 @@ run_forever      push_once every `interval` seconds (at once again while a push 
                  mount daemon's `--replicate s3://...` does. `status()` reports the lag.
 claim_ownership  makes this shard (restored to the bucket's head) the owner: advances the local
                  owner epoch through `Shard.advance_owner_epoch` and publishes it.
+wait_shipped     blocks until the increment holding an LSN is in the bucket (or raises): the
+                 primitive of a mount's `--sync` close.
+
+Given its data directory (`data_dir`), the Replicator also keeps the bucket's data directory
+record (nokvfs.replicate.datadir_record: configuration and the root's placement) equal to the
+local one -- published once per process after its first accepted push, and again after a claim
+-- and, when it finds itself fenced, records that in the directory (nokvfs.workspace.replica:
+role "fenced", with the LSN range of local records the bucket never received), so every later
+command on the directory fails with OwnerFenced, not only those of this process.
 
 Ownership and fencing. `current` names its owner twice: `ownerId`, a UUIDv7 the owning shard
 keeps in `replica-owner.json` in its LMDB directory (written by the first publication and by a
@@ -54,7 +63,8 @@ from nokvfs.errors import (
 )
 from nokvfs.objects.store import ObjectStore
 from nokvfs.replicate import manifest as mf
-from nokvfs.replicate.errors import ReplicaDiverged
+from nokvfs.replicate.datadir_record import DataDirRecord
+from nokvfs.replicate.errors import NotShipped, ReplicaDiverged
 from nokvfs.replicate.manifest import (
     CheckpointDescriptor,
     IncrementDescriptor,
@@ -93,6 +103,26 @@ class PushResult:
 
 
 @dataclass(frozen=True)
+class Fencing:
+    """Why a replicator stopped writing: who publishes `current` now, the owner epoch this shard
+    had (its commands are built at it), and its records the bucket never received: the LSNs
+    `unshipped` (None: none), where a first LSN of 0 means the bucket no longer holds any point
+    of this shard's chain, so where the unshipped records start is unknown."""
+
+    reason: str
+    owned_epoch: int
+    unshipped: tuple[int, int] | None
+
+    def describe_unshipped(self) -> str:
+        if self.unshipped is None:
+            return "every record of this shard is in the bucket"
+        first, last = self.unshipped
+        if first == 0:
+            return f"records up to LSN {last} may not be in the bucket (it holds no point of this shard's chain any more)"
+        return f"LSNs {first}..{last} of this shard were never shipped to the bucket"
+
+
+@dataclass(frozen=True)
 class CheckpointResult:
     generation: int
     through_generation: int
@@ -109,7 +139,7 @@ class Replicator:
                  retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS,
                  max_pack_records: int = DEFAULT_MAX_PACK_RECORDS, max_pack_bytes: int = DEFAULT_MAX_PACK_BYTES,
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, auto_checkpoint: bool = True, fence_local: bool = True,
-                 work_dir: str | None = None):
+                 work_dir: str | None = None, data_dir: str | None = None, on_fenced=None):
         if checkpoint_packs < 1 or retained_checkpoints < 0 or max_pack_records < 1 or max_attempts < 1:
             raise ValueError("checkpoint_packs, max_pack_records and max_attempts must be >= 1, retained >= 0")
         self.shard = shard
@@ -125,6 +155,15 @@ class Replicator:
         self._lock = threading.RLock()  # one read-modify-write of `current` at a time in-process
         self.owner_id = self._load_owner_id()  # None: this shard has never owned the bucket keys
         self._fenced_by: str | None = None  # why this replicator stopped writing, for good
+        self.fencing: Fencing | None = None
+        self.data_dir = data_dir
+        self.endpoint_url: str | None = None  # the bucket's S3 endpoint, when opened from a URL
+        self.on_fenced = on_fenced  # called once, with the Fencing, from the thread that found it
+        self._datadir_synced = False
+        # The bucket's head as this owner last saw it accepted: wait_shipped's condition.
+        self.shipped_lsn = 0
+        self._shipped = threading.Condition()
+        self._wake = threading.Event()
         self._pending_cleanup: int | None = None  # a cutoff whose cleanup left errors to retry
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,7 +175,14 @@ class Replicator:
     def from_url(cls, shard, url: str, *, endpoint_url: str | None = None, region: str | None = None, **options):
         """A Replicator for `s3://bucket/prefix` (or any object store URL `open_store` takes)."""
         bucket = open_remote(url, logical_shard_id=shard.logical_shard_id, endpoint_url=endpoint_url, region=region)
-        return cls(shard, bucket.store, **options)
+        replicator = cls(shard, bucket.store, **options)
+        replicator.endpoint_url = endpoint_url
+        return replicator
+
+    @classmethod
+    def for_data_dir(cls, data_dir: str, shard, url: str, *, endpoint_url: str | None = None, **options):
+        """A Replicator of the data directory `data_dir` (whose open shard is `shard`)."""
+        return cls.from_url(shard, url, endpoint_url=endpoint_url, data_dir=data_dir, **options)
 
     # --- fencing ------------------------------------------------------------------------------
 
@@ -201,13 +247,66 @@ class Replicator:
                 f"{self.bucket.url}current is published by owner {manifest.owner_id} at owner epoch "
                 f"{manifest.owner_epoch}; this shard (owner {self.owner_id}, epoch {local}) is not the owner"
             )
+            fencing = Fencing(self._fenced_by, local, self.unshipped(manifest))
             if self.fence_local and local < manifest.owner_epoch:
                 try:
                     self.shard.advance_owner_epoch(manifest.owner_epoch)
                 except OwnerFenced:
                     pass  # the local epoch moved on meanwhile: fenced either way
+            self._fenced(fencing)
         if self._fenced_by is not None:
             raise OwnerFenced(self._fenced_by + ", so this replicator stops writing")
+
+    def _fenced(self, fencing: Fencing) -> None:
+        """Record the fencing: in the data directory's role, for waiters, for the caller's hook."""
+        self.fencing = fencing
+        log.error("%s; %s", fencing.reason, fencing.describe_unshipped())
+        if self.data_dir is not None:
+            from nokvfs.workspace import replica
+
+            try:
+                replica.write_role(
+                    self.data_dir,
+                    replica.ReplicaRole(
+                        replica.FENCED, self.bucket.store.url, self.endpoint_url, self.shard.logical_shard_id,
+                        owned_epoch=max(1, fencing.owned_epoch), unshipped=fencing.unshipped,
+                        reason=f"{fencing.reason}; {fencing.describe_unshipped()}",
+                    ),
+                )
+            except OSError as exc:
+                log.error("cannot record the fencing in %s: %s", self.data_dir, exc)
+        with self._shipped:
+            self._shipped.notify_all()
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced(fencing)
+            except Exception:  # noqa: BLE001 - the hook's failure must not hide the fencing
+                log.exception("the on_fenced hook failed")
+
+    def unshipped(self, manifest: Manifest) -> tuple[int, int] | None:
+        """The local LSNs the bucket's chain does not hold: after the newest point (a checkpoint's
+        through point, an increment's start or end) at which the bucket's chain digest is the local
+        outbox's, through the local tail. None when the bucket holds the whole local outbox."""
+        tail = self.shard.recovery_tail.applied_lsn
+        points = set()
+        for checkpoint, increments in [(manifest.checkpoint, manifest.increments)] + [(r.checkpoint, r.increments) for r in manifest.retained]:
+            points.add((checkpoint.through_lsn, checkpoint.chain_digest))
+            for inc in increments:
+                points.add((inc.first_lsn - 1, inc.previous_chain_digest))
+                points.add((inc.last_lsn, inc.chain_digest))
+        for lsn, digest in sorted(points, reverse=True):
+            if lsn > tail:
+                continue
+            local, _ = self.shard.outbox_after(lsn, max_records=0)
+            if local == digest:
+                return None if lsn == tail else (lsn + 1, tail)
+        return None if tail == 0 else (0, tail)
+
+    def _note_shipped(self, manifest: Manifest) -> None:
+        with self._shipped:
+            if manifest.head.lsn > self.shipped_lsn:
+                self.shipped_lsn = manifest.head.lsn
+                self._shipped.notify_all()
 
     def _entries_after(self, manifest: Manifest, *, through_lsn: int | None = None):
         """The local outbox entries after the bucket's head, checking the local chain extends it."""
@@ -243,6 +342,9 @@ class Replicator:
         with self._lock:
             result, manifest = self._push(through_lsn)
             self.last_push, self.last_push_at = result, time.time()
+        self._note_shipped(manifest)
+        if not self._datadir_synced:
+            self._sync_datadir_quietly()
         due = self.auto_checkpoint if checkpoint is None else checkpoint
         if due and result.kind == "increment" and len(manifest.increments) >= self.checkpoint_packs:
             self._checkpoint_quietly()
@@ -452,9 +554,101 @@ class Replicator:
             self._save_owner_id(mf.new_uuid7_hex())
             self.shard.advance_owner_epoch(max(manifest.owner_epoch, self.shard.owner_epoch) + 1)
             self._fenced_by = None
-            result, _ = self._push(None, claiming=True)
+            self.fencing = None
+            result, manifest = self._push(None, claiming=True)
             self.last_push, self.last_push_at = result, time.time()
-            return result
+        self._note_shipped(manifest)
+        self._datadir_synced = False
+        self._sync_datadir_quietly()  # the claim stands even if this must wait for the next push
+        return result
+
+    # --- the data directory record ------------------------------------------------------------
+
+    def sync_datadir(self) -> DataDirRecord:
+        """Publish the data directory's configuration and placement if the bucket's record differs.
+
+        Written only by the owner `current` names (checked on the latest manifest before each
+        attempt), by the conditional write; a lost race rereads and compares again.
+        """
+        from nokvfs.workspace import datadir
+
+        if self.data_dir is None:
+            raise ValueError("this Replicator was not given its data directory")
+        config, placement = datadir.describe(self.data_dir)
+        for _ in range(self.max_attempts):
+            manifest, _ = self.bucket.read()
+            self._check_owner(manifest)
+            existing, etag = self.bucket.read_datadir()
+            proposal = DataDirRecord.from_data_dir(
+                config, placement,
+                generation=1 if existing is None else existing.next_generation(),
+                publication_id=mf.new_uuid7_hex(),
+            )
+            if existing is not None and existing.same_content(proposal):
+                self._datadir_synced = True
+                return existing
+            try:
+                accepted = self.bucket.publish_datadir(proposal, etag)
+            except Contention:
+                continue
+            self._datadir_synced = True
+            log.info("published the data directory record of %s as generation %d", self.data_dir, accepted.generation)
+            return accepted
+        raise PreconditionFailed(f"{self.bucket.url}datadir: no write won after {self.max_attempts} attempts")
+
+    def _sync_datadir_quietly(self) -> None:
+        if self.data_dir is None:
+            return
+        try:
+            self.sync_datadir()
+        except OwnerFenced:
+            raise
+        except Exception as exc:  # noqa: BLE001 - retried after the next push; never fails this one
+            log.warning("publishing the data directory record to %s failed (retried after the next push): %s", self.bucket.url, exc)
+
+    # --- durability at close --------------------------------------------------------------------
+
+    def wait_shipped(self, lsn: int, timeout: float) -> int:
+        """Block until the bucket's accepted head is at or past `lsn`; returns that head's LSN.
+
+        The loop (start()) is woken to push at once, so concurrent waiters share pushes; without
+        a running loop the caller's thread pushes itself. Raises OwnerFenced once this shard is
+        fenced, ReplicaDiverged if the loop stopped on it, and NotShipped (a StoreError, with
+        the last push failure) when `timeout` seconds pass first.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._shipped:
+                if self.shipped_lsn >= lsn:
+                    return self.shipped_lsn
+            if self._fenced_by is not None:
+                raise OwnerFenced(self._fenced_by + f": LSN {lsn} will never be shipped")
+            if isinstance(self.last_error, ReplicaDiverged) and not self.running:
+                raise ReplicaDiverged(f"replication stopped ({self.last_error}): LSN {lsn} will never be shipped")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                why = "" if self.last_error is None else f" (last push failure: {type(self.last_error).__name__}: {self.last_error})"
+                raise NotShipped(
+                    f"the increment holding LSN {lsn} is not in {self.bucket.url} after {timeout:g} s; the bucket's head "
+                    f"is LSN {self.shipped_lsn}{why}"
+                )
+            if self.running:
+                self._wake.set()
+                with self._shipped:
+                    if self.shipped_lsn < lsn and self._fenced_by is None:
+                        self._shipped.wait(min(remaining, 1.0))
+            else:
+                try:
+                    self.push_once()
+                except (OwnerFenced, ReplicaDiverged):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - retried until the deadline
+                    self.last_error = exc
+                    time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     # --- status and the loop --------------------------------------------------------------------
 
@@ -487,6 +681,12 @@ class Replicator:
                 increments=len(manifest.increments),
                 retained=[r.checkpoint.through_generation for r in manifest.retained],
             )
+            if status["fenced"]:
+                # Once fenced, the local outbox also holds the epoch advance that fenced it.
+                unshipped = self.fencing.unshipped if self.fencing is not None else self.unshipped(manifest)
+                status["unshipped"] = None if unshipped is None else list(unshipped)
+            record, _ = self.bucket.read_datadir()
+            status["datadir_generation"] = 0 if record is None else record.generation
         return status
 
     def run_forever(self, interval: float = 1.0) -> None:
@@ -497,6 +697,7 @@ class Replicator:
         """
         self._stop.clear()
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 result = self.push_once()
                 self.last_error = None
@@ -505,11 +706,13 @@ class Replicator:
             except (OwnerFenced, ReplicaDiverged) as exc:
                 self.last_error = exc
                 log.error("replication of %s stopped: %s", self.bucket.url, exc)
+                with self._shipped:
+                    self._shipped.notify_all()
                 return
             except Exception as exc:  # noqa: BLE001 - keep replicating through transient failures
                 self.last_error = exc
                 log.warning("push to %s failed: %s", self.bucket.url, exc)
-            self._stop.wait(interval)
+            self._wake.wait(interval)  # wait_shipped and stop() cut the wait short
 
     def start(self, interval: float = 1.0) -> threading.Thread:
         """Run `run_forever(interval)` in a daemon thread (the mount daemon's --replicate)."""
@@ -521,6 +724,7 @@ class Replicator:
 
     def stop(self, timeout: float | None = 30.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None

@@ -17,6 +17,13 @@
 
 A stale reader that finds a referenced pack gone (a newer checkpoint's cleanup) rereads `current`
 and starts again.
+
+`restore_data_dir` rebuilds a whole data directory: the shard as above into `DIR/shard`, then,
+from the bucket's data directory record (nokvfs.replicate.datadir_record), the root's placement
+in `DIR/control` and the configuration `DIR/nokvfs.json` -- once the restored shard is checked to
+carry the root's fence at the record's placement generation. Its replica role
+(nokvfs.workspace.replica) is written before the configuration, so the directory is never a
+writable data directory by accident: a follower until a claim of ownership succeeds.
 """
 
 from __future__ import annotations
@@ -35,12 +42,15 @@ from nokvfs.engine.records import (
     RecoveryTail,
 )
 from nokvfs.engine.shard import Shard, command_from_record
-from nokvfs.errors import AlreadyExists, NokvError, NotFound
+from nokvfs.errors import AlreadyExists, IntegrityError, NokvError, NotFound
 from nokvfs.replicate.errors import PackCorrupt, PackMissing, ReplayFailed
-from nokvfs.replicate.manifest import CURRENT, Manifest
-from nokvfs.replicate.packs import CheckpointSink, parse_increment
+from nokvfs.replicate.manifest import CURRENT, IncrementDescriptor, Manifest
+from nokvfs.replicate.packs import CheckpointSink, IncrementPack, parse_increment
+from nokvfs.replicate.datadir_record import DATADIR, DataDirRecord
 from nokvfs.replicate.remote import ShardBucket, open_remote
-from nokvfs.schema.enums import OutboxRecordKind
+from nokvfs.schema.enums import OutboxRecordKind, RootActivationState
+from nokvfs.schema.keys import RootFenceKey
+from nokvfs.schema.records import RootFence
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +102,119 @@ def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | s
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class DataDirRestoreResult:
+    data_dir: str
+    shard: RestoreResult
+    record: DataDirRecord
+    config: dict  # the configuration written (the record's, with any store override)
+    warnings: tuple[str, ...]  # what the user must know (an object store this machine cannot reach)
+
+
+def restore_data_dir(bucket_url, data_dir: str, *, logical_shard_id: bytes | str | None = None,
+                     endpoint_url: str | None = None, region: str | None = None, store: str | None = None,
+                     store_endpoint_url: str | None = None) -> DataDirRestoreResult:
+    """Rebuild a complete data directory at `data_dir` (absent, empty or holding only `run/`) from the bucket, as a
+    follower of it (nokvfs.workspace.replica; `Replicator.claim_ownership` makes it the owner).
+
+    `store` / `store_endpoint_url` replace the object store the record names (for example when
+    the bytes were copied elsewhere). A failure removes everything this call created.
+    """
+    from nokvfs.workspace import datadir, replica
+
+    bucket = open_remote(bucket_url, logical_shard_id=logical_shard_id, endpoint_url=endpoint_url, region=region)
+    data_dir = os.path.abspath(data_dir)
+    # `run/` may be there already: a mount daemon that bootstraps a follower logs into it first.
+    if os.path.lexists(data_dir) and (not os.path.isdir(data_dir) or set(os.listdir(data_dir)) - {"run"}):
+        raise AlreadyExists(f"{data_dir} exists and is not an empty directory: a restore needs a fresh one")
+    existing = set(os.listdir(data_dir)) if os.path.isdir(data_dir) else set()
+    record, _ = bucket.read_datadir()
+    if record is None:
+        raise NotFound(
+            f"{bucket.url}{DATADIR} does not exist: the owner has not published its data directory record "
+            f"(a push from its data directory does), so only the shard can be restored: "
+            f"`nokvfs shard restore --from URL DIR/shard`"
+        )
+    created = not os.path.exists(data_dir)
+    try:
+        shard_result = restore(bucket, os.path.join(data_dir, "shard"))
+        _check_fence(os.path.join(data_dir, "shard"), record)
+        config = record.config()
+        if store is not None:
+            config.update(store=store, endpoint_url=store_endpoint_url, region=None)
+        replica.write_role(
+            data_dir, replica.ReplicaRole(replica.FOLLOWER, bucket.store.url, endpoint_url, bucket.logical_shard_id)
+        )
+        datadir.adopt(data_dir, config, record.placement)
+    except BaseException:
+        if created:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        else:
+            for name in set(os.listdir(data_dir)) - existing:
+                path = os.path.join(data_dir, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+        raise
+    return DataDirRestoreResult(data_dir, shard_result, record, config, tuple(_store_warnings(config)))
+
+
+def take_ownership(data_dir: str, bucket_url: str, *, endpoint_url: str | None = None):
+    """Make the restored data directory `data_dir` the owner of the bucket's shard: claim it
+    (a new owner id and an advanced owner epoch, published by the conditional write, which fences
+    the old owner), publish the data directory record, then record the role "owner"."""
+    from nokvfs.replicate.replicator import Replicator
+    from nokvfs.workspace import replica
+
+    role = replica.read_role(data_dir)
+    if role is None or role.role != replica.FOLLOWER:
+        raise AlreadyExists(f"{data_dir} is not a restored follower (its role is {None if role is None else role.role})")
+    shard = Shard.open(os.path.join(data_dir, "shard"), verify=False)
+    try:
+        replicator = Replicator.for_data_dir(data_dir, shard, bucket_url, endpoint_url=endpoint_url)
+        try:
+            result = replicator.claim_ownership()
+            replica.write_role(data_dir, replica.ReplicaRole(replica.OWNER, role.bucket, role.endpoint_url, role.logical_shard_id))
+            return result, shard.owner_epoch
+        finally:
+            replicator.bucket.store.close()
+    finally:
+        shard.close()
+
+
+def _check_fence(shard_path: str, record: DataDirRecord) -> None:
+    """The restored shard must hold the record's root, Active at the record's placement generation."""
+    with Shard.open(shard_path, verify=False) as shard:
+        with shard.read() as view:
+            raw = view.get("root_fence", RootFenceKey(record.root_id).encode())
+    fence = None if raw is None else RootFence.decode(raw)
+    if fence is None or fence.logical_shard_id != record.logical_shard_id or (
+        fence.placement_generation != record.placement.placement_generation
+    ) or fence.activation_state != RootActivationState.Active:
+        raise IntegrityError(
+            f"the bucket's {DATADIR} record places root {record.root_id.hex()} at generation "
+            f"{record.placement.placement_generation}, but the shard's fence is {fence}"
+        )
+
+
+def _store_warnings(config: dict) -> list[str]:
+    import urllib.parse
+
+    from nokvfs.objects.local import MARKER_NAME
+
+    url = config["store"]
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme in ("", "file"):
+        path = urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url
+        if not os.path.exists(os.path.join(path, MARKER_NAME)):
+            return [
+                f"the artifact bytes are in {url}, a directory of the owner's machine that is not here: "
+                "reads fail until `--store URL` names a copy of it (restore again with `--store`)"
+            ]
+    return []
+
+
 def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str) -> RestoreResult:
     """Build the restored environment in `work`; nothing outside it is touched."""
     checkpoint = manifest.checkpoint
@@ -116,14 +239,7 @@ def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str
         ):
             raise PackCorrupt(f"{checkpoint.key}: the shard inside is not at the checkpoint's through point")
         for increment in manifest.increments:
-            data = bucket.fetch(increment.key, sha256=increment.sha256, size=increment.size)
-            pack = parse_increment(data)
-            stated = (pack.logical_shard_id, pack.first_lsn, pack.last_lsn, pack.previous_chain_digest, pack.chain_digest)
-            expected = (bucket.logical_shard_id, increment.first_lsn, increment.last_lsn,
-                        increment.previous_chain_digest, increment.chain_digest)
-            if stated != expected:
-                raise PackCorrupt(f"{increment.key}: its header differs from its descriptor")
-            for entry in pack.entries:
+            for entry in fetch_increment(bucket, increment).entries:
                 replay(shard, entry)
         head = manifest.head
         if shard.recovery_tail != RecoveryTail(head.lsn, head.chain_digest) or shard.commit_version != head.commit_version:
@@ -142,6 +258,17 @@ def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str
         )
     finally:
         shard.close()
+
+
+def fetch_increment(bucket: ShardBucket, increment: IncrementDescriptor) -> IncrementPack:
+    """Download an increment pack, verify size, SHA-256 and framing, and that its header is its descriptor's."""
+    pack = parse_increment(bucket.fetch(increment.key, sha256=increment.sha256, size=increment.size))
+    stated = (pack.logical_shard_id, pack.first_lsn, pack.last_lsn, pack.previous_chain_digest, pack.chain_digest)
+    expected = (bucket.logical_shard_id, increment.first_lsn, increment.last_lsn,
+                increment.previous_chain_digest, increment.chain_digest)
+    if stated != expected:
+        raise PackCorrupt(f"{increment.key}: its header differs from its descriptor")
+    return pack
 
 
 def replay(shard: Shard, entry) -> None:

@@ -8,6 +8,8 @@
     <data_dir>/cache/        the block cache
     <data_dir>/spool/        spooled streams and mount write spools
     <data_dir>/run/          lock files of live operations
+    <data_dir>/replica.json  only in a directory rebuilt from a bucket: its replica role
+                             (nokvfs.workspace.replica; a follower or fenced one never writes)
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from nokvfs.engine.placement import PlacementStore, install_root_fence
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import AlreadyExists, InvalidInput, NotFound, StoreError
 from nokvfs.schema.enums import RootPlacementLifecycle
+from nokvfs.schema.records import RootPlacement
 from nokvfs.schema.ids import id16_from_hex, new_id16
+from nokvfs.workspace import replica
 from nokvfs.workspace.body import DEFAULT_BLOCK_SIZE
 from nokvfs.workspace.root import Root
 
@@ -78,6 +82,11 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
         "cache_bytes": cache_bytes,
         "history_retention_versions": history_retention,
     }
+    _write_config(data_dir, config)
+    return config
+
+
+def _write_config(data_dir: str, config: dict) -> None:
     tmp = _config_path(data_dir) + ".tmp"
     with open(tmp, "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
@@ -85,7 +94,47 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, _config_path(data_dir))
-    return config
+
+
+def describe(data_dir: str) -> tuple[dict, RootPlacement]:
+    """(configuration, the root's placement): what rebuilds this directory besides its shard."""
+    config = read_config(data_dir)
+    placements = PlacementStore(os.path.join(data_dir, "control"))
+    try:
+        placement = placements.get(id16_from_hex(config["root_id"], "root id"))
+    finally:
+        placements.close()
+    if placement is None:
+        raise NotFound(f"root {config['root_id']} has no placement in {data_dir}")
+    return config, placement
+
+
+def adopt(data_dir: str, config: dict, placement: RootPlacement) -> None:
+    """Make `data_dir`, whose `shard/` was just restored, a data directory: the root's placement
+    in its control plane, then the configuration (last: its presence makes it a data directory).
+
+    The placement is rebuilt through the control plane's own entrypoints: created at generation
+    1, then moved to its lifecycle until it reaches its generation.
+    """
+    data_dir = os.path.abspath(data_dir)
+    if os.path.exists(_config_path(data_dir)):
+        raise AlreadyExists(f"{data_dir} is already a nokvfs data directory")
+    if placement.placement_generation < 1:
+        raise InvalidInput("a placement generation starts at 1")
+    _check_retention(config.get("history_retention_versions", DEFAULT_HISTORY_RETENTION))
+    root_id = id16_from_hex(config["root_id"], "root id")
+    placements = PlacementStore(os.path.join(data_dir, "control"))
+    try:
+        existing = placements.get(root_id)
+        if existing is None:
+            existing = placements.create(root_id, placement.logical_shard_id)
+        while existing.placement_generation < placement.placement_generation:
+            existing = placements.transition(root_id, placement.lifecycle, expected_generation=existing.placement_generation)
+        if existing != placement:
+            raise AlreadyExists(f"{data_dir}/control places root {root_id.hex()} otherwise: {existing}")
+    finally:
+        placements.close()
+    _write_config(data_dir, {**config, "format": CONFIG_FORMAT})
 
 
 def _check_retention(value) -> int:
@@ -109,14 +158,26 @@ def read_config(data_dir: str) -> dict:
 
 def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = True, recover: bool = True) -> Root:
     """Open the data directory's root; with recover, resume or clean the publishes, commit
-    builds and restores whose owning process is gone."""
+    builds and restores whose owning process is gone.
+
+    A replica that is not the owner (a follower, a fenced old owner: nokvfs.workspace.replica)
+    opens with its shard and store behind read-only guards and its commands built at an epoch
+    that is not the shard's, and is never recovered: its writes fail with the role's typed error.
+    """
     from nokvfs.objects.blocks import BlockReader
     from nokvfs.objects.cache import BlockCache
     from nokvfs.objects.store import open_store
 
     data_dir = os.path.abspath(data_dir)
     config = read_config(data_dir)
-    shard = Shard.open(os.path.join(data_dir, "shard"), verify=verify)
+    role = replica.read_role(data_dir)
+    read_only = role is not None and not role.writable
+    # A follower's shard is a cache the follower replays into: its commits are not flushed one by
+    # one, the follower syncs once per poll (nokvfs.replicate.follower).
+    options = {"sync": False} if role is not None and role.role == replica.FOLLOWER else {}
+    shard = Shard.open(os.path.join(data_dir, "shard"), verify=verify, **options)
+    if read_only:
+        shard = replica.ReplicaShard(shard, role)
     try:
         placements = PlacementStore(os.path.join(data_dir, "control"))
         try:
@@ -127,6 +188,8 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
         if placement is None:
             raise NotFound(f"root {config['root_id']} has no placement in {data_dir}")
         object_store = open_store(store or config["store"], endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"))
+        if read_only:
+            object_store = replica.ReadOnlyStore(object_store, role)
         try:
             cache = BlockCache(os.path.join(data_dir, "cache"), max_bytes=int(config.get("cache_bytes", DEFAULT_CACHE_BYTES)))
         except StoreError as exc:
@@ -145,11 +208,16 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             data_dir=data_dir,
             # Absent in data directories made before it existed: the default then.
             history_retention=_check_retention(config.get("history_retention_versions", DEFAULT_HISTORY_RETENTION)),
+            # A follower's commands carry epoch 0, a fenced owner's the epoch it lost: neither is
+            # the shard's, so the engine refuses them too, should one reach it past the guard.
+            owner_epoch=None if not read_only else role.owned_epoch,
         )
     except BaseException:
         shard.close()
         raise
-    if recover:
+    if recover and read_only:
+        log.debug("%s is a %s replica: its operations are the owner's to recover", data_dir, role.role)
+    elif recover:
         from nokvfs.workspace import publish
 
         from nokvfs.workspace import commit, restore

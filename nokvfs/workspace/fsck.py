@@ -68,7 +68,7 @@ from nokvfs.schema.records import (
     SnapshotRef,
     StagedObject,
 )
-from nokvfs.workspace import publish
+from nokvfs.workspace import publish, replica
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckRepo
     if verify_blocks:
         in_doubt = {r for r, revision in revisions.items() if revision.state == RevisionState.Quarantined}
         _blocks(root, report, {r: rows for r, rows in manifests.items() if r not in in_doubt})
-    _orphans(root, report, revisions, manifests, ledger_keys, repair=repair)
+    if not replica.is_read_only(root):  # a replica lags its owner: newer blocks are not orphans
+        _orphans(root, report, revisions, manifests, ledger_keys, repair=repair)
     return report
 
 
