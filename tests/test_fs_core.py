@@ -1,0 +1,386 @@
+"""The mount's Operations without a kernel: every errno rule of the filesystem core, in
+milliseconds (as s3ql's t3_fs_api and mountpoint-s3's reference tests drive theirs).
+
+`Kernel` stands in for the VFS: it resolves paths with LOOKUP, keeps no caches, and calls the
+pyfuse3 Operations with a fake request context. Each test is a user's call and the errno a local
+filesystem (or nokvfs's documented choice) gives it; the mount tests prove the same through the
+real kernel with real tools.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pyfuse3
+import pytest
+import trio
+
+from nokvfs.fs.filesystem import FileSystem
+from nokvfs.fs.inodes import ROOT_INODE
+from nokvfs.fs.operations import Operations
+from nokvfs.fs.prefetch import BlockFetcher
+from nokvfs.fs.threads import Workers
+from nokvfs.fs.views import LiveView
+from nokvfs.workspace import datadir, namespace, snapshot, workbench
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+class Ctx:
+    """What pyfuse3 hands a handler about the caller."""
+
+    def __init__(self, uid: int = 0, gid: int = 0, umask: int = 0o022):
+        self.uid, self.gid, self.pid, self.umask = uid, gid, os.getpid(), umask
+
+
+class Fields:
+    """pyfuse3.SetattrFields as a handler sees it."""
+
+    def __init__(self, **set_):
+        for name in ("update_atime", "update_mtime", "update_ctime", "update_mode", "update_uid", "update_gid", "update_size"):
+            setattr(self, name, set_.get(name, False))
+
+
+class NullInvalidator:
+    def entry(self, *args, **kwargs):
+        pass
+
+    def inode(self, *args, **kwargs):
+        pass
+
+
+class Kernel:
+    """A minimal VFS over Operations: path resolution by LOOKUP, no dentry or attribute cache."""
+
+    def __init__(self, root, *, read_only: bool = False):
+        workers = Workers()
+        self.fs = FileSystem(root, LiveView(root, read_only=read_only), workers, NullInvalidator(), BlockFetcher(root, workers))
+        self.ops = Operations(self.fs)
+        self.ctx = Ctx()
+
+    def call(self, method, *args):
+        return trio.run(getattr(self.ops, method), *args)
+
+    def errno_of(self, method, *args) -> int:
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            self.call(method, *args)
+        return exc.value.errno
+
+    def ino(self, path: str) -> int:
+        ino = ROOT_INODE
+        for name in [p for p in path.split("/") if p]:
+            attr = self.call("lookup", ino, name.encode(), self.ctx)
+            if attr.st_ino == 0:
+                raise FileNotFoundError(path)
+            ino = attr.st_ino
+        return ino
+
+    def split(self, path: str) -> tuple[int, bytes]:
+        parent, _, name = path.rpartition("/")
+        return self.ino(parent), name.encode()
+
+    # --- syscalls ---------------------------------------------------------------------------------
+
+    def create(self, path: str, flags: int = os.O_WRONLY | os.O_CREAT, mode: int = 0o644) -> int:
+        parent, name = self.split(path)
+        info, _ = self.call("create", parent, name, mode, flags, self.ctx)
+        return info.fh
+
+    def open(self, path: str, flags: int = os.O_RDONLY) -> int:
+        return self.call("open", self.ino(path), flags, self.ctx).fh
+
+    def write(self, fh: int, data: bytes, offset: int = 0) -> int:
+        return self.call("write", fh, offset, data)
+
+    def read(self, fh: int, size: int = 1 << 20, offset: int = 0) -> bytes:
+        return self.call("read", fh, offset, size)
+
+    def close(self, fh: int) -> None:
+        """close(2) of the last descriptor: FLUSH, then RELEASE."""
+        try:
+            self.call("flush", fh)
+        finally:
+            self.call("release", fh)
+
+    def put(self, path: str, data: bytes) -> None:
+        fh = self.create(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self.write(fh, data)
+        self.close(fh)
+
+    def cat(self, path: str) -> bytes:
+        fh = self.open(path)
+        try:
+            return self.read(fh)
+        finally:
+            self.close(fh)
+
+    def stat(self, path: str):
+        return self.call("getattr", self.ino(path), self.ctx)
+
+    def setattr(self, path: str, fh=None, **values):
+        attr = pyfuse3.EntryAttributes()
+        fields = {}
+        for name, value in values.items():
+            setattr(attr, "st_" + name, value)
+            fields["update_" + name.removesuffix("_ns").removesuffix("time") + ("time" if name.endswith("time_ns") else "")] = True
+        return self.call("setattr", self.ino(path), attr, Fields(**fields), fh, self.ctx)
+
+    def mkdir(self, path: str, mode: int = 0o755):
+        parent, name = self.split(path)
+        return self.call("mkdir", parent, name, mode, self.ctx)
+
+    def listdir(self, path: str) -> list[str]:
+        fh = self.call("opendir", self.ino(path), self.ctx)
+        names = []
+        original = pyfuse3.readdir_reply
+
+        def reply(token, name, attr, next_id):
+            names.append(name.decode())
+            return True
+
+        pyfuse3.readdir_reply = reply
+        try:
+            self.call("readdir", fh, 0, None)
+        finally:
+            pyfuse3.readdir_reply = original
+            self.call("releasedir", fh)
+        return names
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    data = str(tmp_path / "data")
+    datadir.init(data)
+    root = datadir.open_root(data, verify=False)
+    workbench.create(root, "wb")
+    workbench.create(root, "other")
+    try:
+        yield Kernel(root)
+    finally:
+        root.close()
+
+
+# --- EPERM: what the layout itself forbids ---------------------------------------------------------
+
+
+def test_workbenches_and_sections_are_never_removed_renamed_or_written_into(kernel):
+    k = kernel
+    assert k.errno_of("rmdir", ROOT_INODE, b"wb", k.ctx) == errno.EPERM
+    assert k.errno_of("rmdir", k.ino("wb"), b"outputs", k.ctx) == errno.EPERM
+    assert k.errno_of("rename", ROOT_INODE, b"wb", ROOT_INODE, b"renamed", 0, k.ctx) == errno.EPERM
+    assert k.errno_of("unlink", k.ino("wb"), b"outputs", k.ctx) == errno.EPERM
+    assert k.errno_of("create", k.ino("wb"), b"loose.txt", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EPERM
+    assert k.errno_of("create", ROOT_INODE, b"loose.txt", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EPERM
+    assert k.errno_of("mkdir", k.ino("wb"), b"elsewhere", 0o755, k.ctx) == errno.EPERM
+    assert k.errno_of("mkdir", k.ino("wb"), b"outputs", 0o755, k.ctx) == errno.EEXIST
+
+
+def test_reserved_paths_accept_no_direct_writes(kernel):
+    k = kernel
+    metadata = k.ino("wb/metadata")
+    for name in (b"run_manifest.json", b"restore_manifest.json"):
+        assert k.errno_of("create", metadata, name, 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EPERM
+        assert k.errno_of("mkdir", metadata, name, 0o755, k.ctx) == errno.EPERM
+    outputs = k.ino("wb/outputs")
+    assert k.errno_of("create", outputs, b".nokvfs-directory", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EPERM
+    k.put("wb/metadata/other.json", b"{}")  # the rest of metadata/ is open
+
+
+def test_hard_links_and_special_files_are_eperm(kernel):
+    k = kernel
+    k.put("wb/outputs/f", b"x")
+    assert k.errno_of("link", k.ino("wb/outputs/f"), k.ino("wb/outputs"), b"hard", k.ctx) == errno.EPERM
+    assert k.errno_of("mknod", k.ino("wb/outputs"), b"fifo", stat.S_IFIFO | 0o644, 0, k.ctx) == errno.EPERM
+
+
+# --- EROFS: views and read-only mounts ------------------------------------------------------------
+
+
+def test_views_are_read_only(kernel):
+    k = kernel
+    k.put("wb/outputs/f", b"before")
+    snapshot.mint(k.fs.tree.root, "wb", alias="s")
+    view_outputs = k.ino("wb/.snapshots/s/outputs")
+    assert k.cat("wb/.snapshots/s/outputs/f") == b"before"
+    assert k.errno_of("create", view_outputs, b"new", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EROFS
+    assert k.errno_of("unlink", view_outputs, b"f", k.ctx) == errno.EROFS
+    assert k.errno_of("open", k.ino("wb/.snapshots/s/outputs/f"), os.O_WRONLY, k.ctx) == errno.EROFS
+    assert k.errno_of("mkdir", k.ino("wb/.commits"), b"x", 0o755, k.ctx) == errno.EROFS
+    assert k.errno_of("mkdir", k.ino("wb/.snapshots"), b"123", 0o755, k.ctx) == errno.EINVAL  # ids are the root's
+
+
+def test_a_read_only_mount_refuses_every_change(tmp_path):
+    data = str(tmp_path / "data")
+    datadir.init(data)
+    root = datadir.open_root(data, verify=False)
+    try:
+        workbench.create(root, "wb")
+        namespace.put(root, "wb", "outputs/f", b"x")
+        k = Kernel(root, read_only=True)
+        outputs = k.ino("wb/outputs")
+        assert k.errno_of("create", outputs, b"new", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EROFS
+        assert k.errno_of("open", k.ino("wb/outputs/f"), os.O_RDWR, k.ctx) == errno.EROFS
+        assert k.errno_of("unlink", outputs, b"f", k.ctx) == errno.EROFS
+        assert k.errno_of("mkdir", outputs, b"d", 0o755, k.ctx) == errno.EROFS
+        assert k.cat("wb/outputs/f") == b"x"
+    finally:
+        root.close()
+
+
+# --- names ----------------------------------------------------------------------------------------
+
+
+def test_name_limits_are_refused_at_the_call(kernel):
+    k = kernel
+    outputs = k.ino("wb/outputs")
+    long_name = b"n" * 256
+    assert k.errno_of("lookup", outputs, long_name, k.ctx) == errno.ENAMETOOLONG
+    assert k.errno_of("create", outputs, long_name, 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.ENAMETOOLONG
+    assert k.errno_of("mkdir", outputs, long_name, 0o755, k.ctx) == errno.ENAMETOOLONG
+    assert k.errno_of("create", outputs, b"back\\slash", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EINVAL
+    assert k.errno_of("create", outputs, b"\xff\xfe", 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.EINVAL
+    k.mkdir("wb/outputs/" + "d" * 200)
+    deep = k.ino("wb/outputs/" + "d" * 200)
+    k.mkdir("wb/outputs/" + "d" * 200 + "/" + "e" * 200)
+    deeper = k.ino("wb/outputs/" + "d" * 200 + "/" + "e" * 200)
+    assert k.errno_of("create", deeper, b"f" * 60, 0o644, os.O_WRONLY | os.O_CREAT, k.ctx) == errno.ENAMETOOLONG
+    assert k.errno_of("mkdir", deep, b"g" * 250, 0o755, k.ctx) == errno.ENAMETOOLONG
+    out = k.call("statfs", k.ctx)
+    assert out.f_namemax == 255
+
+
+def test_missing_and_wrong_kind(kernel):
+    k = kernel
+    outputs = k.ino("wb/outputs")
+    assert k.call("lookup", outputs, b"missing", k.ctx).st_ino == 0
+    assert k.errno_of("unlink", outputs, b"missing", k.ctx) == errno.ENOENT
+    k.mkdir("wb/outputs/d")
+    k.put("wb/outputs/f", b"x")
+    assert k.errno_of("unlink", outputs, b"d", k.ctx) == errno.EISDIR
+    assert k.errno_of("rmdir", outputs, b"f", k.ctx) == errno.ENOTDIR
+    assert k.errno_of("open", k.ino("wb/outputs/d"), os.O_RDONLY, k.ctx) == errno.EISDIR
+    assert k.errno_of("opendir", k.ino("wb/outputs/f"), k.ctx) == errno.ENOTDIR
+    assert k.errno_of("lookup", k.ino("wb/outputs/f"), b"below", k.ctx) == errno.ENOTDIR
+    assert k.errno_of("create", outputs, b"f", 0o644, os.O_WRONLY | os.O_CREAT | os.O_EXCL, k.ctx) == errno.EEXIST
+    assert k.errno_of("mkdir", outputs, b"d", 0o755, k.ctx) == errno.EEXIST
+    k.put("wb/outputs/d/inside", b"y")
+    assert k.errno_of("rmdir", outputs, b"d", k.ctx) == errno.ENOTEMPTY
+
+
+# --- rename ------------------------------------------------------------------------------------
+
+
+def test_rename_rules(kernel):
+    k = kernel
+    outputs = k.ino("wb/outputs")
+    k.put("wb/outputs/a", b"A")
+    k.put("wb/outputs/b", b"B")
+    assert k.errno_of("rename", outputs, b"a", outputs, b"b", RENAME_NOREPLACE, k.ctx) == errno.EEXIST
+    assert k.errno_of("rename", outputs, b"a", outputs, b"b", RENAME_EXCHANGE, k.ctx) == errno.EINVAL
+    assert k.errno_of("rename", outputs, b"a", k.ino("other/outputs"), b"a", 0, k.ctx) == errno.EXDEV
+    k.mkdir("wb/outputs/dir")
+    k.put("wb/outputs/dir/f", b"F")
+    assert k.errno_of("rename", outputs, b"dir", outputs, b"moved", 0, k.ctx) == errno.EXDEV  # mv copies
+    k.call("rename", outputs, b"a", outputs, b"b", 0, k.ctx)
+    assert k.cat("wb/outputs/b") == b"A"
+    assert sorted(k.listdir("wb/outputs")) == ["b", "dir"]
+
+
+# --- writes: one spool per file, no conflict with itself -------------------------------------------
+
+
+def test_create_close_then_append_and_truncate(kernel):
+    """touch f; echo line >> f; truncate -s 10 f: the mount never conflicts with itself."""
+    k = kernel
+    fh = k.create("wb/outputs/lg")
+    k.close(fh)  # touch: published when released
+    fh = k.open("wb/outputs/lg", os.O_WRONLY | os.O_APPEND)
+    k.write(fh, b"line1\n", 0)
+    k.close(fh)
+    k.setattr("wb/outputs/lg", size=10)
+    assert k.cat("wb/outputs/lg") == b"line1\n\0\0\0\0"
+    assert k.stat("wb/outputs/lg").st_size == 10
+
+
+def test_two_descriptors_share_one_spool(kernel):
+    k = kernel
+    k.put("wb/outputs/shared", b"0" * 8)
+    one = k.open("wb/outputs/shared", os.O_RDWR)
+    two = k.open("wb/outputs/shared", os.O_RDWR)
+    k.write(one, b"AA", 0)
+    assert k.read(two) == b"AA000000"
+    k.write(two, b"BB", 6)
+    assert k.read(one) == b"AA0000BB"
+    k.close(one)
+    k.close(two)
+    with k.fs.tree.root.read() as view:
+        from nokvfs.workspace import listing, reading
+
+        entry = listing.stat(view, k.fs.tree.root, "wb", "outputs/shared").entry
+    assert reading.read(k.fs.tree.root, entry) == b"AA0000BB"
+
+
+def test_a_change_from_outside_is_ebusy_at_close_and_eexist_for_a_creation(kernel):
+    k = kernel
+    root = k.fs.tree.root
+    k.put("wb/outputs/c", b"v1")
+    fh = k.open("wb/outputs/c", os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, b"mine")
+    namespace.put(root, "wb", "outputs/c", b"theirs")
+    assert k.errno_of("flush", fh) == errno.EBUSY
+    k.call("release", fh)
+    fh = k.create("wb/outputs/new")
+    k.write(fh, b"mine")
+    namespace.put(root, "wb", "outputs/new", b"theirs")
+    assert k.errno_of("flush", fh) == errno.EEXIST
+    k.call("release", fh)
+
+
+def test_an_open_of_a_replaced_file_is_estale_so_the_kernel_looks_again(kernel):
+    k = kernel
+    k.put("wb/outputs/r", b"old")
+    ino = k.ino("wb/outputs/r")
+    namespace.put(k.fs.tree.root, "wb", "outputs/r", b"new")
+    assert k.errno_of("open", ino, os.O_RDONLY, k.ctx) == errno.ESTALE
+    assert k.ino("wb/outputs/r") != ino  # the retried lookup hands out the path's new inode
+    assert k.cat("wb/outputs/r") == b"new"
+
+
+# --- attributes and links --------------------------------------------------------------------------
+
+
+def test_chmod_chown_and_utime_are_stored_or_refused(kernel):
+    k = kernel
+    k.put("wb/outputs/f", b"x")
+    k.setattr("wb/outputs/f", mode=stat.S_IFREG | 0o750)
+    k.setattr("wb/outputs/f", uid=1234, gid=5678)
+    k.setattr("wb/outputs/f", mtime_ns=1_000_000_000_123, atime_ns=2_000_000_000_456)
+    st = k.stat("wb/outputs/f")
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_atime_ns) == (0o750, 1234, 5678, 1_000_000_000_123, 2_000_000_000_456)
+    assert k.errno_of("setattr", ROOT_INODE, pyfuse3.EntryAttributes(), Fields(update_mode=True), None, k.ctx) == errno.EPERM
+    assert k.errno_of("setattr", k.ino("wb"), pyfuse3.EntryAttributes(), Fields(update_mode=True), None, k.ctx) == errno.EPERM
+
+
+def test_extended_attributes_other_than_index_fields_are_not_stored(kernel):
+    k = kernel
+    k.put("wb/outputs/f", b"x")
+    ino = k.ino("wb/outputs/f")
+    assert k.errno_of("setxattr", ino, b"user.note", b"v", k.ctx) == errno.ENOTSUP
+    assert k.errno_of("removexattr", ino, b"user.note", k.ctx) == errno.ENOTSUP
+    assert k.errno_of("getxattr", ino, b"user.missing", k.ctx) == errno.ENODATA
+    assert k.call("listxattr", ino, k.ctx) == []
+
+
+def test_symlinks(kernel):
+    k = kernel
+    outputs = k.ino("wb/outputs")
+    k.call("symlink", outputs, b"latest", b"v3.csv", k.ctx)
+    assert k.call("readlink", k.ino("wb/outputs/latest"), k.ctx) == b"v3.csv"
+    assert stat.S_ISLNK(k.stat("wb/outputs/latest").st_mode)
+    assert k.errno_of("symlink", outputs, b"latest", b"other", k.ctx) == errno.EEXIST
+    assert k.errno_of("symlink", outputs, b"long", b"t" * 4096, k.ctx) == errno.ENAMETOOLONG
+    assert k.errno_of("readlink", outputs, k.ctx) == errno.EINVAL
+    assert "latest" in k.listdir("wb/outputs")
