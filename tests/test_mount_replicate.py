@@ -141,3 +141,22 @@ def test_a_bucket_that_cannot_be_reached_never_breaks_the_mount(tmp_path, aws_te
     assert "cannot open s3://nowhere/prefix yet" in log
     assert "replication to s3://nowhere/prefix never started" in log and "nokvfs shard push --to s3://nowhere/prefix" in log
     assert "unmounted" in log and "Traceback" not in log
+
+
+def test_with_sync_close_returns_only_once_the_bucket_holds_the_write(tmp_path, s3_bucket, s3_endpoint):
+    """`--replicate URL --sync`: an accepted write is never lost with the machine. Right after
+    close(2) returns, the bucket's head has reached the shard's LSN -- no waiting, no poll."""
+    url = f"s3://{s3_bucket}/synced"
+    # A long interval: only the close itself can have pushed what it wrote.
+    args = ("--replicate", url, "--replicate-endpoint-url", s3_endpoint, "--replicate-interval", "3600", "--sync")
+    with mounted(str(tmp_path), extra_args=args) as m:
+        for index in range(3):
+            write(m.path("wb", "outputs", f"synced-{index}.txt"), f"write {index}".encode())
+            status = replication_status(m.data_dir, url, s3_endpoint)
+            assert status["head_lsn"] is not None and status["head_lsn"] >= status["local_applied_lsn"], status
+        fd = os.open(m.path("wb", "outputs", "synced-fsync.txt"), os.O_WRONLY | os.O_CREAT)
+        os.write(fd, b"fsynced")
+        os.fsync(fd)
+        status = replication_status(m.data_dir, url, s3_endpoint)
+        assert status["head_lsn"] >= status["local_applied_lsn"], status
+        os.close(fd)

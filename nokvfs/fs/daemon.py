@@ -205,6 +205,7 @@ def add_mount_arguments(parser: argparse.ArgumentParser, *, debug_option: bool =
     parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
     parser.add_argument("--syscall-timeout", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_SYSCALL_TIMEOUT, help=f"longest a syscall on the mount waits for the store or a publication before it fails with EIO (default {DEFAULT_SYSCALL_TIMEOUT:g})")
     parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
+    parser.add_argument("--sync", action="store_true", help="with --replicate: close(2) and fsync(2) return only once the bucket holds the write (no accepted write is lost with the machine)")
     parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
     parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
     parser.add_argument("--follow", metavar="URL", default=None, help="mount the root a bucket (s3://bucket/prefix) holds, read-only, following its owner")
@@ -297,6 +298,9 @@ def mount(args) -> int:
     data_dir, mountpoint = split_mount_paths(args)
     args.debug = bool(getattr(args, "debug", False))
     setup_logging(args.debug)
+    if getattr(args, "sync", False) and not getattr(args, "replicate", None):
+        log.error("mount: --sync needs --replicate URL (the bucket a close waits for)")
+        return 2
     try:
         _preflight(data_dir, mountpoint, follow=bool(getattr(args, "follow", None)))
     except (RuntimeError, OSError, NokvError) as exc:
@@ -398,6 +402,7 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
             replicate_endpoint_url=getattr(args, "replicate_endpoint_url", None),
             replicate_interval=getattr(args, "replicate_interval", DEFAULT_REPLICATE_INTERVAL),
             syscall_timeout=getattr(args, "syscall_timeout", DEFAULT_SYSCALL_TIMEOUT),
+            sync=getattr(args, "sync", False),
             follow=getattr(args, "follow", None),
             follow_endpoint_url=_follow_endpoint(args),
             follow_interval=getattr(args, "follow_interval", DEFAULT_FOLLOW_INTERVAL),
@@ -415,7 +420,7 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
                 pass
 
 
-def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL, syscall_timeout=DEFAULT_SYSCALL_TIMEOUT, follow=None, follow_endpoint_url=None, follow_interval=DEFAULT_FOLLOW_INTERVAL, follow_lag_warning=DEFAULT_FOLLOW_LAG_WARNING) -> int:
+def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL, syscall_timeout=DEFAULT_SYSCALL_TIMEOUT, sync=False, follow=None, follow_endpoint_url=None, follow_interval=DEFAULT_FOLLOW_INTERVAL, follow_lag_warning=DEFAULT_FOLLOW_LAG_WARNING) -> int:
     """Open the root, mount it and serve until unmounted or signalled. Returns the exit code.
 
     With `replicate` (a bucket URL) the shard is replicated while mounted (nokvfs.fs.replication):
@@ -469,6 +474,8 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
         )
         if replication is not None:
             replication.on_fenced = lambda why: _turn_read_only(fs.tree, why)
+            if sync and hasattr(replication, "wait_shipped"):
+                fs.files.ship = replication.wait_shipped
         operations = Operations(fs)
         follower = ChangeFollower(root, fs.changes)
 

@@ -67,6 +67,10 @@ class Files:
         self.root = tree.root
         self.workers = tree.workers
         self._owner = owner or {"pid": os.getpid()}
+        # `--sync`: ship(lsn, timeout) blocks until the bucket holds the increment with that LSN
+        # (nokvfs.fs.replication.Replication.wait_shipped); None: a publication is done once it
+        # is durable on this machine.
+        self.ship = None
         self.publications = 0
         self.publication_failures = 0
 
@@ -229,6 +233,12 @@ class Files:
             if closing and spool.base is None and not spool.written:
                 return  # an empty new file is published at release (see the module docstring)
             await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why)
+        if self.ship is not None:
+            # --sync: close(2) returns once the increment holding the publication is in the
+            # bucket (an error here leaves it published on this machine, shipped later).
+            lsn = self.root.shard.recovery_tail.applied_lsn
+            timeout = self.workers.syscall_timeout
+            await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
 
     async def _publish_locked(self, node: Node, spool: Spool, why: str) -> None:
         tree = self.tree
