@@ -17,7 +17,9 @@ put   `put WB:PATH [SRC ...]`. One SRC: a file (or `-`/absent: stdin) is publish
 get   `get WB:PATH [DEST]` streams the body block by block to stdout, or to DEST through a temp
       file in DEST's directory and a rename (DEST an existing directory: DEST/<basename>). On
       stdout a failure after the first block leaves what was already written; the exit code
-      says so.
+      says so. `get -R WB:PATH DEST` writes every file below PATH (listed at one read version)
+      to DEST/<path below PATH>, each atomically, as `cp -r` does (DEST an existing directory:
+      DEST/<name of PATH>/...); the first failure stops it.
 ls    `ls` lists workbenches; `ls WB[:PATH]` the children of a directory (a file: itself);
       `-R` every file below, named by its path below PATH. Pages of at most 1000 entries at one
       read version, written as they arrive (JSON too: one array element per line; a JSON row
@@ -36,7 +38,6 @@ from dataclasses import dataclass
 
 from nokvfs.cli import render
 from nokvfs.cli.common import (
-    Progress,
     Target,
     UsageError,
     count_arg,
@@ -48,6 +49,7 @@ from nokvfs.cli.common import (
     stdout_binary,
     warn,
 )
+from nokvfs.cli.progress import BIG_BODY, Progress
 from nokvfs.errors import IsADirectory, NotFound
 from nokvfs.schema.paths import join, normalize_path
 
@@ -100,9 +102,12 @@ def _add_if_generation(parser, what: str) -> None:
 
 
 def _register_init(subparsers) -> None:
-    p = subparsers.add_parser("init", help="create a data directory (a shard, a root, the store configuration)")
-    p.add_argument("--store", dest="init_store", metavar="URL", help="object store: file:///abs/dir or s3://bucket/prefix (default: DATA/objects)")
-    p.add_argument("--endpoint-url", dest="init_endpoint_url", metavar="URL", help="S3-compatible endpoint for an s3:// store")
+    p = subparsers.add_parser(
+        "init",
+        help="create a data directory (a shard, a root, the store configuration)",
+        description="Create a data directory. The global --store names its object store (default: DATA_DIR/objects), "
+        "--endpoint-url an S3-compatible endpoint for an s3:// store.",
+    )
     p.add_argument("--region", metavar="REGION", help="signing region for an s3:// store")
     p.add_argument("--block-size", metavar="SIZE", type=_size_arg, help="artifact block size (default 4MiB; 4KiB..1GiB)")
     p.add_argument("--cache-size", metavar="SIZE", type=_size_arg, help="block cache bound (default 512MiB)")
@@ -124,15 +129,15 @@ def cmd_init(args) -> int:
         options["history_retention"] = args.history_retention
     config = datadir.init(
         args.data_dir,
-        store=args.init_store or args.store,
-        endpoint_url=args.init_endpoint_url or args.endpoint_url,
+        store=args.store,
+        endpoint_url=args.endpoint_url,
         region=args.region,
         **options,
     )
     if args.json:
         render.print_json(dict(config, data_dir=os.path.abspath(args.data_dir)))
     else:
-        print(f"initialised {os.path.abspath(args.data_dir)}: root {config['root_id']}, store {config['store']}, block size {config['block_size']}")
+        print(f"initialised {render.safe(os.path.abspath(args.data_dir))}: root {config['root_id']}, store {render.safe(config['store'])}, block size {config['block_size']}")
     return 0
 
 
@@ -191,7 +196,7 @@ def cmd_workbench_show(args) -> int:
     else:
         width = max(len(k) for k in fields)
         for key in sorted(fields):
-            print(f"{key + ':':<{width + 1}} {fields[key]}")
+            print(f"{key + ':':<{width + 1}} {render.safe(fields[key])}")
     return 0
 
 
@@ -214,7 +219,6 @@ def _register_put(subparsers) -> None:
     cond = p.add_mutually_exclusive_group()
     cond.add_argument("--if-absent", action="store_true", help="publish only if the path does not exist")
     cond.add_argument("--if-generation", metavar="N", type=_generation_arg, help="publish only if the path is at generation N (one file only)")
-    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     _add_json(p)
     p.set_defaults(func=cmd_put)
 
@@ -324,15 +328,23 @@ def cmd_put(args) -> int:
     return 0
 
 
+def _local_size(source: str) -> int | None:
+    """The byte count of a regular file to put; None for stdin and streams (known once spooled)."""
+    return os.stat(source).st_size if source != STDIN and is_regular_file(source) else None
+
+
 def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
     from nokvfs.workspace import body, namespace, publish
 
+    sizes = [_local_size(upload.source) for upload in plan]
+    label = f"put {plan[0].target}" if len(plan) == 1 else f"put {len(plan)} files"
+    progress = Progress.for_args(args, label, unit="files", quiet_below_bytes=BIG_BODY)
+    progress.set_totals(len(plan), None if None in sizes else sum(sizes))
     out = render.JsonArray() if args.json else contextlib.nullcontext()
-    with out:
+    with out, progress:  # the progress line ends before the array does
         for upload in plan:
             path = upload.target.path
             content_type = args.content_type or guess_content_type(path) or publish.DEFAULT_CONTENT_TYPE
-            progress = Progress.for_args(args, str(upload.target))
             with contextlib.ExitStack() as stack:
                 if upload.source == STDIN:
                     source = stdin_binary()
@@ -340,7 +352,6 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                     source = body.from_file(upload.source, root.block_size)
                 else:  # a pipe, a fifo, a character device: read as a stream
                     source = stack.enter_context(open(upload.source, "rb"))
-                stack.callback(progress.finish)
                 entry = namespace.put(
                     root,
                     upload.target.workbench_id,
@@ -350,22 +361,25 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                     content_type=content_type,
                     producer=args.producer,
                     index_fields=args.index_fields,
-                    progress=progress,
+                    progress=progress.body_callback(),
                 )
-            if args.json:
-                out.add(render.write_json(upload.target.workbench_id, path, entry))
-            else:
-                print(render.write_result("put", upload.target.workbench_id, path, entry), flush=True)
+            progress.advance(1)
+            with progress.paused():
+                if args.json:
+                    out.add(render.write_json(upload.target.workbench_id, path, entry))
+                else:
+                    print(render.write_result("put", upload.target.workbench_id, path, entry))
 
 
 # --- get ------------------------------------------------------------------------------------
 
 
 def _register_get(subparsers) -> None:
-    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file")
+    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file; -R: a directory's files")
     p.add_argument("source", metavar="WB:PATH")
-    p.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default)")
-    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+    p.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default); with -R a local directory")
+    p.add_argument("-R", "-r", dest="recursive", action="store_true",
+                   help="every file below PATH, written to DEST/<path below PATH> (DEST an existing directory: DEST/<name of PATH>/...)")
     p.set_defaults(func=cmd_get)
 
 
@@ -417,26 +431,64 @@ def write_atomically(dest: str, chunks) -> None:
         os.close(dirfd)
 
 
+def deliver(dest: str | None, name: str, chunks) -> None:
+    """A body to stdout (DEST absent or '-') or atomically to a local file (DEST an existing
+    directory: DEST/name)."""
+    if dest in (None, STDIN):
+        out = stdout_binary()
+        for chunk in chunks:
+            out.write(chunk)
+        out.flush()
+        return
+    if os.path.isdir(dest):
+        dest = os.path.join(dest, name)
+    write_atomically(dest, chunks)
+
+
 def cmd_get(args) -> int:
-    target = parse_target(args.source)
+    target = parse_target(args.source, allow_root=args.recursive)
     with open_root(args, write=False) as root:
+        if args.recursive:
+            return _get_tree(root, args, target)
         with root.read() as view:
             entry = _file_entry(view, root, target)
-        progress = Progress.for_args(args, str(target))
-        try:
-            chunks = _body_chunks(root, entry, progress)
-            if args.dest in (None, STDIN):
-                out = stdout_binary()
-                for chunk in chunks:
-                    out.write(chunk)
-                out.flush()
-            else:
-                dest = args.dest
-                if os.path.isdir(dest):
-                    dest = os.path.join(dest, target.components[-1])
-                write_atomically(dest, chunks)
-        finally:
-            progress.finish()
+        progress = Progress.for_args(args, f"get {target}", unit="files", quiet_below_bytes=BIG_BODY)
+        progress.set_totals(1, entry.logical_size)
+        with progress:
+            deliver(args.dest, target.components[-1], _body_chunks(root, entry, progress.body_callback()))
+            progress.advance(1)
+    return 0
+
+
+def _get_tree(root, args, target: Target) -> int:
+    """`get -R`: every file below the target, each written atomically below DEST (like cp -r)."""
+    from nokvfs.workspace import listing
+
+    if args.dest in (None, STDIN):
+        raise UsageError("get -R writes files: give a local directory as DEST")
+    dest = args.dest
+    if os.path.isdir(dest):
+        dest = os.path.join(dest, target.components[-1] if target.components else target.workbench_id)
+    files = []  # (components below the target, entry): listed at one read version, then read
+    with root.read() as view:
+        info = listing.stat(view, root, target.workbench_id, target.path)
+        if info.kind == listing.FILE:
+            files.append(((), info.entry))
+        cursor = None
+        while info.kind != listing.FILE:
+            page = listing.list_recursive(view, root, target.workbench_id, target.path, cursor=cursor, limit=PAGE_LIMIT)
+            files += [(normalize_path(child.name), child.entry) for child in page.children]
+            cursor = page.cursor
+            if cursor is None:
+                break
+    progress = Progress.for_args(args, f"get {target}", unit="files", quiet_below_bytes=BIG_BODY)
+    progress.set_totals(len(files), sum(entry.logical_size for _, entry in files))
+    with progress:
+        for below, entry in files:
+            local = os.path.join(dest, *below)
+            os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+            write_atomically(local, _body_chunks(root, entry, progress.body_callback()))
+            progress.advance(1)
     return 0
 
 
@@ -475,7 +527,7 @@ class _Listing:
             self.json.add(render.listing_json(name, path, kind, entry))
             return
         shown = name + "/" if kind == listing.DIRECTORY else name
-        print(render.long_line(shown, kind, entry) if self.long else shown)
+        print(render.long_line(shown, kind, entry) if self.long else render.safe(shown))
 
 
 def cmd_ls(args) -> int:
@@ -602,7 +654,7 @@ def cmd_mv(args) -> int:
     if args.json:
         render.print_json(dict(render.write_json(dest.workbench_id, dest.path, entry), source=source.path))
     else:
-        print(f"mv {source} -> {dest} generation={entry.generation} revision={entry.artifact_revision_id.hex()} size={entry.logical_size}")
+        print(f"mv {render.safe(source)} -> {render.safe(dest)} generation={entry.generation} revision={entry.artifact_revision_id.hex()} size={entry.logical_size}")
     return 0
 
 

@@ -9,7 +9,7 @@
     nokvfs commit-retire WB COMMIT [--json]
     nokvfs restore WB --from snapshot:ID|snapshot:ALIAS|commit:PREFIX|tag:NAME --to NEW_WB [--json]
     nokvfs as-of REF ls [PATH] [-l] [-R] [--json]
-    nokvfs as-of REF get PATH [DEST] [--progress]
+    nokvfs as-of REF get PATH [DEST]
     nokvfs as-of REF stat [PATH] [--json]
 
 References. A commit operand (COMMIT, `--parent`) is a lowercase hex prefix of a commit id of the
@@ -46,24 +46,21 @@ as-of    ls / get / stat of WB as of the reference, formatted exactly like the l
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 
 from nokvfs.cli import render
 from nokvfs.cli.commands import (
     PAGE_LIMIT,
-    STDIN,
     _generation_arg,
     _Listing,
-    write_atomically,
+    deliver,
 )
 from nokvfs.cli.common import (
-    Progress,
     UsageError,
     open_root,
     parse_target,
-    stdout_binary,
 )
+from nokvfs.cli.progress import BIG_BODY, Progress, sampled
 from nokvfs.errors import IntegrityError, IsADirectory, NotFound
 from nokvfs.schema.names import check_tag_name, check_workbench_id
 
@@ -210,7 +207,7 @@ def cmd_commit(args) -> int:
     else:
         line = f"commit {result.hex} tree={result.tree_digest_uri} workbench={result.workbench_id} members={result.member_count} head_generation={result.head_generation}"
         if tags:
-            line += " tags=" + ",".join(t.name for t in tags)
+            line += " tags=" + ",".join(render.safe(t.name) for t in tags)
         print(line)
     return 0
 
@@ -255,7 +252,7 @@ def _log_json(info, tags: list[str], is_head: bool) -> dict:
 def _log_line(info, tags: list[str]) -> str:
     c = info.commit
     when = render.iso_ms(c.committed_at_unix_seconds * 1000, seconds=True)
-    return f"{info.hex}  {when}  members={c.member_count}  producer={c.producer or '-'}  tags={','.join(tags) or '-'}"
+    return f"{info.hex}  {when}  members={c.member_count}  producer={render.safe(c.producer or '-')}  tags={','.join(map(render.safe, tags)) or '-'}"
 
 
 def cmd_log(args) -> int:
@@ -312,7 +309,7 @@ def cmd_tag_set(args) -> int:
     if args.json:
         render.print_json(_tag_json(info))
     else:
-        print(f"tag {info.name} -> {info.commit_id.hex()} generation={info.generation}")
+        print(f"tag {render.safe(info.name)} -> {info.commit_id.hex()} generation={info.generation}")
     return 0
 
 
@@ -324,7 +321,7 @@ def cmd_tag_delete(args) -> int:
     if args.json:
         render.print_json(_tag_json(info))
     else:
-        print(f"deleted tag {info.name} (was {info.commit_id.hex()} generation={info.generation})")
+        print(f"deleted tag {render.safe(info.name)} (was {info.commit_id.hex()} generation={info.generation})")
     return 0
 
 
@@ -337,7 +334,7 @@ def cmd_tag_list(args) -> int:
         render.print_json([_tag_json(t) for t in tags])
     else:
         for t in tags:
-            print(f"{t.commit_id.hex()}  generation={t.generation:<4} {t.name}")
+            print(f"{t.commit_id.hex()}  generation={t.generation:<4} {render.safe(t.name)}")
     return 0
 
 
@@ -434,7 +431,8 @@ def cmd_restore(args) -> int:
     check_workbench_id(args.workbench)
     check_workbench_id(args.dest)
     kind, selector = _split_kind(args.source, "--from")
-    with open_root(args, write=True) as root:
+    progress = Progress.for_args(args, f"restore {args.dest}", unit="members")
+    with open_root(args, write=True) as root, progress:
         if kind == "snapshot":
             source = ("snapshot", _snapshot_selector(selector))
         elif kind == "commit":
@@ -442,7 +440,9 @@ def cmd_restore(args) -> int:
         else:
             (commit_id,) = resolve_commits(root, args.workbench, [args.source])
             source = ("commit", commit_id)
-        result = restore.restore(root, args.workbench, source, args.dest)
+        with sampled(progress, lambda: _restore_figures(root, args.dest)):
+            result = restore.restore(root, args.workbench, source, args.dest)
+        progress.finish(f"restored {result.member_count:,} members")
     kind_name = result.source_kind.name.lower()
     shown = int.from_bytes(result.source_selector, "big") if kind_name == "snapshot" else result.source_selector.hex()
     if args.json:
@@ -463,6 +463,28 @@ def cmd_restore(args) -> int:
     return 0
 
 
+def _restore_figures(root, destination: str):
+    """Progress figures of the restore creating `destination`, read from its operation row:
+    (phase, members copied, members of the source when it is a commit)."""
+    from nokvfs.schema.enums import OperationKind, RestoreSourceKind
+    from nokvfs.workspace import restore
+    from nokvfs.workspace import workbench as wb
+    from nokvfs.workspace.consumers import read_commit
+
+    with root.read() as view:
+        _, marker = wb.read_current(view, root.root_id, destination)
+    owner = None if marker is None else marker.owning_operation
+    if owner is None or owner.operation_kind != OperationKind.Restore:
+        return None
+    op = restore.operation(root, owner.operation_id)
+    total = None
+    if op.source_kind == RestoreSourceKind.Commit:
+        with root.read() as view:
+            _, commit = read_commit(view, root.root_id, bytes(op.source_selector))
+        total = None if commit is None else commit.member_count
+    return op.phase.name, op.member_count, total, None, None
+
+
 # --- as-of ----------------------------------------------------------------------------------
 
 
@@ -479,7 +501,6 @@ def _register_as_of(subparsers) -> None:
     get = verbs.add_parser("get", help="write a file's bytes as of REF to stdout or a local file")
     get.add_argument("path", metavar="PATH")
     get.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default)")
-    get.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     get.set_defaults(func=cmd_as_of_get)
     stat = verbs.add_parser("stat", help="a path's entry as of REF")
     stat.add_argument("path", metavar="PATH", nargs="?", default="")
@@ -620,20 +641,10 @@ def cmd_as_of_get(args) -> int:
         info = _stat(tree, ref, target)
         if info.kind != listing.FILE:
             raise IsADirectory(f"{shown} is a directory")
-        progress = Progress.for_args(args, shown)
-        try:
-            chunks = _body_chunks(root, view, info.entry, progress)
-            if args.dest in (None, STDIN):
-                out = stdout_binary()
-                for chunk in chunks:
-                    out.write(chunk)
-                out.flush()
-            else:
-                dest = args.dest
-                if os.path.isdir(dest):
-                    dest = os.path.join(dest, target.components[-1])
-                write_atomically(dest, chunks)
-        finally:
-            progress.finish()
+        progress = Progress.for_args(args, f"get {shown}", unit="files", quiet_below_bytes=BIG_BODY)
+        progress.set_totals(1, info.entry.logical_size)
+        with progress:
+            deliver(args.dest, target.components[-1], _body_chunks(root, view, info.entry, progress.body_callback()))
+            progress.advance(1)
     return 0
 
