@@ -31,6 +31,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.engine.records import (
     CommandRecord,
     HistoryPruneRecord,
@@ -74,7 +75,7 @@ def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | s
     if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise AlreadyExists(f"{target} exists and is not an empty directory: restore needs a fresh one")
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
+    filemodes.makedirs(parent)
     for attempt in range(MAX_RESTARTS + 1):
         manifest, _ = bucket.read()
         if manifest is None:

@@ -14,6 +14,7 @@ import hashlib
 import os
 import tempfile
 
+from nokvfs import filemodes
 from nokvfs.errors import IsADirectory, NotFound, StoreError, StoreFull
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
@@ -92,7 +93,7 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
 
 def _rematerialised_body(root, base: PathEntry, delta: bodies.Body) -> bodies.Body:
     """The complete base body plus the delta in one spool file, owned by the new revision."""
-    os.makedirs(root.spool_dir, exist_ok=True)
+    filemodes.makedirs(root.spool_dir)
     fd, path = tempfile.mkstemp(prefix="rematerialise-", dir=root.spool_dir)
     try:
         with os.fdopen(fd, "wb") as out:

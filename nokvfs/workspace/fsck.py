@@ -31,6 +31,10 @@ Checks:
   CONSUMER_COUNT                  a commit's consumer_count differs from its CommitConsumer rows
   BLOCK_MISSING / BLOCK_CORRUPT   a manifest object is absent, the wrong size or the wrong SHA-256
   ORPHAN_OBJECT                   a stored object no manifest and no ledger owns
+  WIDE_MODE                       a directory or file of the data directory that others may
+                                  access (a group or other mode bit; nokvfs creates them 0700 and
+                                  0600): one finding per area (the directory itself, shard,
+                                  objects, cache, spool, run, ...); `repair` clears those bits
 
 Progress: `check(progress=...)` calls `progress(stage, done, total, done_bytes, total_bytes)` as
 it goes: "metadata" (checks done of those to do), "blocks" (objects and bytes read of those the
@@ -40,9 +44,11 @@ manifests name), "store listing" (objects listed).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from nokvfs import filemodes
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, StoreError
 from nokvfs.objects.keys import parse_artifact_block_key
@@ -96,6 +102,7 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False, progress=No
     metadata_checks = 9
     step("metadata", 0, metadata_checks, None, None)
     _engine(root, report)
+    _modes(root, report, repair=repair)
     step("metadata", 1, metadata_checks, None, None)
     with root.read() as view:
         revisions = _revisions(view, root, report)
@@ -129,6 +136,15 @@ def _engine(root, report: FsckReport) -> None:
         code = "OUTBOX_CHAIN" if "outbox" in str(exc).lower() else "STATE_DIGEST"
         report.add(code, "shard", str(exc))
     report.checked["shard"] += 1
+
+
+def _modes(root, report: FsckReport, *, repair: bool) -> None:
+    """The data directory is private: nothing in it may be open to group or others."""
+    for wide in filemodes.audit(root.data_dir):
+        report.add("WIDE_MODE", wide.area, wide.describe(root.data_dir))
+        if repair:
+            report.repaired += [os.path.relpath(path, root.data_dir) for path in filemodes.narrow(wide)]
+    report.checked["data directory"] += 1
 
 
 def _revisions(view, root, report) -> dict:
