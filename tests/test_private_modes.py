@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
 
 from nokvfs.cli.main import main
 from nokvfs.filemodes import DIR_MODE, FILE_MODE
+from tests.mount_fixtures import REPO, env, init_data_dir, needs_fuse, unmount
 
 
 def modes(top: str) -> dict[str, int]:
@@ -70,6 +72,36 @@ def test_a_replicated_shard_restores_private(tmp_path, open_umask, s3_endpoint, 
     fresh = tmp_path / "fresh"
     assert main(["shard", "restore", "--from", url, str(fresh / "shard"), "--endpoint-url", s3_endpoint]) == 0
     assert_private(str(fresh))
+
+
+@needs_fuse
+def test_a_mount_keeps_its_spools_sidecars_log_and_pid_file_private(tmp_path, open_umask):
+    """The mount's own files -- a write's spool and its sidecar, the daemon's log and pid file,
+    the operation locks of its publications -- are as private as the rest, whatever the umask."""
+    data, mnt = str(tmp_path / "data"), str(tmp_path / "mnt")
+    os.makedirs(mnt)
+    init_data_dir(data)
+
+    def nokvfs(*argv):
+        done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    try:
+        nokvfs("mount", data, mnt)  # daemonised: its log and pid file go under run/
+        with open(os.path.join(mnt, "wb", "outputs", "f"), "wb") as f:
+            f.write(b"x" * 100)
+            f.flush()
+            found = assert_private(data)  # the open file's spool and sidecar, the pid file
+            names = [os.path.basename(p) for p in found]
+            assert any(n.endswith(".spool") for n in names) and any(n.endswith(".spool.json") for n in names), names
+            assert any(n.startswith("mount-") and n.endswith(".json") for n in names), names
+        assert_private(data)  # published: the operation lock's directory
+        nokvfs("umount", mnt, "--data-dir", data)
+    finally:
+        unmount(mnt)
+    found = assert_private(data)
+    assert any(p.endswith(".log") for p in found) and os.path.isdir(os.path.join(data, "run", "ops"))
 
 
 pytest_plugins = ["tests.s3_fixtures"]

@@ -59,8 +59,6 @@ class Root:
         self.spool_dir = os.path.join(data_dir, "spool")
         filemodes.makedirs(self.run_dir)
         filemodes.makedirs(self.spool_dir)
-        # publish.OperationLock's directory, made private here before its own makedirs finds it.
-        filemodes.makedirs(os.path.join(self.run_dir, "ops"))
         self.manifests = ManifestCache()
         # Threads of one process build and apply one command at a time: LMDB serializes writers
         # anyway, and otherwise they would only keep making each other's built commands stale.
