@@ -111,3 +111,21 @@ def test_labels_history_and_errors_are_escaped(cli):
     assert code == 3 and out == "" and terminal_safe(err) and err.count("\n") == 1
     code, _, err = cli("put", "wb:outputs/x\x1b[2J/../y", stdin=b"y")
     assert code == 2 and terminal_safe(err) and err.count("\n") == 1
+
+
+def test_link_targets_and_attribute_lines_are_escaped_and_json_keeps_them(cli):
+    target = "../x\x1b[2J\u202etxt.exe"
+    name = "outputs/l\x1b[31m"
+    code, out, err = cli("ln", "-s", target, f"wb:{name}")
+    assert code == 0, err
+    assert terminal_safe(out) and out.rstrip("\n").endswith(f" -> {safe(target)}") and out.count("\n") == 1
+    code, out, _ = cli("readlink", f"wb:{name}")
+    assert (code, out) == (0, safe(target) + "\n") and unescape(out[:-1]) == target
+    code, out, _ = cli("ls", "-l", "wb:outputs")
+    assert code == 0 and terminal_safe(out) and out.rstrip("\n").endswith(f"{safe('l' + chr(27) + '[31m')} -> {safe(target)}")
+    code, out, _ = cli("stat", f"wb:{name}")
+    assert code == 0 and terminal_safe(out) and safe(target) in out
+    assert json.loads(cli("stat", "--json", f"wb:{name}")[1])["link_target"] == target
+    assert json.loads(cli("ls", "--json", "wb:outputs")[1])[0]["link_target"] == target
+    code, out, _ = cli("chmod", "700", f"wb:{name}")
+    assert code == 0 and terminal_safe(out) and safe(name) in out
