@@ -21,7 +21,6 @@ put   `put WB:PATH [SRC ...]`. One SRC: a file (or `-`/absent: stdin) is publish
       `--content-type` is given. A put from stdin over a path with stored attributes keeps its
       mode and owner (mtime now), as `cat > file` does.
 get   `get WB:PATH [DEST]` streams the body block by block to stdout, or to DEST through a temp
-get   `get WB:PATH [DEST]` streams the body block by block to stdout, or to DEST through a temp
       file in DEST's directory and a rename (DEST an existing directory: DEST/<basename>); the
       stored mode and times are set on it (`--no-preserve`: not; `--owner`, as root: the owner
       too; a path with none stored keeps DEST's mode, or the umask's). `get -r WB:PATH DEST`
@@ -373,6 +372,8 @@ def _carried_attributes(root, args, target: Target):
         return None
     now = attributes.now_ns()
     return stored.replace(mtime_ns=now, ctime_ns=now)
+
+
 def _local_size(upload) -> int | None:
     """The bytes a put reads for one file: a regular file's size, none for a stored link; None
     for stdin and streams (known once spooled)."""

@@ -7,7 +7,6 @@ every metadata command is then validated against that fence at the commit bounda
 
 from __future__ import annotations
 
-import os
 
 import lmdb
 
