@@ -72,8 +72,6 @@ def test_gc_frees_and_fsck_exit_codes(data, capsys, tmp_path):
     assert run(capsys, "fsck")[0] == 0
     # An orphan object makes fsck exit 5; --repair removes it and the next run is clean.
     config = json.loads((data / "nokvfs.json").read_text())
-    orphan = data / "objects" / "nokv" / "artifacts" / config["logical_shard_id"] / config["root_id"] / ("ab" * 16) / "blocks"
-    orphan.mkdir(parents=True)
     from nokvfs.objects.store import open_store
 
     with open_store(config["store"]) as store:

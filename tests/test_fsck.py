@@ -274,3 +274,33 @@ def test_outbox_chain(root):
     report = fsck.check(root)
     assert codes(report) == ["OUTBOX_CHAIN"]
     assert "SHA-256" in report.findings[0].detail
+
+
+def test_wide_mode_is_reported_per_area_and_repair_narrows_it(root):
+    import os
+    import stat
+
+    top = root.data_dir
+    os.chmod(top, 0o755)
+    os.chmod(os.path.join(top, "shard", "data.mdb"), 0o644)
+    os.chmod(os.path.join(top, "nokvfs.json"), 0o604)
+    blocks = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(top, "objects")) for f in files if d.endswith("blocks")]
+    for path in blocks:
+        os.chmod(path, 0o640)
+    os.chmod(os.path.dirname(blocks[0]), 0o711)
+    os.symlink("/etc/passwd", os.path.join(top, "run", "link"))  # not followed, not changed
+    report = fsck.check(root, verify_blocks=False)
+    wide = {f.subject: f.detail for f in report.findings if f.code == "WIDE_MODE"}
+    assert codes(report) == ["WIDE_MODE"]
+    assert set(wide) == {".", "shard", "nokvfs.json", "objects"}
+    assert wide["objects"].startswith(f"1 directory wider than 0700 (e.g. ") and f"{len(blocks)} files wider than 0600" in wide["objects"]
+    assert wide["shard"] == "1 file wider than 0600 (e.g. shard/data.mdb: 0644)"
+    assert wide["."] == "1 directory wider than 0700 (e.g. .: 0755)"
+    before = os.stat("/etc/passwd").st_mode
+    report = fsck.check(root, verify_blocks=False, repair=True)
+    assert len(report.repaired) == len(blocks) + 4
+    assert os.stat("/etc/passwd").st_mode == before
+    assert stat.S_IMODE(os.stat(blocks[0]).st_mode) == 0o600 and stat.S_IMODE(os.stat(top).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(top, "nokvfs.json")).st_mode) == 0o600
+    os.unlink(os.path.join(top, "run", "link"))
+    assert fsck.check(root).ok

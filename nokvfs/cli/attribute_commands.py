@@ -9,7 +9,7 @@ ln -s     stores a symbolic link: an artifact whose body is TARGET (never resolv
           A PATH that is a directory or ends in '/' gets the link at PATH/<basename of TARGET>, as
           ln does. An existing path is a conflict (exit 4) unless -f replaces it. Hard links are
           not stored (exit 2).
-readlink  prints a link's target.
+readlink  prints a link's target (escaped as all human output is: nokvfs.cli.render.safe).
 chmod     sets the permission bits (octal, 0..7777) of a file, link or directory: one
           metadata-only command (no upload, no new revision, the generation kept); a directory's
           attributes live on its marker, created the first time.
@@ -116,7 +116,7 @@ def cmd_ln(args) -> int:
     if args.json:
         render.print_json(dict(render.write_json(dest.workbench_id, dest.path, entry), link_target=args.target))
     else:
-        print(f"{render.write_result('ln', dest.workbench_id, dest.path, entry)} -> {args.target}")
+        print(f"{render.write_result('ln', dest.workbench_id, dest.path, entry)} -> {render.safe(args.target)}")
     return 0
 
 
@@ -129,7 +129,7 @@ def cmd_readlink(args) -> int:
             info = listing.stat(view, root, target.workbench_id, target.path)
         if info.entry is None:
             raise IsADirectory(f"{target} is a directory, not a link")
-        print(namespace.read_link(root, info.entry))
+        print(render.safe(namespace.read_link(root, info.entry)))
     return 0
 
 
@@ -151,6 +151,6 @@ def cmd_setattr(args) -> int:
     if args.json:
         render.print_json(dict(render.attributes_json(shown, stored=True, kind=kind), workbench=target.workbench_id, path=target.path, kind=kind))
     else:
-        print(f"{args.command} {target} {render.mode_text(kind, shown.mode)} owner={render.owner_text(shown)} "
+        print(f"{args.command} {render.safe(target)} {render.mode_text(kind, shown.mode)} owner={render.owner_text(shown)} "
               f"mtime={render.iso_ms(shown.mtime_ns // 1_000_000)}")
     return 0

@@ -24,9 +24,10 @@ get   `get WB:PATH [DEST]` streams the body block by block to stdout, or to DEST
       file in DEST's directory and a rename (DEST an existing directory: DEST/<basename>); the
       stored mode and times are set on it (`--no-preserve`: not; `--owner`, as root: the owner
       too; a path with none stored keeps DEST's mode, or the umask's). `get -r WB:PATH DEST`
-      writes every file below PATH at DEST/<path below PATH> (DEST created if missing; nothing
-      is written through a symlink below DEST), then the stored directory attributes, deepest
-      first. A link is recreated with `-l` (refused without it; skipped with a warning by -r).
+      (`-R` is the same) writes every file below PATH, listed at one read version, at
+      DEST/<path below PATH> (DEST created if missing; nothing is written through a symlink
+      below DEST), then the stored directory attributes, deepest first; the first failure stops
+      it. A link is recreated with `-l` (refused without it; skipped with a warning by -r).
       On stdout a failure after the first block leaves what was already written; the exit code
       says so.
 ls    `ls` lists workbenches; `ls WB[:PATH]` the children of a directory (a file: itself);
@@ -48,7 +49,6 @@ from dataclasses import dataclass
 
 from nokvfs.cli import local_files, render, trees
 from nokvfs.cli.common import (
-    Progress,
     Target,
     UsageError,
     count_arg,
@@ -60,6 +60,7 @@ from nokvfs.cli.common import (
     stdout_binary,
     warn,
 )
+from nokvfs.cli.progress import BIG_BODY, Progress
 from nokvfs.errors import InvalidInput, IsADirectory, NotFound
 from nokvfs.schema.paths import join, normalize_path
 
@@ -112,9 +113,12 @@ def _add_if_generation(parser, what: str) -> None:
 
 
 def _register_init(subparsers) -> None:
-    p = subparsers.add_parser("init", help="create a data directory (a shard, a root, the store configuration)")
-    p.add_argument("--store", dest="init_store", metavar="URL", help="object store: file:///abs/dir or s3://bucket/prefix (default: DATA/objects)")
-    p.add_argument("--endpoint-url", dest="init_endpoint_url", metavar="URL", help="S3-compatible endpoint for an s3:// store")
+    p = subparsers.add_parser(
+        "init",
+        help="create a data directory (a shard, a root, the store configuration)",
+        description="Create a data directory. The global --store names its object store (default: DATA_DIR/objects), "
+        "--endpoint-url an S3-compatible endpoint for an s3:// store.",
+    )
     p.add_argument("--region", metavar="REGION", help="signing region for an s3:// store")
     p.add_argument("--block-size", metavar="SIZE", type=_size_arg, help="artifact block size (default 4MiB; 4KiB..1GiB)")
     p.add_argument("--cache-size", metavar="SIZE", type=_size_arg, help="block cache bound (default 512MiB)")
@@ -136,15 +140,15 @@ def cmd_init(args) -> int:
         options["history_retention"] = args.history_retention
     config = datadir.init(
         args.data_dir,
-        store=args.init_store or args.store,
-        endpoint_url=args.init_endpoint_url or args.endpoint_url,
+        store=args.store,
+        endpoint_url=args.endpoint_url,
         region=args.region,
         **options,
     )
     if args.json:
         render.print_json(dict(config, data_dir=os.path.abspath(args.data_dir)))
     else:
-        print(f"initialised {os.path.abspath(args.data_dir)}: root {config['root_id']}, store {config['store']}, block size {config['block_size']}")
+        print(f"initialised {render.safe(os.path.abspath(args.data_dir))}: root {config['root_id']}, store {render.safe(config['store'])}, block size {config['block_size']}")
     return 0
 
 
@@ -203,7 +207,7 @@ def cmd_workbench_show(args) -> int:
     else:
         width = max(len(k) for k in fields)
         for key in sorted(fields):
-            print(f"{key + ':':<{width + 1}} {fields[key]}")
+            print(f"{key + ':':<{width + 1}} {render.safe(fields[key])}")
     return 0
 
 
@@ -226,7 +230,6 @@ def _register_put(subparsers) -> None:
     cond = p.add_mutually_exclusive_group()
     cond.add_argument("--if-absent", action="store_true", help="publish only if the path does not exist")
     cond.add_argument("--if-generation", metavar="N", type=_generation_arg, help="publish only if the path is at generation N (one file only)")
-    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     p.add_argument("--no-preserve", dest="preserve", action="store_false",
                    help="do not keep local files' and directories' mode and times (kept by default, like cp -p)")
     p.add_argument("--owner", action="store_true", help="keep the owner (uid, gid) too")
@@ -371,21 +374,36 @@ def _carried_attributes(root, args, target: Target):
     return stored.replace(mtime_ns=now, ctime_ns=now)
 
 
+def _local_size(upload) -> int | None:
+    """The bytes a put reads for one file: a regular file's size, none for a stored link; None
+    for stdin and streams (known once spooled)."""
+    if upload.kind == local_files.LINK:
+        return 0
+    source = upload.source
+    return os.stat(source).st_size if source != STDIN and is_regular_file(source) else None
+
+
 def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
     from nokvfs.workspace import body, namespace, publish
 
+    files = [upload for upload in plan if upload.kind != local_files.DIRECTORY]  # what the progress counts
+    sizes = [_local_size(upload) for upload in files]
+    label = f"put {files[0].target}" if len(files) == 1 else f"put {len(files)} files"
+    progress = Progress.for_args(args, label, unit="files", quiet_below_bytes=BIG_BODY)
+    progress.set_totals(len(files), None if None in sizes else sum(sizes))
     out = render.JsonArray() if args.json else contextlib.nullcontext()
-    with out:
+    with out, progress:  # the progress line ends before the array does
         for upload in plan:
             path = upload.target.path
             if upload.kind == local_files.DIRECTORY:
                 kept = _local_attributes(args, upload.source)
                 namespace.set_directory_attributes(root, upload.target.workbench_id, path, mode=kept.mode, uid=kept.uid,
                                                    gid=kept.gid, mtime_ns=kept.mtime_ns, atime_ns=kept.atime_ns)
-                if args.json:
-                    out.add(dict(render.attributes_json(kept, stored=True, kind="dir"), workbench=upload.target.workbench_id, path=path, kind="dir"))
-                else:
-                    print(f"put {upload.target}/ directory mode={kept.mode:04o}", flush=True)
+                with progress.paused():
+                    if args.json:
+                        out.add(dict(render.attributes_json(kept, stored=True, kind="dir"), workbench=upload.target.workbench_id, path=path, kind="dir"))
+                    else:
+                        print(f"put {render.safe(upload.target)}/ directory mode={kept.mode:04o}")
                 continue
             link_target = None
             if upload.kind == local_files.LINK:
@@ -394,7 +412,6 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                                           attributes=_local_attributes(args, upload.source, follow=False), expected_generation=expected)
             else:
                 content_type = args.content_type or guess_content_type(path) or publish.DEFAULT_CONTENT_TYPE
-                progress = Progress.for_args(args, str(upload.target))
                 with contextlib.ExitStack() as stack:
                     kept = None
                     if upload.source == STDIN:
@@ -405,7 +422,6 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                         source = body.from_file(upload.source, root.block_size)
                     else:  # a pipe, a fifo, a character device: read as a stream
                         source = stack.enter_context(open(upload.source, "rb"))
-                    stack.callback(progress.finish)
                     entry = namespace.put(
                         root,
                         upload.target.workbench_id,
@@ -415,21 +431,23 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
                         content_type=content_type,
                         producer=args.producer,
                         index_fields=args.index_fields,
-                        progress=progress,
+                        progress=progress.body_callback(),
                         attributes=kept,
                     )
-            if args.json:
-                out.add(dict(render.write_json(upload.target.workbench_id, path, entry), **({"link_target": link_target} if link_target else {})))
-            else:
-                line = render.write_result("put", upload.target.workbench_id, path, entry)
-                print(line if link_target is None else f"{line} -> {link_target}", flush=True)
+            progress.advance(1)
+            with progress.paused():
+                if args.json:
+                    out.add(dict(render.write_json(upload.target.workbench_id, path, entry), **({"link_target": link_target} if link_target else {})))
+                else:
+                    line = render.write_result("put", upload.target.workbench_id, path, entry)
+                    print(line if link_target is None else f"{line} -> {render.safe(link_target)}")
 
 
 # --- get ------------------------------------------------------------------------------------
 
 
 def _register_get(subparsers) -> None:
-    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file, or a tree into a directory")
+    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file, or a tree into a directory (-r)")
     p.add_argument("source", metavar="WB:PATH")
     p.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default); with -r a directory")
     add_get_options(p)
@@ -438,8 +456,8 @@ def _register_get(subparsers) -> None:
 
 def add_get_options(p) -> None:
     """The options get and `as-of REF get` share."""
-    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
-    p.add_argument("-r", "--recursive", action="store_true", help="write every file below PATH into the directory DEST (created if missing)")
+    p.add_argument("-r", "-R", "--recursive", dest="recursive", action="store_true",
+                   help="write every file below PATH into the directory DEST (created if missing)")
     p.add_argument("--no-preserve", dest="preserve", action="store_false", help="do not restore stored modes and times (restored by default)")
     p.add_argument("--owner", action="store_true", help="restore stored owners too (needs root)")
     p.add_argument("-l", "--links", action="store_true", help="recreate links as symlinks (without it a link is refused, or skipped by -r)")
@@ -502,14 +520,22 @@ def _plan_tree(tree, base: str, dest: str, args) -> list[Download]:
 
 
 def run_get(tree, plan: list[Download] | None, entry, args, label: str) -> None:
-    """Write the plan (or `entry`'s body to stdout when the plan is None)."""
-    progress = Progress.for_args(args, label)
-    try:
+    """Write the plan (or `entry`'s body to stdout when the plan is None), with one progress
+    line counting the files and links written and their bytes."""
+    if plan is None:
+        count, size = 1, entry.logical_size
+    else:
+        written = [item for item in plan if item.kind != local_files.DIRECTORY]
+        count, size = len(written), sum(item.entry.logical_size for item in written if item.kind == local_files.FILE)
+    progress = Progress.for_args(args, f"get {label}", unit="files", quiet_below_bytes=BIG_BODY)
+    progress.set_totals(count, size)
+    with progress:
         if plan is None:
             out = stdout_binary()
-            for chunk in tree.chunks(entry, progress):
+            for chunk in tree.chunks(entry, progress.body_callback()):
                 out.write(chunk)
             out.flush()
+            progress.advance(1)
             return
         if args.recursive and all(item.below is not None for item in plan):  # a tree (`get -r` of a file is a get)
             os.makedirs(args.dest, exist_ok=True)
@@ -524,9 +550,8 @@ def run_get(tree, plan: list[Download] | None, entry, args, label: str) -> None:
             if item.kind == local_files.LINK:
                 local_files.write_link(item.dest, tree.read_link(item.entry), attributes=item.attributes, owner=args.owner)
             else:
-                local_files.write_atomically(item.dest, tree.chunks(item.entry, progress), attributes=item.attributes, owner=args.owner)
-    finally:
-        progress.finish()
+                local_files.write_atomically(item.dest, tree.chunks(item.entry, progress.body_callback()), attributes=item.attributes, owner=args.owner)
+            progress.advance(1)
 
 
 def write_atomically(dest: str, chunks) -> None:
@@ -588,7 +613,7 @@ class _Listing:
             self.json.add(render.listing_json(name, path, kind, entry, **extra))
             return
         shown = name + "/" if kind == listing.DIRECTORY else name
-        print(render.long_line(shown, kind, entry, **extra) if self.long else shown)
+        print(render.long_line(shown, kind, entry, **extra) if self.long else render.safe(shown))
 
 
 def list_tree(tree, base: str, args) -> None:
@@ -725,7 +750,7 @@ def cmd_mv(args) -> int:
     if args.json:
         render.print_json(dict(render.write_json(dest.workbench_id, dest.path, entry), source=source.path))
     else:
-        print(f"mv {source} -> {dest} generation={entry.generation} revision={entry.artifact_revision_id.hex()} size={entry.logical_size}")
+        print(f"mv {render.safe(source)} -> {render.safe(dest)} generation={entry.generation} revision={entry.artifact_revision_id.hex()} size={entry.logical_size}")
     return 0
 
 

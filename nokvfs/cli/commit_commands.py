@@ -9,7 +9,7 @@
     nokvfs commit-retire WB COMMIT [--json]
     nokvfs restore WB --from snapshot:ID|snapshot:ALIAS|commit:PREFIX|tag:NAME --to NEW_WB [--json]
     nokvfs as-of REF ls [PATH] [-l] [-R] [--json]
-    nokvfs as-of REF get PATH [DEST] [-r] [-l] [--no-preserve] [--owner] [--progress]
+    nokvfs as-of REF get PATH [DEST] [-r] [-l] [--no-preserve] [--owner]
     nokvfs as-of REF stat [PATH] [--json]
 
 References. A commit operand (COMMIT, `--parent`) is a lowercase hex prefix of a commit id of the
@@ -64,6 +64,7 @@ from nokvfs.cli.common import (
     open_root,
     parse_target,
 )
+from nokvfs.cli.progress import Progress, sampled
 from nokvfs.errors import NotFound
 from nokvfs.schema.names import check_tag_name, check_workbench_id
 
@@ -200,7 +201,7 @@ def cmd_commit(args) -> int:
     else:
         line = f"commit {result.hex} tree={result.tree_digest_uri} workbench={result.workbench_id} members={result.member_count} head_generation={result.head_generation}"
         if tags:
-            line += " tags=" + ",".join(t.name for t in tags)
+            line += " tags=" + ",".join(render.safe(t.name) for t in tags)
         print(line)
     return 0
 
@@ -245,7 +246,7 @@ def _log_json(info, tags: list[str], is_head: bool) -> dict:
 def _log_line(info, tags: list[str]) -> str:
     c = info.commit
     when = render.iso_ms(c.committed_at_unix_seconds * 1000, seconds=True)
-    return f"{info.hex}  {when}  members={c.member_count}  producer={c.producer or '-'}  tags={','.join(tags) or '-'}"
+    return f"{info.hex}  {when}  members={c.member_count}  producer={render.safe(c.producer or '-')}  tags={','.join(map(render.safe, tags)) or '-'}"
 
 
 def cmd_log(args) -> int:
@@ -302,7 +303,7 @@ def cmd_tag_set(args) -> int:
     if args.json:
         render.print_json(_tag_json(info))
     else:
-        print(f"tag {info.name} -> {info.commit_id.hex()} generation={info.generation}")
+        print(f"tag {render.safe(info.name)} -> {info.commit_id.hex()} generation={info.generation}")
     return 0
 
 
@@ -314,7 +315,7 @@ def cmd_tag_delete(args) -> int:
     if args.json:
         render.print_json(_tag_json(info))
     else:
-        print(f"deleted tag {info.name} (was {info.commit_id.hex()} generation={info.generation})")
+        print(f"deleted tag {render.safe(info.name)} (was {info.commit_id.hex()} generation={info.generation})")
     return 0
 
 
@@ -327,7 +328,7 @@ def cmd_tag_list(args) -> int:
         render.print_json([_tag_json(t) for t in tags])
     else:
         for t in tags:
-            print(f"{t.commit_id.hex()}  generation={t.generation:<4} {t.name}")
+            print(f"{t.commit_id.hex()}  generation={t.generation:<4} {render.safe(t.name)}")
     return 0
 
 
@@ -424,7 +425,8 @@ def cmd_restore(args) -> int:
     check_workbench_id(args.workbench)
     check_workbench_id(args.dest)
     kind, selector = _split_kind(args.source, "--from")
-    with open_root(args, write=True) as root:
+    progress = Progress.for_args(args, f"restore {args.dest}", unit="members")
+    with open_root(args, write=True) as root, progress:
         if kind == "snapshot":
             source = ("snapshot", _snapshot_selector(selector))
         elif kind == "commit":
@@ -432,7 +434,9 @@ def cmd_restore(args) -> int:
         else:
             (commit_id,) = resolve_commits(root, args.workbench, [args.source])
             source = ("commit", commit_id)
-        result = restore.restore(root, args.workbench, source, args.dest)
+        with sampled(progress, lambda: _restore_figures(root, args.dest)):
+            result = restore.restore(root, args.workbench, source, args.dest)
+        progress.finish(f"restored {result.member_count:,} members")
     kind_name = result.source_kind.name.lower()
     shown = int.from_bytes(result.source_selector, "big") if kind_name == "snapshot" else result.source_selector.hex()
     if args.json:
@@ -451,6 +455,28 @@ def cmd_restore(args) -> int:
     else:
         print(f"restored {result.destination_workbench_id} incarnation={result.destination_incarnation.hex()} from {args.workbench}@{kind_name}:{shown} members={result.member_count}")
     return 0
+
+
+def _restore_figures(root, destination: str):
+    """Progress figures of the restore creating `destination`, read from its operation row:
+    (phase, members copied, members of the source when it is a commit)."""
+    from nokvfs.schema.enums import OperationKind, RestoreSourceKind
+    from nokvfs.workspace import restore
+    from nokvfs.workspace import workbench as wb
+    from nokvfs.workspace.consumers import read_commit
+
+    with root.read() as view:
+        _, marker = wb.read_current(view, root.root_id, destination)
+    owner = None if marker is None else marker.owning_operation
+    if owner is None or owner.operation_kind != OperationKind.Restore:
+        return None
+    op = restore.operation(root, owner.operation_id)
+    total = None
+    if op.source_kind == RestoreSourceKind.Commit:
+        with root.read() as view:
+            _, commit = read_commit(view, root.root_id, bytes(op.source_selector))
+        total = None if commit is None else commit.member_count
+    return op.phase.name, op.member_count, total, None, None
 
 
 # --- as-of ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What every command module shares: the root, `WB:PATH` targets, sizes, stdio, progress.
+"""What every command module shares: the root, `WB:PATH` targets, sizes, stdio, warnings.
 
 A command handler is `handler(args) -> int | None` (None means 0). `args` always carries the
 global options `data_dir`, `store`, `endpoint_url` and `debug`. Handlers raise typed errors
@@ -13,12 +13,12 @@ import re
 import sys
 from dataclasses import dataclass
 
+from nokvfs.cli.render import safe
 from nokvfs.errors import InvalidInput
 from nokvfs.schema.names import check_workbench_id
 from nokvfs.schema.paths import join, normalize_path
 
 MiB = 1024 * 1024
-PROGRESS_THRESHOLD = 16 * MiB  # bodies larger than this show a progress line
 
 
 class UsageError(InvalidInput):
@@ -134,53 +134,8 @@ def stdin_binary():
     return sys.stdin.buffer
 
 
-class Progress:
-    """`progress(done, total)` callback drawing one line on stderr for bodies over 16 MiB.
-
-    On a terminal the line is redrawn in place; otherwise (--progress into a file or pipe) each
-    update is its own line.
-    """
-
-    def __init__(self, label: str, *, enabled: bool, stream=None):
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = _isatty(self.stream)
-        self.shown = False
-
-    @classmethod
-    def for_args(cls, args, label: str) -> Progress:
-        stream = sys.stderr
-        return cls(label, enabled=bool(getattr(args, "progress", False)) or _isatty(stream), stream=stream)
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total <= PROGRESS_THRESHOLD:
-            return
-        pct = 100 * done // total if total else 100
-        line = f"{self.label}: {human_size(done)} / {human_size(total)} ({pct}%)"
-        if self.tty:
-            self.stream.write("\r" + line + "\x1b[K")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-        self.shown = True
-
-    def finish(self) -> None:
-        if self.shown and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-        self.shown = False
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def warn(message: str) -> None:
-    print(f"nokvfs: warning: {message}", file=sys.stderr)
+    print(f"nokvfs: warning: {safe(message)}", file=sys.stderr)
 
 
 def is_regular_file(path: str) -> bool:

@@ -14,7 +14,7 @@ import sys
 import time
 
 from nokvfs.cli.common import open_root
-from nokvfs.cli.render import print_json
+from nokvfs.cli.render import print_json, safe
 
 
 def register(subparsers) -> None:
@@ -72,7 +72,7 @@ def _snapshot_json(s) -> dict:
 
 def _line(s) -> str:
     state = "expired" if s.expired else s.ref.state.name.lower()
-    return f"{s.snapshot_id:>10}  {state:<11} v{s.ref.read_version:<8} {s.ref.alias or '-'}"
+    return f"{s.snapshot_id:>10}  {state:<11} v{s.ref.read_version:<8} {safe(s.ref.alias or '-')}"
 
 
 def cmd_mint(args) -> int:
@@ -80,7 +80,7 @@ def cmd_mint(args) -> int:
 
     with open_root(args, write=True) as root:
         s = snapshot.mint(root, args.workbench, alias=args.alias, lease_seconds=args.lease, annotation=args.note)
-    print_json(_snapshot_json(s)) if args.json else print(f"snapshot {s.snapshot_id}" + (f" ({s.ref.alias})" if s.ref.alias else ""))
+    print_json(_snapshot_json(s)) if args.json else print(f"snapshot {s.snapshot_id}" + (f" ({safe(s.ref.alias)})" if s.ref.alias else ""))
     return 0
 
 
@@ -150,7 +150,7 @@ def cmd_changes(args) -> int:
                 if args.json:
                     print(json.dumps(_change_json(c), sort_keys=True))
                 else:
-                    print(f"v{c.commit_version:<8} {c.workbench_id:<20} {c.kind.name:<18} {c.path or ''}")
+                    print(f"v{c.commit_version:<8} {c.workbench_id:<20} {c.kind.name:<18} {safe(c.path or '')}")
             sys.stdout.flush()
             cursor = page.cursor
             if page.more:

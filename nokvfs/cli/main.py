@@ -1,9 +1,14 @@
 """`nokvfs`: the entry point, the command registry and the one error -> exit code table.
 
-    nokvfs [--data-dir DIR] [--store URL] [--endpoint-url URL] [--debug] <command> ...
+    nokvfs [GLOBAL OPTIONS] <command> ... [GLOBAL OPTIONS]
 
-`--data-dir` defaults to `$NOKVFS_DATA_DIR`, else `$XDG_DATA_HOME/nokvfs` (~/.local/share/nokvfs).
-`--store` / `--endpoint-url` override the object store recorded in the data directory.
+The global options -- `--data-dir DIR`, `--store URL`, `--endpoint-url URL`, `--debug`,
+`--progress` -- are accepted before the command or anywhere after it (after a subcommand too:
+`nokvfs snapshot mint WB --data-dir D`), with the same meaning; given twice, the last one wins.
+Every command's `--help` lists them. `--data-dir` defaults to `$NOKVFS_DATA_DIR`, else
+`$XDG_DATA_HOME/nokvfs` (~/.local/share/nokvfs). `--store` / `--endpoint-url` name the object
+store for `init` and override the one recorded in the data directory for every other command.
+`--progress` shows the progress of long commands on stderr when it is not a terminal.
 
 Commands come from the modules in `COMMAND_MODULES`; each exposes `register(subparsers)` and adds
 its subcommands with `set_defaults(func=handler)`, `handler(args) -> int | None` (see
@@ -13,8 +18,9 @@ module must import optional dependencies (pyfuse3, trio) inside its handlers.
 
 Exit codes. Every failure is mapped here, by `EXIT_CODES` (first matching row wins), and reported
 as one line `nokvfs: <kind>: <message>` on stderr, where <kind> is the error class in words
-("path invalid", "generation conflict", "integrity error", "io error" for OSError); `--debug`
-adds the traceback.
+("path invalid", "generation conflict", "integrity error", "io error" for OSError) and the
+message is escaped like every human-readable output (nokvfs.cli.render.safe: a name in it cannot
+drive the terminal); `--debug` adds the traceback.
 
     code  meaning              raised as (nokvfs.errors unless noted)
     0     ok
@@ -45,6 +51,7 @@ import traceback
 
 from nokvfs import errors
 from nokvfs.cli.common import UsageError
+from nokvfs.cli.render import safe
 
 COMMAND_MODULES = [
     "nokvfs.cli.commands",
@@ -136,7 +143,7 @@ def report(exc: BaseException, *, debug: bool) -> int:
     usage = getattr(exc, "usage", None)
     if usage:
         sys.stderr.write(usage if usage.endswith("\n") else usage + "\n")
-    print(f"nokvfs: {error_kind(exc)}: {error_message(exc)}", file=sys.stderr)
+    print(f"nokvfs: {error_kind(exc)}: {safe(error_message(exc))}", file=sys.stderr)
     return code
 
 
@@ -161,38 +168,69 @@ def load_command_modules(names=None) -> list:
     return modules
 
 
-def build_parser(modules=None) -> ArgumentParser:
+GLOBAL_OPTIONS_TITLE = "global options (before or after the command)"
+
+
+def add_global_options(parser, *, defaults: dict | None) -> None:
+    """The options every command takes, before its name or after it (`nokvfs init --data-dir D`
+    is `nokvfs --data-dir D init`), with the same meaning either way.
+
+    On the top-level parser `defaults` gives their values; on a command's parser (nested ones
+    too: `snapshot mint`, `shard push`) they default to SUPPRESS, so a value given after the
+    command replaces the one before it and an absent one leaves it alone.
+    """
+    group = parser.add_argument_group(GLOBAL_OPTIONS_TITLE)
+
+    def default(name):
+        return argparse.SUPPRESS if defaults is None else defaults[name]
+
+    group.add_argument("--data-dir", metavar="DIR", default=default("data_dir"),
+                       help="the data directory (default: $NOKVFS_DATA_DIR, else $XDG_DATA_HOME/nokvfs or ~/.local/share/nokvfs)")
+    group.add_argument("--store", metavar="URL", default=default("store"),
+                       help="object store URL (file:///abs or s3://bucket/prefix): for init the store to use, else overriding the data directory's")
+    group.add_argument("--endpoint-url", metavar="URL", default=default("endpoint_url"), help="S3-compatible endpoint for an s3:// store")
+    group.add_argument("--debug", action="store_true", default=default("debug"), help="show tracebacks of failures")
+    group.add_argument("--progress", action="store_true", default=default("progress"),
+                       help="show progress on stderr even when it is not a terminal (it never goes to stdout)")
+
+
+def _global_defaults() -> dict:
     from nokvfs.workspace.datadir import default_data_dir
 
+    return {
+        "data_dir": os.environ.get("NOKVFS_DATA_DIR") or default_data_dir(),
+        "store": None,
+        "endpoint_url": None,
+        "debug": False,
+        "progress": False,
+    }
+
+
+def command_parsers(parser, path=()):
+    """(command words, parser) of every command and subcommand below `parser`, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield path + (name,), sub
+                yield from command_parsers(sub, path + (name,))
+
+
+def build_parser(modules=None) -> ArgumentParser:
     parser = ArgumentParser(
         prog="nokvfs",
         description="Workbenches of versioned artifacts on a NoKV metadata shard and an object store.",
         epilog="Exit codes: 0 ok, 2 usage/invalid input, 3 not found, 4 conflict, 5 integrity, 6 store/I-O, 7 fenced.",
     )
-    parser.add_argument(
-        "--data-dir",
-        metavar="DIR",
-        default=os.environ.get("NOKVFS_DATA_DIR") or default_data_dir(),
-        help="the data directory (default: $NOKVFS_DATA_DIR or %(default)s)",
-    )
-    parser.add_argument("--store", metavar="URL", help="object store URL overriding the data directory's (file:///abs or s3://bucket/prefix)")
-    parser.add_argument("--endpoint-url", metavar="URL", help="S3-compatible endpoint for an s3:// store")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
+    add_global_options(parser, defaults=_global_defaults())
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for module in load_command_modules() if modules is None else modules:
         module.register(subparsers)
-    _accept_debug_everywhere(parser)
+    for words, sub in command_parsers(parser):
+        clash = sorted(set(sub._option_string_actions) & set(parser._option_string_actions) - {"-h", "--help"})
+        if clash:  # a command may not give a global option another meaning
+            raise AssertionError(f"`nokvfs {' '.join(words)}` redefines the global option(s) {', '.join(clash)}")
+        add_global_options(sub, defaults=None)
     return parser
-
-
-def _accept_debug_everywhere(parser) -> None:
-    """`--debug` after the command name too (`nokvfs get --debug WB:PATH`)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                if "--debug" not in sub._option_string_actions:
-                    sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-                _accept_debug_everywhere(sub)
 
 
 def main(argv=None) -> int:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import datetime
 import re
-import sys
 
-from nokvfs.cli.common import UsageError, count_arg, open_root
-from nokvfs.cli.render import print_json
+from nokvfs.cli.common import UsageError, count_arg, human_size, open_root
+from nokvfs.cli.progress import Progress
+from nokvfs.cli.render import print_json, safe
 
 EXIT_FINDINGS = 5
 
@@ -42,17 +42,15 @@ def register(subparsers) -> None:
 
 
 def cmd_gc(args) -> int:
-    from nokvfs.cli.common import human_size
     from nokvfs.workspace import gc
 
-    def progress(report):
-        if sys.stderr.isatty():
-            print(f"\rfreed {report.freed_revisions} revision(s), {human_size(report.freed_bytes)}", end="", file=sys.stderr)
-
-    with open_root(args, write=True) as root:
-        report = gc.collect(root, dry_run=args.dry_run, progress=progress, keep_versions=args.keep_versions)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    progress = Progress.for_args(args, "gc", units={"collect": "revisions freed", "prune History": "History rows pruned"})
+    with open_root(args, write=True) as root, progress:
+        report = gc.collect(root, dry_run=args.dry_run, progress=progress.report, keep_versions=args.keep_versions)
+        if args.dry_run:
+            progress.finish(f"would free {len(report.freed):,} revisions ({human_size(report.freed_bytes)}), prune {report.history_pruned:,} History rows")
+        else:
+            progress.finish(f"freed {report.freed_revisions:,} revisions ({human_size(report.freed_bytes)}), pruned {report.history_pruned:,} History rows")
     if args.json:
         print_json({k: v for k, v in vars(report).items()} | {"dry_run": args.dry_run})
     else:
@@ -72,8 +70,11 @@ def cmd_gc(args) -> int:
 def cmd_fsck(args) -> int:
     from nokvfs.workspace import fsck
 
-    with open_root(args, write=False) as root:
-        report = fsck.check(root, verify_blocks=not args.no_blocks, repair=args.repair)
+    progress = Progress.for_args(args, "fsck", units={"metadata": "checks", "blocks": "objects", "store listing": "objects listed"})
+    with open_root(args, write=False) as root, progress:
+        report = fsck.check(root, verify_blocks=not args.no_blocks, repair=args.repair, progress=progress.report)
+        checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
+        progress.finish(f"{len(report.findings)} finding(s); checked {checked}")
     if args.json:
         print_json(
             {
@@ -85,8 +86,7 @@ def cmd_fsck(args) -> int:
         )
     else:
         for finding in report.findings:
-            print(f"{finding.code:<22} {finding.subject}: {finding.detail}")
-        checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
+            print(f"{finding.code:<22} {safe(finding.subject)}: {safe(finding.detail)}")
         print(f"fsck: {len(report.findings)} finding(s); checked {checked}" + (f"; repaired {len(report.repaired)}" if report.repaired else ""))
     return 0 if report.ok else EXIT_FINDINGS
 
@@ -154,5 +154,7 @@ def cmd_search(args) -> int:
         print_json([{"path": h.path, "value": h.value.value, "kind": h.value.kind.name, "generation": h.entry.generation} for h in page.hits])
     else:
         for hit in page.hits:
-            print(f"{args.workbench}:{hit.path}\t{hit.value.value!r}")
+            value = hit.value.value
+            shown = f"'{safe(value)}'" if isinstance(value, str) else safe(repr(value))
+            print(f"{args.workbench}:{safe(hit.path)}\t{shown}")
     return 0

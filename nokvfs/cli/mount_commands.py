@@ -64,7 +64,7 @@ def umount(args) -> int:
 
 def spool_list(args) -> int:
     from nokvfs.cli.common import human_size
-    from nokvfs.cli.render import print_json
+    from nokvfs.cli.render import print_json, safe
     from nokvfs.fs import spools
 
     found = spools.scan(args.data_dir)
@@ -76,26 +76,28 @@ def spool_list(args) -> int:
         state = f"live (pid {record.get('pid')})" if spool.live else "kept"
         where = f"{record.get('workbench', '?')}:{record.get('path', '?')}"
         reason = "" if spool.live else f"  {record.get('reason') or 'no reason recorded'}"
-        print(f"{spool.id}  {state:<16} {human_size(spool.size):>9}  {where}{reason}")
+        print(f"{safe(spool.id)}  {state:<16} {human_size(spool.size):>9}  {safe(where)}{safe(reason)}")
     return 0
 
 
 def spool_retry(args) -> int:
     from nokvfs.cli.common import open_root
+    from nokvfs.cli.render import safe
     from nokvfs.fs import spools
 
     spool = spools.find(args.data_dir, args.id)
     with open_root(args, write=True) as root:
         entry = spools.retry(root, spool, force=args.force)
     record = spool.record
-    print(f"published {record.get('workbench')}:{record.get('path')} generation {entry.generation} ({entry.logical_size} bytes)")
+    print(f"published {safe(record.get('workbench'))}:{safe(record.get('path'))} generation {entry.generation} ({entry.logical_size} bytes)")
     return 0
 
 
 def spool_discard(args) -> int:
+    from nokvfs.cli.render import safe
     from nokvfs.fs import spools
 
     spool = spools.find(args.data_dir, args.id)
     spools.discard(spool)
-    print(f"discarded {spool.id}")
+    print(f"discarded {safe(spool.id)}")
     return 0

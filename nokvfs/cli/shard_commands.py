@@ -30,6 +30,8 @@ from __future__ import annotations
 import os
 
 from nokvfs.cli.common import UsageError
+from nokvfs.cli.progress import Progress
+from nokvfs.cli.render import safe
 
 URL_ENV = "NOKVFS_REPLICATE_URL"
 
@@ -128,7 +130,7 @@ def _describe_push(result) -> str:
     what = "checkpoint" if result.kind == "checkpoint" else "increment"
     return (
         f"published {what} of LSNs {result.first_lsn}..{result.last_lsn} as generation {result.generation}"
-        f" ({result.key}); lag {result.lag}"
+        f" ({safe(result.key)}); lag {result.lag}"
     )
 
 
@@ -136,11 +138,16 @@ def _describe_push(result) -> str:
 
 
 def cmd_push(args) -> int:
-    with _Opened(args) as replicator:
+    progress = Progress.for_args(args, "shard push", unit="records")
+    shipped = 0
+    with _Opened(args) as replicator, progress:
         while True:
             result = replicator.push_once()
-            print(_describe_push(result))
+            shipped += result.records
+            progress.report(None, shipped, shipped + result.lag)
+            progress.above(_describe_push(result))
             if not args.all or result.kind == "none" or not result.lag:
+                progress.finish(f"pushed {shipped:,} records, lag {result.lag:,}")
                 return 0
 
 
@@ -157,9 +164,9 @@ def cmd_status(args) -> int:
         print(canonical_json.dumps(status).decode())
         return 0
     if not status["generation"]:
-        print(f"bucket:              {status['bucket']} (empty: nothing pushed yet)")
+        print(f"bucket:              {safe(status['bucket'])} (empty: nothing pushed yet)")
     else:
-        print(f"bucket:              {status['bucket']}")
+        print(f"bucket:              {safe(status['bucket'])}")
         print(f"generation:          {status['generation']}")
         print(f"owner epoch:         {status['owner_epoch']} (owner {status['owner_id']})")
         print(f"checkpoint through:  LSN {status['checkpoint_through_lsn']} (generation {status['checkpoint_through_generation']})")
@@ -177,7 +184,7 @@ def cmd_status(args) -> int:
             first, last = unshipped
             print(f"never shipped:       LSNs {first or '?'}..{last} (not in the bucket; the new owner does not have them)")
     if status["last_error"]:
-        print(f"last error:          {status['last_error']}")
+        print(f"last error:          {safe(status['last_error'])}")
     return 0
 
 
@@ -189,7 +196,7 @@ def cmd_checkpoint(args) -> int:
         return 0
     print(
         f"checkpoint through LSN {result.through_lsn} (generation {result.through_generation}) published as "
-        f"generation {result.generation}, replacing {result.compacted} increments ({result.key})"
+        f"generation {result.generation}, replacing {result.compacted} increments ({safe(result.key)})"
     )
     if result.cleanup is not None:
         print(f"cleanup: {len(result.cleanup.deleted)} deleted, {len(result.cleanup.errors)} to retry")
@@ -202,9 +209,10 @@ def cmd_restore(args) -> int:
     endpoint = getattr(args, "endpoint_url", None)
     if args.path is None:
         return _restore_data_dir(args, endpoint)
-    result = restore(args.url, args.path, logical_shard_id=args.shard, endpoint_url=endpoint)
+    with Progress.for_args(args, "shard restore", unit="records replayed") as progress:
+        result = restore(args.url, args.path, logical_shard_id=args.shard, endpoint_url=endpoint, progress=progress.report)
     print(
-        f"restored shard {result.logical_shard_id.hex()} into {result.path}: generation {result.generation}, "
+        f"restored shard {result.logical_shard_id.hex()} into {safe(result.path)}: generation {result.generation}, "
         f"LSN {result.applied_lsn}, commit version {result.commit_version}, owner epoch {result.owner_epoch}"
     )
     if args.take_ownership:

@@ -7,10 +7,10 @@ every metadata command is then validated against that fence at the commit bounda
 
 from __future__ import annotations
 
-import os
 
 import lmdb
 
+from nokvfs import filemodes
 from nokvfs.engine.command import Absent, MetadataCommand, Put, ValueEquals
 from nokvfs.errors import AlreadyExists, FenceError, GenerationConflict, NotFound, StoreError
 from nokvfs.schema.enums import RootActivationState, RootPlacementLifecycle
@@ -23,9 +23,9 @@ class PlacementStore:
     """The control plane's RootPlacement records: root_id -> logical shard, generation, lifecycle."""
 
     def __init__(self, path: str):
-        os.makedirs(path, exist_ok=True)
+        filemodes.makedirs(path)
         try:
-            self._env = lmdb.open(path, map_size=1 << 26, max_dbs=2, subdir=True, sync=True)
+            self._env = lmdb.open(path, map_size=1 << 26, max_dbs=2, subdir=True, sync=True, mode=filemodes.DIR_MODE)
         except lmdb.Error as exc:
             raise StoreError(f"cannot open placement store {path}: {exc}") from None
         self._db = self._env.open_db(b"root_placement", create=True)

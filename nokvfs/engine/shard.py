@@ -22,6 +22,7 @@ import time
 import blake3
 import lmdb
 
+from nokvfs import filemodes
 from nokvfs.engine import history, outbox
 from nokvfs.engine.command import (
     FORMAT_VERSION,
@@ -188,7 +189,7 @@ class Shard:
     def create(cls, path: str, logical_shard_id: bytes, **options) -> "Shard":
         """Initialise an empty store at `path` (created if missing). Refuses a non-empty store."""
         check_id16(logical_shard_id, "logical shard id")
-        os.makedirs(path, exist_ok=True)
+        filemodes.makedirs(path)
         env = cls._open_env(path, **options)
         try:
             with env.begin() as txn:
@@ -230,6 +231,7 @@ class Shard:
             metasync=sync,
             readahead=False,
             max_readers=256,
+            mode=filemodes.DIR_MODE,  # the directory if LMDB creates it; data.mdb and lock.mdb 0600
         )
 
     @staticmethod

@@ -49,6 +49,8 @@ import subprocess
 import sys
 import time
 
+from nokvfs import filemodes
+
 log = logging.getLogger("nokvfs.fs.daemon")
 
 DEFAULT_WORKERS = 8
@@ -335,9 +337,10 @@ def _daemonise(args, data_dir: str, mountpoint: str) -> int:
     try:
         os.setsid()
         os.chdir("/")
-        os.makedirs(os.path.join(data_dir, "run"), exist_ok=True)
+        filemodes.makedirs(data_dir)  # a follower's directory may not exist yet: private from the start
+        filemodes.makedirs(os.path.join(data_dir, "run"))
         devnull = os.open(os.devnull, os.O_RDWR)
-        logfd = os.open(log_file(data_dir, mountpoint), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        logfd = os.open(log_file(data_dir, mountpoint), os.O_WRONLY | os.O_CREAT | os.O_APPEND, filemodes.FILE_MODE)
         os.dup2(devnull, 0)
         os.dup2(logfd, 1)
         os.dup2(logfd, 2)
@@ -602,7 +605,7 @@ def _write_pid_file(data_dir: str, mountpoint: str) -> None:
     path = pid_file(data_dir, mountpoint)
     record = {"pid": os.getpid(), "mountpoint": mountpoint, "data_dir": data_dir, "started_unix": int(time.time())}
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=filemodes.opener) as f:
         json.dump(record, f)
         f.write("\n")
     os.rename(tmp, path)

@@ -35,6 +35,7 @@ import time
 
 import trio
 
+from nokvfs import filemodes
 from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
 from nokvfs.schema.ids import new_id16
 from nokvfs.workspace import append as appends
@@ -71,7 +72,7 @@ def _write_all(fd: int, data, offset: int) -> None:
 
 def _atomic_json(path: str, record: dict) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=filemodes.opener) as f:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
@@ -101,11 +102,11 @@ class Spool:
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
         directory = spool_dir(root.data_dir)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        filemodes.makedirs(directory)
         stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in components[-1])[:64]
         self.path = os.path.join(directory, f"{workbench_id}--{stem}--{new_id16().hex()}.spool")
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
         except OSError as exc:
             raise _storage_error(f"a spool file in {directory}", exc) from None
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone

@@ -38,6 +38,7 @@ import threading
 
 import blake3
 
+from nokvfs import filemodes
 from nokvfs.errors import IntegrityError, InvalidInput, StoreError
 from nokvfs.objects.keys import parse_sha256_uri
 
@@ -84,8 +85,8 @@ class BlockCache:
         self._dirty = 0
         self._closed = False
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            filemodes.makedirs(self.directory)
+            self._lock_fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE)
         except OSError as exc:
             raise StoreError(f"cannot open block cache {self.directory}: {exc.strerror}") from exc
         try:
@@ -152,8 +153,8 @@ class BlockCache:
         path = self._path(hex_digest)
         tmp = os.path.join(os.path.dirname(path), _TMP_PREFIX + os.urandom(8).hex())
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(tmp, "xb") as f:
+            filemodes.makedirs(os.path.dirname(path))
+            with open(tmp, "xb", opener=filemodes.opener) as f:
                 f.write(data)
             os.replace(tmp, path)
         except OSError as exc:
@@ -254,7 +255,7 @@ class BlockCache:
         path = os.path.join(self.directory, INDEX_NAME)
         tmp = path + _TMP_PREFIX + os.urandom(4).hex()
         try:
-            with open(tmp, "xb") as f:
+            with open(tmp, "xb", opener=filemodes.opener) as f:
                 f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())

@@ -45,6 +45,7 @@ import struct
 import time
 from collections.abc import Iterable, Iterator
 
+from nokvfs.filemodes import DIR_MODE, FILE_MODE, makedirs
 from nokvfs.errors import (
     IntegrityError,
     InvalidInput,
@@ -178,7 +179,7 @@ class LocalStore(ObjectStore):
         if not create:
             raise StoreError(f"{self.root} is not a nokvfs local object store (no {MARKER_NAME})")
         with _io("create object store", self.root):
-            os.makedirs(self.root, exist_ok=True)
+            makedirs(self.root)
             foreign = [name for name in os.listdir(self.root) if not name.startswith(RESERVED_PREFIX)]
         if foreign:
             raise StoreError(f"refusing to make a non-empty directory an object store: {self.root}")
@@ -206,7 +207,7 @@ class LocalStore(ObjectStore):
         """The store-wide commit lock: flock(2) on a fresh descriptor, so it excludes other
         threads of this process as well as other processes."""
         with _io("lock object store", self._lock_path):
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             with _io("lock object store", self._lock_path):
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -221,7 +222,7 @@ class LocalStore(ObjectStore):
         parent = os.path.dirname(directory)
         self._ensure_dir(parent)
         try:
-            os.mkdir(directory, 0o755)
+            os.mkdir(directory, DIR_MODE)
         except FileExistsError:
             if not os.path.isdir(directory):
                 raise StoreError(f"an object already exists where a key directory is needed: {directory}") from None
@@ -239,7 +240,7 @@ class LocalStore(ObjectStore):
             self._ensure_dir(directory)
             path = os.path.join(directory, TMP_PREFIX + os.urandom(8).hex())
             try:
-                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), path
+                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE), path
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -514,7 +515,7 @@ class LocalStore(ObjectStore):
         directory = os.path.join(self._multipart_root, upload_id)
         self._ensure_dir(self._multipart_root)
         with _io("create multipart staging", directory):
-            os.mkdir(directory, 0o755)
+            os.mkdir(directory, DIR_MODE)
         data = json.dumps({"key": key, "metadata": metadata}, sort_keys=True).encode()
         tmp = self._write_small_temp(directory, data)
         with _io("create multipart manifest in", directory):
@@ -531,7 +532,7 @@ class LocalStore(ObjectStore):
         part = os.path.join(directory, f"part-{part_number:05d}")
         tmp = os.path.join(directory, TMP_PREFIX + os.urandom(8).hex())
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         except FileNotFoundError:
             raise ObjectMissing(f"multipart upload {upload_id} was aborted") from None
         except OSError as exc:

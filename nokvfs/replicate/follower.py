@@ -40,6 +40,7 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import InvalidInput, NokvError, NotFound
 from nokvfs.replicate.errors import PackMissing, ReplayFailed
@@ -403,8 +404,8 @@ def write_status(data_dir: str, lag: Lag) -> None:
     path = status_path(data_dir)
     record = {"pid": os.getpid(), "written_unix_ms": int(time.time() * 1000), "lag": lag.to_json()}
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "wb") as f:
+        filemodes.makedirs(os.path.dirname(path))
+        with open(path + ".tmp", "wb", opener=filemodes.opener) as f:
             f.write(canonical_json.dumps(record))
         os.rename(path + ".tmp", path)
     except OSError as exc:

@@ -27,6 +27,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.engine.outbox import OutboxEntry
 from nokvfs.engine.records import OutboxHeader
 from nokvfs.engine.shard import verify_outbox_record
@@ -97,7 +98,7 @@ def write_checkpoint_pack(data_path: str, pack_path: str, *, logical_shard_id: b
     header = CheckpointHeader(logical_shard_id, through_lsn, commit_version, chain_digest, owner_epoch, data_len, data_sha)
     h = hashlib.sha256()
     size = 0
-    with open(pack_path, "wb") as out, open(data_path, "rb") as data:
+    with open(pack_path, "wb", opener=filemodes.opener) as out, open(data_path, "rb") as data:
         for chunk in _chunks_of(header.encode(), data):
             h.update(chunk)
             out.write(chunk)
@@ -120,7 +121,7 @@ class CheckpointSink:
 
     def __init__(self, data_path: str):
         self._header = bytearray()
-        self._data = open(data_path, "wb")  # noqa: SIM115 - closed by finish() or close()
+        self._data = open(data_path, "wb", opener=filemodes.opener)  # noqa: SIM115 - closed by finish() or close()
         self._data_sha = hashlib.sha256()
         self._data_len = 0
 

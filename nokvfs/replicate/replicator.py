@@ -54,6 +54,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.engine.records import OwnerEpochRecord
 from nokvfs.errors import (
     CanonicalJsonError,
@@ -214,7 +215,7 @@ class Replicator:
         """Record (durably, atomically) that this local shard publishes as `owner_id`."""
         path = self._owner_path()
         record = {"logicalShardId": self.shard.logical_shard_id.hex(), "ownerId": owner_id}
-        with open(path + ".tmp", "wb") as f:
+        with open(path + ".tmp", "wb", opener=filemodes.opener) as f:
             f.write(canonical_json.dumps(record))
             f.flush()
             os.fsync(f.fileno())
@@ -499,7 +500,7 @@ class Replicator:
     def _copy(self, work: str):
         """A consistent compacted copy of the local shard in `work`: (CopyPoint, its directory)."""
         data_dir = os.path.join(work, "copy")
-        os.mkdir(data_dir)
+        os.mkdir(data_dir, filemodes.DIR_MODE)
         return self.shard.copy_to(data_dir), data_dir
 
     def _pack(self, work: str, point, data_dir: str):

@@ -24,6 +24,10 @@ in `DIR/control` and the configuration `DIR/nokvfs.json` -- once the restored sh
 carry the root's fence at the record's placement generation. Its replica role
 (nokvfs.workspace.replica) is written before the configuration, so the directory is never a
 writable data directory by accident: a follower until a claim of ownership succeeds.
+
+`progress(stage, done, total, done_bytes, total_bytes)`, when given, is called as packs arrive
+and records replay (stage "restore": records replayed of those after the checkpoint, pack
+bytes downloaded of the manifest's total).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.engine.records import (
     CommandRecord,
     HistoryPruneRecord,
@@ -69,7 +74,7 @@ class RestoreResult:
 
 
 def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | str | None = None,
-            endpoint_url: str | None = None, region: str | None = None) -> RestoreResult:
+            endpoint_url: str | None = None, region: str | None = None, progress=None) -> RestoreResult:
     """Restore the shard at `bucket_url` into `data_dir_shard_path` (absent or an empty directory).
 
     `bucket_url` is `s3://bucket/prefix` (optionally ending in `shards/<hex>`) or an ObjectStore;
@@ -80,14 +85,14 @@ def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | s
     if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise AlreadyExists(f"{target} exists and is not an empty directory: restore needs a fresh one")
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
+    filemodes.makedirs(parent)
     for attempt in range(MAX_RESTARTS + 1):
         manifest, _ = bucket.read()
         if manifest is None:
             raise NotFound(f"{bucket.url}{CURRENT} does not exist: nothing to restore")
         work = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.restore-", dir=parent)
         try:
-            result = _materialise(bucket, manifest, work, target)
+            result = _materialise(bucket, manifest, work, target, _Progress(manifest, progress))
             _install(work, target)
             return result
         except PackMissing:
@@ -136,6 +141,7 @@ def restore_data_dir(bucket_url, data_dir: str, *, logical_shard_id: bytes | str
             f"`nokvfs shard restore --from URL DIR/shard`"
         )
     created = not os.path.exists(data_dir)
+    filemodes.makedirs(data_dir)
     try:
         shard_result = restore(bucket, os.path.join(data_dir, "shard"))
         _check_fence(os.path.join(data_dir, "shard"), record)
@@ -215,12 +221,45 @@ def _store_warnings(config: dict) -> list[str]:
     return []
 
 
-def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str) -> RestoreResult:
+class _Progress:
+    """The restore's figures for a progress callback: pack bytes downloaded, records replayed."""
+
+    def __init__(self, manifest: Manifest, callback):
+        self.callback = callback
+        self.records_total = manifest.head.lsn - manifest.checkpoint.through_lsn
+        self.bytes_total = manifest.checkpoint.size + sum(i.size for i in manifest.increments)
+        self.records = self.bytes = 0
+
+    def downloaded(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        self._report()
+
+    def replayed(self) -> None:
+        self.records += 1
+        self._report()
+
+    def _report(self) -> None:
+        if self.callback is not None:
+            self.callback("restore", self.records, self.records_total, self.bytes, self.bytes_total)
+
+
+class _CountingSink:
+    """A fetch sink that tells `counted` how many bytes each chunk had."""
+
+    def __init__(self, sink, counted):
+        self.sink, self.counted = sink, counted
+
+    def write(self, chunk) -> None:
+        self.sink.write(chunk)
+        self.counted(len(chunk))
+
+
+def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str, progress: _Progress) -> RestoreResult:
     """Build the restored environment in `work`; nothing outside it is touched."""
     checkpoint = manifest.checkpoint
     sink = CheckpointSink(os.path.join(work, "data.mdb"))
     try:
-        bucket.fetch(checkpoint.key, sha256=checkpoint.sha256, size=checkpoint.size, sink=sink)
+        bucket.fetch(checkpoint.key, sha256=checkpoint.sha256, size=checkpoint.size, sink=_CountingSink(sink, progress.downloaded))
         header = sink.finish()
     finally:
         sink.close()
@@ -239,8 +278,11 @@ def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str
         ):
             raise PackCorrupt(f"{checkpoint.key}: the shard inside is not at the checkpoint's through point")
         for increment in manifest.increments:
-            for entry in fetch_increment(bucket, increment).entries:
+            pack = fetch_increment(bucket, increment)
+            progress.downloaded(increment.size)
+            for entry in pack.entries:
                 replay(shard, entry)
+                progress.replayed()
         head = manifest.head
         if shard.recovery_tail != RecoveryTail(head.lsn, head.chain_digest) or shard.commit_version != head.commit_version:
             raise ReplayFailed(f"the restored shard does not end at the manifest's head (LSN {head.lsn})")

@@ -14,6 +14,7 @@ import hashlib
 import os
 import tempfile
 
+from nokvfs import filemodes
 from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
@@ -104,7 +105,7 @@ def _appended_projection(base: PathEntry) -> tuple:
 
 def _rematerialised_body(root, base: PathEntry, delta: bodies.Body) -> bodies.Body:
     """The complete base body plus the delta in one spool file, owned by the new revision."""
-    os.makedirs(root.spool_dir, exist_ok=True)
+    filemodes.makedirs(root.spool_dir)
     fd, path = tempfile.mkstemp(prefix="rematerialise-", dir=root.spool_dir)
     try:
         with os.fdopen(fd, "wb") as out:

@@ -13,6 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.errors import IntegrityError, StoreError, StoreFull
 
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
@@ -99,7 +100,7 @@ def from_file(path: str, block_size: int = DEFAULT_BLOCK_SIZE, *, owned_spool: b
 
 def from_stream(stream, spool_dir: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Body:
     """Spool a stream (stdin, a socket) to a local file, then plan it like a file."""
-    os.makedirs(spool_dir, exist_ok=True)
+    filemodes.makedirs(spool_dir)
     fd, path = tempfile.mkstemp(prefix="stream-", dir=spool_dir)
     try:
         with os.fdopen(fd, "wb") as out:

@@ -10,6 +10,9 @@
     <data_dir>/run/          lock files of live operations
     <data_dir>/replica.json  only in a directory rebuilt from a bucket: its replica role
                              (nokvfs.workspace.replica; a follower or fenced one never writes)
+
+Every directory here is created 0700 and every file 0600 (nokvfs.filemodes): the bytes and
+metadata of every artifact are for the owner only, whatever the caller's umask.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import logging
 import os
 
+from nokvfs import filemodes
 from nokvfs.engine.placement import PlacementStore, install_root_fence
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import AlreadyExists, InvalidInput, NotFound, StoreError
@@ -56,7 +60,7 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
     if block_size < 4096 or block_size > 1 << 30:
         raise InvalidInput("block size must be between 4 KiB and 1 GiB")
     _check_retention(history_retention)
-    os.makedirs(data_dir, exist_ok=True)
+    filemodes.makedirs(data_dir)
     store = store or "file://" + os.path.join(data_dir, "objects")
     from nokvfs.objects.store import open_store
 
@@ -88,7 +92,7 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
 
 def _write_config(data_dir: str, config: dict) -> None:
     tmp = _config_path(data_dir) + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=filemodes.opener) as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()

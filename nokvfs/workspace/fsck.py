@@ -34,14 +34,24 @@ Checks:
   CONSUMER_COUNT                  a commit's consumer_count differs from its CommitConsumer rows
   BLOCK_MISSING / BLOCK_CORRUPT   a manifest object is absent, the wrong size or the wrong SHA-256
   ORPHAN_OBJECT                   a stored object no manifest and no ledger owns
+  WIDE_MODE                       a directory or file of the data directory that others may
+                                  access (a group or other mode bit; nokvfs creates them 0700 and
+                                  0600): one finding per area (the directory itself, shard,
+                                  objects, cache, spool, run, ...); `repair` clears those bits
+
+Progress: `check(progress=...)` calls `progress(stage, done, total, done_bytes, total_bytes)` as
+it goes: "metadata" (checks done of those to do), "blocks" (objects and bytes read of those the
+manifests name), "store listing" (objects listed).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from nokvfs import filemodes
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, StoreError
 from nokvfs.objects.keys import parse_artifact_block_key
@@ -101,24 +111,38 @@ def _decoded(report: FsckReport, subject: str, decode, *args):
         return None
 
 
-def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckReport:
+def check(root, *, verify_blocks: bool = True, repair: bool = False, progress=None) -> FsckReport:
     report = FsckReport()
+    step = progress or (lambda *figures: None)
+    metadata_checks = 10
+    step("metadata", 0, metadata_checks, None, None)
     _engine(root, report)
+    _modes(root, report, repair=repair)
+    step("metadata", 1, metadata_checks, None, None)
     with root.read() as view:
         revisions = _revisions(view, root, report)
+        step("metadata", 2, metadata_checks, None, None)
         refs = _references(view, root, report, revisions)
+        step("metadata", 3, metadata_checks, None, None)
         _paths(view, root, report, revisions, refs)
+        step("metadata", 4, metadata_checks, None, None)
         manifests = _manifests(view, root, report, revisions)
+        step("metadata", 5, metadata_checks, None, None)
         _holds(view, root, report)
+        step("metadata", 6, metadata_checks, None, None)
         _commits(view, root, report)
+        step("metadata", 7, metadata_checks, None, None)
         _restores(view, root, report)
+        step("metadata", 8, metadata_checks, None, None)
         _quarantined_operations(view, root, report)
+        step("metadata", 9, metadata_checks, None, None)
         ledger_keys = _ledger_keys(view, root)
+        step("metadata", 10, metadata_checks, None, None)
     if verify_blocks:
         in_doubt = {r for r, revision in revisions.items() if revision.state == RevisionState.Quarantined}
-        _blocks(root, report, {r: rows for r, rows in manifests.items() if r not in in_doubt})
+        _blocks(root, report, {r: rows for r, rows in manifests.items() if r not in in_doubt}, step)
     if not replica.is_read_only(root):  # a replica lags its owner: newer blocks are not orphans
-        _orphans(root, report, revisions, manifests, ledger_keys, repair=repair)
+        _orphans(root, report, revisions, manifests, ledger_keys, repair=repair, step=step)
     return report
 
 
@@ -130,6 +154,15 @@ def _engine(root, report: FsckReport) -> None:
         code = "OUTBOX_CHAIN" if "outbox" in str(exc).lower() else "STATE_DIGEST"
         report.add(code, "shard", str(exc))
     report.checked["shard"] += 1
+
+
+def _modes(root, report: FsckReport, *, repair: bool) -> None:
+    """The data directory is private: nothing in it may be open to group or others."""
+    for wide in filemodes.audit(root.data_dir):
+        report.add("WIDE_MODE", wide.area, wide.describe(root.data_dir))
+        if repair:
+            report.repaired += [os.path.relpath(path, root.data_dir) for path in filemodes.narrow(wide)]
+    report.checked["data directory"] += 1
 
 
 def _revisions(view, root, report) -> dict:
@@ -375,12 +408,16 @@ def _ledger_keys(view, root) -> set:
     return owned
 
 
-def _blocks(root, report, manifests) -> None:
+def _blocks(root, report, manifests, step) -> None:
+    sizes = {row.object_key: row.object_offset + row.length for rows in manifests.values() for row in rows}
+    total_bytes = sum(sizes.values())
     seen = set()
+    read_bytes = 0
     for revision_id, rows in manifests.items():
         for row in rows:
             if row.object_key in seen:
                 continue
+            step("blocks", len(seen), len(sizes), read_bytes, total_bytes)
             seen.add(row.object_key)
             try:
                 data = root.store.get(row.object_key)
@@ -390,16 +427,19 @@ def _blocks(root, report, manifests) -> None:
             except StoreError as exc:
                 report.add("BLOCK_MISSING", row.object_key, f"cannot read: {exc}")
                 continue
+            read_bytes += len(data)
             expected = row.object_offset + row.length
             if len(data) < expected or "sha256:" + hashlib.sha256(data).hexdigest() != row.digest_uri:
                 report.add("BLOCK_CORRUPT", row.object_key, f"{len(data)} bytes do not match {row.digest_uri}")
+    step("blocks", len(seen), len(sizes), read_bytes, total_bytes)
     report.checked["objects"] = len(seen)
 
 
-def _orphans(root, report, revisions, manifests, ledger_keys, *, repair: bool) -> None:
+def _orphans(root, report, revisions, manifests, ledger_keys, *, repair: bool, step) -> None:
     referenced = {row.object_key for rows in manifests.values() for row in rows}
     prefix = f"nokv/artifacts/{root.logical_shard_id.hex()}/{root.root_id.hex()}/"
-    for info in root.store.list(prefix):
+    for listed, info in enumerate(root.store.list(prefix), 1):
+        step("store listing", listed, None, None, None)
         if info.key in referenced or info.key in ledger_keys:
             continue
         try:

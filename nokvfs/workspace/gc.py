@@ -33,6 +33,11 @@ is older (the configured diagnostic floor), and prunes the History rows below it
 batches (Shard.prune_history; WorkspaceCurrent history keeps what the change feed's visibility
 needs). In-flight commit builds and restores are covered: each holds a HistoryHold from its
 first command. Reads below the floor are then refused with HistoryNotRetained.
+
+Progress: `collect(progress=...)` calls `progress(stage, done, total, done_bytes, total_bytes)`
+after each revision it frees (stage "collect": revisions and bytes freed so far, total the
+revisions this pass found collectable on top of those) and after each History batch (stage
+"prune History": rows pruned so far).
 """
 
 from __future__ import annotations
@@ -145,13 +150,15 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
         if dry_run or report.freed_revisions == freed:
             break
     keep = root.history_retention if keep_versions is None else keep_versions
-    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run)
+    batch_done = None if progress is None else (lambda pruned: progress("prune History", pruned, None, None, None))
+    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done)
     return report
 
 
-def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False) -> tuple[int, int]:
+def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None) -> tuple[int, int]:
     """(history floor, History rows pruned): advance the floor as far as the holds and
-    `keep_versions` allow and prune below it, batch after batch (each one atomic)."""
+    `keep_versions` allow and prune below it, batch after batch (each one atomic; `progress`
+    is called with the rows pruned so far after each)."""
     if keep_versions < 0:
         raise InvalidInput("keep_versions must not be negative")
     target = max(0, root.shard.commit_version - keep_versions)
@@ -161,6 +168,8 @@ def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False) -> tup
     while True:
         outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start)
         pruned += outcome.pruned_rows
+        if progress is not None:
+            progress(pruned)
         if outcome.next_key is None:
             return outcome.floor_version, pruned
         start = outcome.next_key
@@ -214,6 +223,7 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
             if page.next_marker is None:
                 break
             marker = page.next_marker
+    freed_before = report.freed_revisions
     for revision_id, epoch, size in work:
         if dry_run:
             report.freed.append(revision_id.hex())
@@ -232,7 +242,7 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
         finally:
             lock.release(remove=True)
         if progress is not None:
-            progress(report)
+            progress("collect", report.freed_revisions, freed_before + len(work), report.freed_bytes, None)
 
 
 def _claim(root, revision_id: bytes, epoch: int) -> None:

@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 
+from nokvfs import filemodes
 from nokvfs.engine.command import Put, ValueEquals
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.errors import NokvError, NotFound, PredicateFailed
@@ -53,13 +54,13 @@ class OperationLock:
 
     def __init__(self, run_dir: str, operation_id: bytes):
         directory = os.path.join(run_dir, "ops")
-        os.makedirs(directory, exist_ok=True)
+        filemodes.makedirs(directory)
         self.path = os.path.join(directory, operation_id.hex() + ".lock")
         self._fd = None
 
     def try_acquire(self) -> bool:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, filemodes.FILE_MODE)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.errors import CanonicalJsonError, FormatError, NokvError, OwnerFenced, ReadOnlyReplica
 from nokvfs.objects.store import ObjectStore
 from nokvfs.schema import canonical_json
@@ -135,7 +136,7 @@ def write_role(data_dir: str, role: ReplicaRole) -> None:
     data = canonical_json.dumps(role.to_json())
     parse_role(data)  # never write what this build would refuse to read
     path = role_path(data_dir)
-    with open(path + ".tmp", "wb") as f:
+    with open(path + ".tmp", "wb", opener=filemodes.opener) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from nokvfs import filemodes
 from nokvfs.engine.command import MetadataCommand
 from nokvfs.errors import ReadVersionStale
 from nokvfs.schema.ids import new_id16
@@ -56,8 +57,8 @@ class Root:
         self.data_dir = data_dir
         self.run_dir = os.path.join(data_dir, "run")
         self.spool_dir = os.path.join(data_dir, "spool")
-        os.makedirs(self.run_dir, exist_ok=True)
-        os.makedirs(self.spool_dir, exist_ok=True)
+        filemodes.makedirs(self.run_dir)
+        filemodes.makedirs(self.spool_dir)
         self.manifests = ManifestCache()
         # Threads of one process build and apply one command at a time: LMDB serializes writers
         # anyway, and otherwise they would only keep making each other's built commands stale.
