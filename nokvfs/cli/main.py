@@ -1,6 +1,6 @@
 """`nokvfs`: the entry point, the command registry and the one error -> exit code table.
 
-    nokvfs [--data-dir DIR] [--store URL] [--endpoint-url URL] [--debug] <command> ...
+    nokvfs [--data-dir DIR] [--store URL] [--endpoint-url URL] [--debug] [--verify] <command> ...
 
 `--data-dir` defaults to `$NOKVFS_DATA_DIR`, else `$XDG_DATA_HOME/nokvfs` (~/.local/share/nokvfs).
 `--store` / `--endpoint-url` override the object store recorded in the data directory.
@@ -178,6 +178,12 @@ def build_parser(modules=None) -> ArgumentParser:
     parser.add_argument("--store", metavar="URL", help="object store URL overriding the data directory's (file:///abs or s3://bucket/prefix)")
     parser.add_argument("--endpoint-url", metavar="URL", help="S3-compatible endpoint for an s3:// store")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="before the command, read every row of the shard and recompute every state digest "
+        "(rows are always verified as they are read; this proves the whole shard intact first)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for module in load_command_modules() if modules is None else modules:
         module.register(subparsers)

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import struct
 import time
 
@@ -24,7 +25,8 @@ import blake3
 import lmdb
 
 from nokvfs.engine import fences, history, outbox, rows
-from nokvfs.engine.alarm import IntegrityAlarm
+from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
+from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
 from nokvfs.engine.rows import translate_lmdb_error
 from nokvfs.engine.command import (
     FORMAT_VERSION,
@@ -112,6 +114,7 @@ RESERVED_TREES = (SYSTEM_TREE, HISTORY_TREE, OUTBOX_TREE)
 HISTORY_KEY_OVERHEAD = 1 + 4 + 8  # tag | u32 length | inverted commit version
 DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as it is used
 _DIGEST_MOD = 1 << 256
+_TREE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _U32 = struct.Struct(">I")
 
 
@@ -199,11 +202,14 @@ def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
 class Shard:
     """The LMDB environment of one logical shard. One instance per process and path."""
 
-    def __init__(self, path: str, env: lmdb.Environment, dbs: dict):
+    def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True):
         self.path = path
         self._env = env
         self._dbs = dbs
         self._alarm = IntegrityAlarm(path)
+        self._witness = CommitWitness(path)
+        # Environments opened with sync=False witness their commits only when `sync` flushes them.
+        self._witnessed = witnessed
         self._family_dbs = {f.name: dbs[f.name] for f in family_keys.FAMILIES}
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
         self._family_dbs_by_tag = {f.tag: dbs[f.name] for f in family_keys.FAMILIES}
@@ -227,11 +233,14 @@ class Shard:
             with env.begin() as txn:
                 if txn.cursor().first():
                     raise SchemaMismatch(f"{path} already holds a store; open it instead")
+            for leftover in (ALARM_NAME, WITNESS_NAME):  # of a store that was deleted here
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, leftover))
             dbs = cls._initialise(env, logical_shard_id)
         except BaseException:
             env.close()
             raise
-        return cls(path, env, dbs)
+        return cls(path, env, dbs, witnessed=options.get("sync", True))
 
     @classmethod
     def open(cls, path: str, *, verify: bool = False, **options) -> "Shard":
@@ -244,10 +253,15 @@ class Shard:
         """
         if not os.path.exists(os.path.join(path, "data.mdb")):
             raise NotFound(f"no shard at {path}")
+        try:
+            check_meta_pages(path)
+        except ShardCorrupt as exc:
+            IntegrityAlarm(path).record(exc)
+            raise
         env = cls._open_env(path, **options)
         try:
             dbs = cls._gate(env, path)
-            shard = cls(path, env, dbs)
+            shard = cls(path, env, dbs, witnessed=options.get("sync", True))
         except ShardCorrupt as exc:
             env.close()
             IntegrityAlarm(path).record(exc)
@@ -263,8 +277,14 @@ class Shard:
             raise
         try:
             shard._verify(full=verify)
+            tail = shard.recovery_tail
+            try:
+                shard._witness.check(tail.applied_lsn)
+            except ShardCorrupt as exc:
+                shard._alarm.record(exc)
+                raise
         except BaseException:
-            env.close()
+            shard.close()
             raise
         return shard
 
@@ -321,6 +341,11 @@ class Shard:
                     names.add(repr(key))
         if not names:
             raise SchemaMismatch(f"{path} is an empty store: create it first")
+        garbled = sorted(n for n in names if not _TREE_NAME.fullmatch(n))
+        if garbled:
+            # Neither nokvfs nor LMDB writes such a name: the main tree itself is damaged (a meta
+            # page or branch page pointing at another tree's page).
+            raise ShardCorrupt(f"{path}: LMDB's main tree lists names that are no tree's: {garbled[:3]}")
         expected = set(family_keys.TREE_NAMES)
         missing, extra = sorted(expected - names), sorted(names - expected)
         if missing or extra:
@@ -464,12 +489,18 @@ class Shard:
         return self._alarm.clear()
 
     def close(self) -> None:
+        self._witness.close()
         self._env.close()
 
     @_lmdb_errors
     def sync(self) -> None:
         """Flush every committed transaction to disk (for environments opened with sync=False)."""
         self._env.sync(True)
+        self._witness.record(self.recovery_tail.applied_lsn)
+
+    def _witness_commit(self, lsn: int | None) -> None:
+        if lsn is not None and self._witnessed:
+            self._witness.record(lsn)
 
     def __enter__(self):
         return self
@@ -561,7 +592,10 @@ class Shard:
             raise FenceError("command is addressed to another logical shard")
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            return self._apply(txn, command)
+            outcome = self._apply(txn, command)
+        if not outcome.replayed:
+            self._witness_commit(outcome.recovery_lsn)
+        return outcome
 
     def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
         # The seed's order: schema marker (the gate, and `apply`) and the active RootFence, then
@@ -694,7 +728,8 @@ class Shard:
             payload = LeaseClockRecord(unix_ms).encode()
             self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.LeaseClockObservation, clock, payload, tail)
             self._put_system(txn, SYS_LEASE_CLOCK, LeaseClock(unix_ms))
-            return unix_ms
+        self._witness_commit(tail.applied_lsn + 1)
+        return unix_ms
 
     @_lmdb_errors
     def advance_owner_epoch(self, new_epoch: int) -> int:
@@ -709,7 +744,8 @@ class Shard:
             payload = OwnerEpochRecord(new_epoch).encode()
             self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.OwnerEpochAdvance, clock, payload, tail)
             self._put_system(txn, SYS_OWNER, OwnerRecord(new_epoch))
-            return new_epoch
+        self._witness_commit(tail.applied_lsn + 1)
+        return new_epoch
 
     @_lmdb_errors
     def prune_history(self, *, owner_epoch: int, floor_version: int, start_key: bytes = b"",
@@ -726,7 +762,9 @@ class Shard:
         """
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            return self._prune(txn, owner_epoch, floor_version, start_key, limits=(max_rows, max_visits))
+            outcome = self._prune(txn, owner_epoch, floor_version, start_key, limits=(max_rows, max_visits))
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
 
     @_lmdb_errors
     def replay_history_prune(self, record: HistoryPruneRecord) -> "PruneOutcome":
@@ -734,7 +772,9 @@ class Shard:
         rows (count and digest), or IntegrityError and nothing applied."""
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            return self._prune(txn, record.owner_epoch, record.floor_version, record.start_key, recorded=record)
+            outcome = self._prune(txn, record.owner_epoch, record.floor_version, record.start_key, recorded=record)
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
 
     @_lmdb_errors
     def prunable_history(self, floor_version: int) -> tuple[int, int]:

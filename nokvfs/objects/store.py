@@ -167,6 +167,13 @@ class ObjectStore(abc.ABC):
     def statfs(self) -> StoreStats:
         """Capacity figures for `statfs(2)` of a mount."""
 
+    def remove_stale_temp_files(self, *, everywhere: bool = False) -> int:
+        """Delete temporary files that writers which are gone left in the store; return how many.
+        `everywhere` also walks the whole store (for `gc`), not only where temps are kept now.
+        A store without temporary files (S3: unfinished uploads are aborted from the ledger)
+        has nothing to sweep."""
+        return 0
+
     def close(self) -> None:
         """Release connections and file descriptors. Idempotent."""
 

@@ -20,7 +20,7 @@ import os
 
 from nokvfs.engine.placement import PlacementStore, install_root_fence
 from nokvfs.engine.shard import Shard
-from nokvfs.errors import AlreadyExists, InvalidInput, NotFound, StoreError
+from nokvfs.errors import AlreadyExists, FenceError, InvalidInput, NotFound, StoreError
 from nokvfs.schema.enums import RootPlacementLifecycle
 from nokvfs.schema.records import RootPlacement
 from nokvfs.schema.ids import id16_from_hex, new_id16
@@ -156,13 +156,16 @@ def read_config(data_dir: str) -> dict:
     return config
 
 
-def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = True, recover: bool = True) -> Root:
+def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = False, recover: bool = True) -> Root:
     """Open the data directory's root; with recover, resume or clean the publishes, commit
     builds and restores whose owning process is gone.
 
     A replica that is not the owner (a follower, a fenced old owner: nokvfs.workspace.replica)
     opens with its shard and store behind read-only guards and its commands built at an epoch
     that is not the shard's, and is never recovered: its writes fail with the role's typed error.
+
+    Opening is cheap and safe by default: every row is verified when it is read. `verify`
+    also reads every row and recomputes every state digest first (`Shard.open(verify=True)`).
     """
     from nokvfs.objects.blocks import BlockReader
     from nokvfs.objects.cache import BlockCache
@@ -226,6 +229,10 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             publish.recover(root)
             commit.recover(root)
             restore.recover(root)
+        except FenceError as exc:
+            # A fenced root takes no command, so nothing can be resumed or cleaned now; the
+            # operations wait, and whatever this process tries to write is refused the same way.
+            log.warning("recovery skipped: %s", exc)
         except BaseException:
             root.close()
             raise

@@ -110,7 +110,7 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False) -> FsckRepo
     report = FsckReport()
     _engine(root, report, repair=repair)
     try:
-        with root.read() as view:
+        with root.read(fenced=False) as view:
             revisions = _revisions(view, root, report)
             refs = _references(view, root, report, revisions)
             _paths(view, root, report, revisions, refs)

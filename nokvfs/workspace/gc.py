@@ -76,6 +76,7 @@ class GcReport:
     freed: list = field(default_factory=list)  # revision ids (hex)
     history_floor: int = 0
     history_pruned: int = 0  # History rows removed (with dry_run: that would be)
+    temp_files_removed: int = 0  # temporary files of writers that are gone, swept from the store
 
 
 def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
@@ -128,7 +129,8 @@ MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at
 def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
-    configured history retention).
+    configured history retention), and sweep the object store's temporary files that writers
+    which are gone left behind.
 
     With dry_run, nothing is changed and the report lists what the first pass would free (bases
     that only become collectable once their children are gone are not counted) and how many
@@ -146,6 +148,8 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
             break
     keep = root.history_retention if keep_versions is None else keep_versions
     report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run)
+    if not dry_run:
+        report.temp_files_removed = root.store.remove_stale_temp_files(everywhere=True)
     return report
 
 

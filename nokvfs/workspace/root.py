@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import MetadataCommand
+from nokvfs.engine.fences import ReadFence
 from nokvfs.errors import ReadVersionStale
 from nokvfs.schema.ids import new_id16
 
@@ -90,8 +91,12 @@ class Root:
     def __exit__(self, *exc):
         self.close()
 
-    def read(self, version: int | None = None):
-        return self.shard.read(version)
+    def read(self, version: int | None = None, *, fenced: bool = True):
+        """A view of the shard at `version` (default: current). Like every request, a read first
+        passes the root's active RootFence and this process's owner epoch (FenceError,
+        OwnerFenced); only maintenance that must inspect a fenced root (fsck) reads unfenced."""
+        fence = ReadFence(self.root_id, self.placement_generation, self.owner_epoch) if fenced else None
+        return self.shard.read(version, fence=fence)
 
     def apply(self, build, *, digest: bytes, request_id: bytes | None = None):
         """Build against the current version and apply; returns (CommandOutcome, Built)."""
