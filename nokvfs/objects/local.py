@@ -623,6 +623,25 @@ class LocalStore(ObjectStore):
             trash = self._trash_upload(directory)
         shutil.rmtree(trash, ignore_errors=True)
 
+    def multipart_uploads(self, key) -> list[str]:
+        check_key(key)
+        try:
+            names = sorted(os.listdir(self._multipart_root))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise _store_error(exc, "list", self._multipart_root) from exc
+        found = []
+        for name in names:
+            if not _UPLOAD_ID.fullmatch(name):
+                continue  # trash of a finished or aborted upload
+            try:
+                self._load_upload(key, name)
+            except ObjectMissing:
+                continue
+            found.append(name)
+        return found
+
     def _trash_upload(self, directory: str) -> str:
         trash = os.path.join(self._multipart_root, f"trash-{os.path.basename(directory)}-{os.urandom(4).hex()}")
         with _io("retire multipart staging", directory):

@@ -557,6 +557,19 @@ class S3Store(ObjectStore):
             ok_codes=("NoSuchUpload",),
         )
 
+    def multipart_uploads(self, key) -> list[str]:
+        full = self._key(key)
+        found, markers = [], {}
+        while True:
+            response = self._read(
+                "list multipart uploads", key,
+                lambda c: c.list_multipart_uploads(Bucket=self.bucket, Prefix=full, **markers),
+            )
+            found += [u["UploadId"] for u in response.get("Uploads", ()) if u.get("Key") == full]
+            if not response.get("IsTruncated"):
+                return found
+            markers = {"KeyMarker": response["NextKeyMarker"], "UploadIdMarker": response["NextUploadIdMarker"]}
+
     def close(self) -> None:
         for client in (self._reader, self._writer):
             try:
