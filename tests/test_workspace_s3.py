@@ -248,3 +248,24 @@ def test_sigkill_on_s3_then_recovery(tmp_path, s3_bucket, s3_endpoint, s3_client
             assert get_bytes(root, "outputs/m") == old
     finally:
         holder.close()
+
+
+def test_the_store_deadlines_are_part_of_the_data_directory(tmp_path, s3_bucket, s3_endpoint):
+    """Issue 11: store-call deadlines are configurable: the data directory records them
+    ("store_options") and every process opening it uses them; bad values are refused at init."""
+    from nokvfs.errors import InvalidInput
+
+    options = {"connect_timeout": 1, "read_timeout": 2.5, "max_attempts": 2, "deadline": 6}
+    path = str(tmp_path / "data")
+    config = datadir.init(path, store=f"s3://{s3_bucket}/{PREFIX}", endpoint_url=s3_endpoint, store_options=options)
+    assert config["store_options"] == options == datadir.read_config(path)["store_options"]
+    holder = RootHolder(path)
+    try:
+        assert holder.root.store.deadline == 6.0 and holder.root.store._max_attempts == 2
+    finally:
+        holder.close()
+    for bad, target in (({"deadline": 1, "read_timeout": 5}, f"s3://{s3_bucket}/x"), ({"retries": 3}, f"s3://{s3_bucket}/x"),
+                        ({"deadline": 5}, None)):
+        with pytest.raises(InvalidInput):
+            datadir.init(str(tmp_path / f"bad-{len(str(bad))}-{target is None}"), store=target,
+                         endpoint_url=s3_endpoint if target else None, store_options=bad)

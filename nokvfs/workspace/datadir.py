@@ -1,7 +1,10 @@
 """The data directory: one root on one logical shard, with its object store and local state.
 
     <data_dir>/nokvfs.json   root id, logical shard id, object store URL, block size, cache size,
-                             history retention (versions of History GC keeps beyond the holds)
+                             history retention (versions of History GC keeps beyond the holds),
+                             and for an S3 store its call deadlines ("store_options":
+                             connect_timeout, read_timeout, max_attempts, deadline; absent: the
+                             defaults, so that every store call returns within 30 s)
     <data_dir>/control/      the control plane's RootPlacement store
     <data_dir>/shard/        the logical shard's LMDB environment
     <data_dir>/objects/      the local object store (the embedded default)
@@ -48,7 +51,8 @@ def _config_path(data_dir: str) -> str:
 
 
 def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-         cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION) -> dict:
+         cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION,
+         store_options: dict | None = None) -> dict:
     """Create a data directory: a shard, a placed and fenced root, and the store configuration."""
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(_config_path(data_dir)):
@@ -56,11 +60,12 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
     if block_size < 4096 or block_size > 1 << 30:
         raise InvalidInput("block size must be between 4 KiB and 1 GiB")
     _check_retention(history_retention)
-    os.makedirs(data_dir, exist_ok=True)
     store = store or "file://" + os.path.join(data_dir, "objects")
+    store_options = _check_store_options(store, store_options)
+    os.makedirs(data_dir, exist_ok=True)
     from nokvfs.objects.store import open_store
 
-    open_store(store, endpoint_url=endpoint_url, region=region).close()  # fail early on a bad URL
+    open_store(store, endpoint_url=endpoint_url, region=region, **store_options).close()  # fail early on a bad URL
     shard = Shard.create(os.path.join(data_dir, "shard"), new_id16())
     placements = PlacementStore(os.path.join(data_dir, "control"))
     try:
@@ -82,6 +87,8 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
         "cache_bytes": cache_bytes,
         "history_retention_versions": history_retention,
     }
+    if store_options:
+        config["store_options"] = store_options
     _write_config(data_dir, config)
     return config
 
@@ -143,6 +150,22 @@ def _check_retention(value) -> int:
     return value
 
 
+def _check_store_options(store_url: str, options) -> dict:
+    """The store options a data directory may record: the S3 call deadlines, for s3:// only."""
+    if not options:
+        return {}
+    if not isinstance(options, dict):
+        raise InvalidInput(f"store_options must be an object, not {options!r}")
+    from nokvfs.objects.s3 import TIMEOUT_OPTIONS
+
+    unknown = sorted(set(options) - set(TIMEOUT_OPTIONS))
+    if unknown:
+        raise InvalidInput(f"unknown store option(s) {unknown}; known: {list(TIMEOUT_OPTIONS)}")
+    if not str(store_url).startswith("s3://"):
+        raise InvalidInput("store_options (call deadlines) apply to s3:// stores only")
+    return dict(options)
+
+
 def read_config(data_dir: str) -> dict:
     try:
         with open(_config_path(data_dir)) as f:
@@ -190,7 +213,10 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             placements.close()
         if placement is None:
             raise NotFound(f"root {config['root_id']} has no placement in {data_dir}")
-        object_store = open_store(store or config["store"], endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"))
+        store_url = store or config["store"]
+        # The configured deadlines hold for whichever S3 store is used (also one given by --store).
+        options = _check_store_options(store_url, config.get("store_options")) if store_url.startswith("s3://") else {}
+        object_store = open_store(store_url, endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"), **options)
         if read_only:
             object_store = replica.ReadOnlyStore(object_store, role)
         try:
