@@ -61,10 +61,6 @@ class SchemaMismatch(FormatError):
     """The store's schema marker or tree registry differs from this contract."""
 
 
-class OutboxCorrupt(FormatError):
-    """The recovery outbox is broken: a gap, a bad chain digest, a missing or orphan chunk."""
-
-
 class IntegrityError(NokvError):
     """Stored bytes do not match their recorded digest (state digest, block SHA-256, pack)."""
 
@@ -73,6 +69,11 @@ class ShardCorrupt(IntegrityError):
     """The metadata shard's own bytes are damaged: a row that fails its checksum, a state digest
     that does not recompute, or corruption LMDB itself reports (MDB_CORRUPTED, MDB_INVALID,
     MDB_PAGE_NOTFOUND, ...). The shard records it and refuses writes from then on."""
+
+
+class OutboxCorrupt(FormatError, ShardCorrupt):
+    """The recovery outbox is broken: a gap, a bad chain digest, a missing or orphan chunk. Both a
+    format error and shard damage (the shard refuses writes once it is found)."""
 
 
 class RowCorrupt(ShardCorrupt):
