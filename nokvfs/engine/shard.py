@@ -189,8 +189,7 @@ def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
             raise SchemaMismatch(
                 f"{path} was written by an older nokvfs (value_format_version {bare.value_format_version}: "
                 f"rows without checksums); this nokvfs opens value_format_version {VALUE_FORMAT_VERSION} "
-                "only. Read it with the nokvfs that wrote it; replaying its recovery outbox into a new "
-                "shard (`nokvfs shard push` there, `nokvfs shard restore` here from increments) carries the data over"
+                "only; there is no migration: copy the data out with the nokvfs that wrote it"
             ) from None
         raise damaged from None
     try:
