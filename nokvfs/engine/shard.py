@@ -27,7 +27,7 @@ import lmdb
 from nokvfs.engine import fences, history, outbox, rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
-from nokvfs.engine.rows import translate_lmdb_error
+from nokvfs.engine.rows import lmdb_errors_translated, translate_lmdb_error
 from nokvfs.engine.command import (
     FORMAT_VERSION,
     SCHEMA_ID,
@@ -130,20 +130,16 @@ def _row_hash(key: bytes, value: bytes) -> int:
 
 def _lmdb_errors(func):
     """Translate LMDB failures into typed errors; on a Shard method, record corruption found."""
+    translated = lmdb_errors_translated(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
-        except lmdb.Error as exc:
-            error = translate_lmdb_error(exc)
+            return translated(*args, **kwargs)
         except ShardCorrupt as exc:
             if args and isinstance(args[0], Shard):
                 args[0]._alarm.record(exc)
             raise
-        if isinstance(error, ShardCorrupt) and args and isinstance(args[0], Shard):
-            args[0]._alarm.record(error)
-        raise error from None
 
     return wrapper
 
