@@ -409,3 +409,13 @@ def test_deadline_options_are_checked(aws_test_env):
                 dict(max_attempts=0), dict(deadline="30")):
         with pytest.raises(InvalidInput):
             S3Store("nokv-options", endpoint_url="http://127.0.0.1:9", verify_bucket=False, **bad)
+
+
+def test_a_store_opened_without_waiting_still_tells_a_missing_bucket_from_a_missing_key(s3_endpoint, s3_bucket):
+    """Opening with verify_bucket=False sends nothing (a mount starts while the endpoint is
+    silent); the bucket is then checked at the first 404 from head, once."""
+    lazy = S3Store(s3_bucket, endpoint_url=s3_endpoint, verify_bucket=False, **FAST)
+    assert lazy.head("absent") is None and lazy._bucket_verified
+    missing = S3Store("nokv-no-such-bucket-here", endpoint_url=s3_endpoint, verify_bucket=False, **FAST)
+    with pytest.raises(StoreError, match="does not exist"):
+        missing.head("k")

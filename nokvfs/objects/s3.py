@@ -37,7 +37,9 @@ read has no outcome to be unsure of); an ambiguous mutation whose answer timed o
 AmbiguousTimeout, both an AmbiguousResult and a StoreTimeout.
 
 HEAD cannot tell a missing key from a missing bucket (neither has a body), so the bucket is
-checked once when the store is opened: a 404 from `head` later means the object is absent.
+checked once: when the store is opened (`verify_bucket`, the default), or else at the first 404
+from `head`, so that opening never waits on the endpoint (a data directory's root opens its store
+that way: the mount starts, and answers what needs no store, while the endpoint is silent).
 """
 
 from __future__ import annotations
@@ -265,6 +267,7 @@ class S3Store(ObjectStore):
             self._writer = session.client("s3", endpoint_url=endpoint_url, config=write_config)
         except (BotoCoreError, ValueError) as exc:
             raise StoreError(f"cannot create an S3 client for {self.url}: {exc}") from exc
+        self._bucket_verified = False
         if verify_bucket:
             self._verify_bucket()
 
@@ -279,6 +282,7 @@ class S3Store(ObjectStore):
             self._read("open bucket", "", lambda c: c.head_bucket(Bucket=self.bucket))
         except ObjectMissing:
             raise StoreError(f"bucket {self.bucket} does not exist (opening {self.url})") from None
+        self._bucket_verified = True
 
     # --- request classification -------------------------------------------------------------
 
@@ -535,6 +539,8 @@ class S3Store(ObjectStore):
         try:
             response = self._read("head", key, lambda c: c.head_object(Bucket=self.bucket, Key=full))
         except ObjectMissing:
+            if not self._bucket_verified:
+                self._verify_bucket()  # a missing bucket is a StoreError, not an absent object
             return None
         return ObjectInfo(
             key=key,

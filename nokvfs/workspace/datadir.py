@@ -216,6 +216,10 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
         store_url = store or config["store"]
         # The configured deadlines hold for whichever S3 store is used (also one given by --store).
         options = _check_store_options(store_url, config.get("store_options")) if store_url.startswith("s3://") else {}
+        if store_url.startswith("s3://"):
+            # The bucket was checked by init; checked again at the first 404, never at open, so
+            # opening (a mount's start) does not wait on the endpoint.
+            options["verify_bucket"] = False
         object_store = open_store(store_url, endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"), **options)
         if read_only:
             object_store = replica.ReadOnlyStore(object_store, role)
