@@ -725,8 +725,9 @@ def _delete_staged(root, row: StagedObject):
     try:
         if row.upload_id:
             upload_ids = [row.upload_id]
-        elif row.provider_state == StagedProviderState.Uploading:
-            # The intent was recorded, the id maybe not: every upload to this exact key is ours.
+        elif row.provider_state in (StagedProviderState.Uploading, StagedProviderState.Ambiguous):
+            # The intent was recorded, the id maybe not (or an earlier cleanup lost its answer):
+            # every unfinished upload to this exact key is ours.
             upload_ids = root.store.multipart_uploads(row.object_key)
         else:
             upload_ids = []
