@@ -29,11 +29,12 @@ ROOT_FENCE_TREE = "root_fence"
 
 @dataclass(frozen=True)
 class ReadFence:
-    """What a reader of a root presents: the placement generation and owner epoch it holds."""
+    """What a reader of a root presents: the placement generation and owner epoch it holds.
+    owner_epoch None: a read-only replica's read, which passes the RootFence only."""
 
     root_id: bytes
     placement_generation: int
-    owner_epoch: int
+    owner_epoch: int | None
 
 
 def fence_key(root_id: bytes) -> bytes:

@@ -562,7 +562,8 @@ class Shard:
                 if fence is not None:
                     installed = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(fence.root_id)))
                     fences.require_active(installed, fence.root_id, self.logical_shard_id, fence.placement_generation)
-                    fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
+                    if fence.owner_epoch is not None:
+                        fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
                 view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor)
                 yield view if version is None else view.at(version)
         except ShardCorrupt as exc:

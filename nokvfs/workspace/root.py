@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from nokvfs.engine.command import MetadataCommand
 from nokvfs.engine.fences import ReadFence
+from nokvfs.workspace import replica
 from nokvfs.errors import ReadVersionStale
 from nokvfs.schema.ids import new_id16
 
@@ -94,9 +95,13 @@ class Root:
     def read(self, version: int | None = None, *, fenced: bool = True):
         """A view of the shard at `version` (default: current). Like every request, a read first
         passes the root's active RootFence and this process's owner epoch (FenceError,
-        OwnerFenced); only maintenance that must inspect a fenced root (fsck) reads unfenced."""
-        fence = ReadFence(self.root_id, self.placement_generation, self.owner_epoch) if fenced else None
-        return self.shard.read(version, fence=fence)
+        OwnerFenced); only maintenance that must inspect a fenced root (fsck) reads unfenced. A
+        read-only replica (a follower, a fenced old owner) serves the replicated state whatever
+        owns it now, so its reads pass the RootFence only."""
+        if not fenced:
+            return self.shard.read(version)
+        owner_epoch = None if replica.is_read_only(self) else self.owner_epoch
+        return self.shard.read(version, fence=ReadFence(self.root_id, self.placement_generation, owner_epoch))
 
     def apply(self, build, *, digest: bytes, request_id: bytes | None = None):
         """Build against the current version and apply; returns (CommandOutcome, Built)."""
