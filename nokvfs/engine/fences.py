@@ -4,7 +4,10 @@ Seed, "Metadata Command": before any mutation the shard validates "exact schema 
 local RootFence; current owner lease and monotonic epoch; read_version ...; request-id replay or
 mismatch; ..." -- in that order, so a replay of an applied request is answered only to a caller
 that still passes both fences. Seed, cold lookup: "every request still passes the active
-RootFence and owner-epoch fence", so reads check them too (`Shard.read(fence=ReadFence(...))`).
+RootFence and owner-epoch fence", so reads check them too (`Shard.read(fence=ReadFence(...))`):
+the RootFence always, the owner epoch when the reader gives one. The workspace's reads give none:
+in nokvfs an owner that another took over from goes on serving reads read-only, as a follower
+does (its writes stay OwnerFenced).
 
 The one exception is installing the fence itself. A `fence_install` command may carry exactly
 one mutation -- a Put of its own root's RootFence -- and only predicates on that row, and the

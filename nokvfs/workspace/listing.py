@@ -188,14 +188,17 @@ def _listed_path(root, workbench: wb.Workbench, workbench_id: str, components: t
 
 def _after_descendant_eof(view, root, workbench: wb.Workbench, workbench_id: str, components, found_any: bool, first_page: bool):
     """The exact-prefix point read after descendant EOF: the file at the listed path, or None.
-    NotFound when a first and last page found neither descendants nor the path itself."""
+    NotFound when a first and last page found neither descendants nor the path itself (and the
+    directory holds not even its attributes marker, which listings leave out)."""
     exact = None
     if len(components) >= 2:  # the workbench and its sections are never files
         raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
         if raw is not None:
             exact = Child(components[-1], FILE, PathEntry.decode(raw))
     if exact is None and not found_any and first_page and len(components) >= 2:
-        raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+        prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+        if view.seek("path_current", prefix, within=prefix) is None:
+            raise NotFound(f"{workbench_id}:{join(components)} does not exist")
     return exact
 
 
