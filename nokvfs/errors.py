@@ -61,12 +61,28 @@ class SchemaMismatch(FormatError):
     """The store's schema marker or tree registry differs from this contract."""
 
 
-class OutboxCorrupt(FormatError):
-    """The recovery outbox is broken: a gap, a bad chain digest, a missing or orphan chunk."""
-
-
 class IntegrityError(NokvError):
     """Stored bytes do not match their recorded digest (state digest, block SHA-256, pack)."""
+
+
+class ShardCorrupt(IntegrityError):
+    """The metadata shard's own bytes are damaged: a row that fails its checksum, a state digest
+    that does not recompute, or corruption LMDB itself reports (MDB_CORRUPTED, MDB_INVALID,
+    MDB_PAGE_NOTFOUND, ...). The shard records it and refuses writes from then on."""
+
+
+class OutboxCorrupt(FormatError, ShardCorrupt):
+    """The recovery outbox is broken: a gap, a bad chain digest, a missing or orphan chunk. Both a
+    format error and shard damage (the shard refuses writes once it is found)."""
+
+
+class RowCorrupt(ShardCorrupt):
+    """One row's stored value fails its envelope check (checksum over tree, key and value)."""
+
+    def __init__(self, message: str, *, tree: str, key: bytes):
+        super().__init__(message)
+        self.tree = tree
+        self.key = key
 
 
 # --- commands -------------------------------------------------------------------------------
@@ -153,6 +169,16 @@ class ObjectMissing(StoreError):
 
 class AmbiguousResult(StoreError):
     """A request was sent and its outcome is unknown (timeout, reset): recorded, never guessed."""
+
+
+class StoreTimeout(StoreError):
+    """The object store did not answer within the call's deadline (connect and read timeouts,
+    bounded retries). For a read or a request that was never sent, nothing happened."""
+
+
+class AmbiguousTimeout(AmbiguousResult, StoreTimeout):
+    """A mutation ran out of its deadline after a request was sent: its outcome is unknown, so
+    callers keep treating it as AmbiguousResult (recorded, never guessed)."""
 
 
 class PreconditionFailed(StoreError):

@@ -43,10 +43,27 @@ class ShardEnv:
     def apply(self, **kw):
         return self.shard.apply(self.command(**kw))
 
+    def stored(self, txn, tree: str, key: bytes):
+        """The value the engine stored at `key` of `tree`, read raw and taken out of its row envelope."""
+        return stored_value(txn, self.shard, tree, key)
+
     def reopen(self, **options) -> Shard:
         self.shard.close()
         self.shard = Shard.open(self.path, **options)
         return self.shard
+
+
+def stored_value(txn, shard: Shard, tree: str, key: bytes):
+    from nokvfs.engine import rows
+
+    return rows.unseal(tree, key, txn.get(key, db=shard._dbs[tree]))
+
+
+def stored_rows(txn, shard: Shard, tree: str):
+    """Every (key, value) of a tree, read raw and taken out of their row envelopes."""
+    from nokvfs.engine import rows
+
+    return [(k, rows.unseal(tree, k, v)) for k, v in txn.cursor(shard._dbs[tree])]
 
 
 def make_shard_env(tmp_path) -> ShardEnv:

@@ -269,6 +269,20 @@ def test_multipart_abort_discards_the_upload_and_is_idempotent(store):
     assert list(store.list("mp/")) == []
 
 
+def test_multipart_uploads_names_the_unfinished_uploads_to_exactly_one_key(store):
+    first = store.create_multipart("mp/key")
+    second = store.create_multipart("mp/key")
+    store.create_multipart("mp/key2")  # a key it prefixes: not this key's
+    store.create_multipart("mp/other")
+    assert sorted(store.multipart_uploads("mp/key")) == sorted([first, second])
+    store.abort_multipart("mp/key", first)
+    assert store.multipart_uploads("mp/key") == [second]
+    etag = store.upload_part("mp/key", second, 1, b"x")
+    store.complete_multipart("mp/key", second, [(1, etag)])
+    assert store.multipart_uploads("mp/key") == [] and store.get("mp/key") == b"x"
+    assert store.multipart_uploads("mp/absent") == []
+
+
 def test_multipart_small_non_last_part_is_refused(store):
     upload_id = store.create_multipart("mp/small")
     etag1 = store.upload_part("mp/small", upload_id, 1, b"x" * 1024)

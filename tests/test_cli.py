@@ -579,6 +579,11 @@ def test_a_moved_placement_fences_writes_with_exit_7(cli):
         placements.close()
     code, _, err = cli("put", "wb1:outputs/x", stdin=b"x")
     assert code == 7 and err.startswith("nokvfs: fence error: ")
+    # Reads pass the same fence (seed: "every request still passes the active RootFence and
+    # owner-epoch fence"): served by no command while this process's placement is not the fence's.
+    for command in (("ls", "wb1:"), ("stat", "wb1:outputs"), ("get", "wb1:outputs/x")):
+        code, out, err = cli(*command)
+        assert (code, out) == (7, b"") and err.startswith("nokvfs: fence error: "), command
 
 
 def _all_error_classes():

@@ -166,18 +166,17 @@ def test_history_events_dedupe_and_outbox_are_written_with_the_mutations(shard_e
     )
     version = outcome.commit_version
     env = shard_env.shard._env
-    dbs = shard_env.shard._dbs
     with env.begin() as txn:
         tag = keys.FAMILY_BY_NAME["path_current"].tag
         # The first write of K1 in the command records the value before the command, not v2.
-        h = txn.get(keys.history_key(tag, K1, version), db=dbs["history"])
+        h = shard_env.stored(txn, "history", keys.history_key(tag, K1, version))
         assert HistoryValue.decode(h).previous == b"\x02v1"
-        assert HistoryValue.decode(txn.get(keys.history_key(tag, K2, version), db=dbs["history"])).previous is None
-        assert txn.get(K1, db=dbs["path_current"]) == b"\x02v3"
+        assert HistoryValue.decode(shard_env.stored(txn, "history", keys.history_key(tag, K2, version))).previous is None
+        assert shard_env.stored(txn, "path_current", K1) == b"\x02v3"
         for seq, body in enumerate([b"\x02first", b"\x02second"]):
-            assert txn.get(keys.change_event_key(shard_env.root_id, version, seq), db=dbs["change_event"]) == body
+            assert shard_env.stored(txn, "change_event", keys.change_event_key(shard_env.root_id, version, seq)) == body
         dedupe = records.CommandDedupe.decode(
-            txn.get(keys.CommandDedupeKey(shard_env.root_id, request_id).encode(), db=dbs["command_dedupe"])
+            shard_env.stored(txn, "command_dedupe", keys.CommandDedupeKey(shard_env.root_id, request_id).encode())
         )
         assert (dedupe.result, dedupe.commit_version, dedupe.recovery_lsn) == (b"R", version, outcome.recovery_lsn)
     entries = list(shard_env.shard.outbox_entries())

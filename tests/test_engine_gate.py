@@ -5,6 +5,7 @@ from __future__ import annotations
 import lmdb
 import pytest
 
+from nokvfs.engine import rows as envelope
 from nokvfs.engine.command import Put
 from nokvfs.engine.records import SYS_SCHEMA, SYS_TREES, SchemaMarker, TreeRegistry
 from nokvfs.engine.shard import Shard
@@ -24,13 +25,16 @@ def test_empty_store_is_initialised_with_the_exact_marker_and_registry(tmp_path)
     with env.begin() as txn:
         names = {k.decode() for k in txn.cursor().iternext(values=False)}
         system = env.open_db(b"system", txn=txn, create=False)
-        marker = SchemaMarker.decode(txn.get(SYS_SCHEMA, db=system))
-        registry = TreeRegistry.decode(txn.get(SYS_TREES, db=system))
+        stored_marker = txn.get(SYS_SCHEMA, db=system)
+        marker = SchemaMarker.decode(envelope.unseal("system", SYS_SCHEMA, stored_marker))
+        registry = TreeRegistry.decode(envelope.unseal("system", SYS_TREES, txn.get(SYS_TREES, db=system)))
     env.close()
     assert names == set(TREE_NAMES) and len(names) == 26
-    assert (marker.value_format_version, marker.schema_id, marker.format_version) == (1, "nokv_workspace", 8)
+    assert (marker.value_format_version, marker.schema_id, marker.format_version) == (2, "nokv_workspace", 8)
     # The marker's bytes: value version 1, u32 value_format_version, u32-length schema id, u32 format version.
-    assert marker.encode().hex() == "01" + "00000001" + "0000000e" + b"nokv_workspace".hex() + "00000008"
+    assert marker.encode().hex() == "01" + "00000002" + "0000000e" + b"nokv_workspace".hex() + "00000008"
+    # Stored in the row envelope: version 1, xxh3-64("\x06system" | u32 len | "schema" | value), value.
+    assert stored_marker == bytes.fromhex("01" + "0f209fcc2885df85") + marker.encode()
     assert [(t.name, t.tag) for t in registry.trees][: len(FAMILIES)] == [(f.name, f.tag) for f in FAMILIES]
     Shard.open(path).close()
 
@@ -51,16 +55,18 @@ def test_create_refuses_a_non_empty_store(tmp_path):
         Shard.create(path, new_id16())
 
 
-def _rewrite_system(path, key, transform):
+def _rewrite_system(path, key, transform, *, sealed=True):
+    """Replace a System row's value by transform(old value). Sealed (the default): through the
+    row envelope, as a program writing other contents would; else the stored bytes themselves."""
     env = raw_env(path)
     with env.begin(write=True) as txn:
         system = env.open_db(b"system", txn=txn, create=False)
         old = txn.get(key, db=system)
-        new = transform(old)
+        new = transform(envelope.unseal("system", key, old) if sealed else old)
         if new is None:
             txn.delete(key, db=system)
         else:
-            txn.put(key, new, db=system)
+            txn.put(key, envelope.seal("system", key, new) if sealed else new, db=system)
     env.close()
 
 
@@ -71,8 +77,8 @@ def _rewrite_system(path, key, transform):
         (lambda old: old[:5], "marker is malformed"),
         (lambda old: bytes([9]) + old[1:], "marker is malformed.*version 9"),
         (lambda old: SchemaMarker(1, "nokv_workspace", 7).encode(), "format_version 7 != 8"),
-        (lambda old: SchemaMarker(2, "nokv_workspace", 8).encode(), "value_format_version 2 != 1"),
-        (lambda old: SchemaMarker(1, "nokv_workspacf", 8).encode(), "schema_id"),
+        (lambda old: SchemaMarker(3, "nokv_workspace", 8).encode(), "value_format_version 3 != 2"),
+        (lambda old: SchemaMarker(2, "nokv_workspacf", 8).encode(), "schema_id"),
     ],
     ids=["missing", "truncated", "unknown-version", "old-format", "value-format", "schema-id"],
 )
@@ -87,7 +93,7 @@ def test_a_bad_marker_refuses_to_open_naming_the_difference(tmp_path, transform,
 def test_every_flipped_byte_of_the_marker_refuses_to_open(tmp_path):
     path = str(tmp_path / "s")
     Shard.create(path, new_id16()).close()
-    original = SchemaMarker(1, "nokv_workspace", 8).encode()
+    original = SchemaMarker(2, "nokv_workspace", 8).encode()
     for offset in range(len(original)):
         flipped = bytearray(original)
         flipped[offset] ^= 0x01
@@ -136,19 +142,21 @@ def test_a_tampered_registry_record_refuses_to_open(tmp_path):
 
 
 def test_a_flipped_byte_in_a_record_refuses_to_open(shard_env):
+    # A row rewritten outside the engine with a valid envelope (another program's write): only
+    # the state digest can tell, so full verification (open --verify, fsck) refuses it.
     key = b"\x11" * 16 + b"path"
     shard_env.apply(mutations=[Put("path_current", key, b"\x02" + b"value-bytes")])
     shard_env.shard.close()
     env = raw_env(shard_env.path)
     with env.begin(write=True) as txn:
         db = env.open_db(b"path_current", txn=txn, create=False)
-        value = bytearray(txn.get(key, db=db))
+        value = bytearray(envelope.unseal("path_current", key, txn.get(key, db=db)))
         value[3] ^= 0x40
-        txn.put(key, bytes(value), db=db)
+        txn.put(key, envelope.seal("path_current", key, bytes(value)), db=db)
     env.close()
     with pytest.raises(IntegrityError, match="path_current does not match its state digest"):
-        Shard.open(shard_env.path)
-    # Without full verification the damage is not looked for; that mode is explicit.
+        Shard.open(shard_env.path, verify=True)
+    # Without full verification the state digest is not recomputed; that mode is explicit.
     Shard.open(shard_env.path, verify=False).close()
     shard_env.shard = Shard.open(shard_env.path, verify=False)
 
@@ -169,7 +177,7 @@ def _outbox_rows(path):
     env = raw_env(path)
     with env.begin() as txn:
         db = env.open_db(b"recovery_outbox", txn=txn, create=False)
-        rows = list(txn.cursor(db))
+        rows = [(k, envelope.unseal("recovery_outbox", k, v)) for k, v in txn.cursor(db)]
     env.close()
     return rows
 
@@ -181,7 +189,7 @@ def _rewrite_outbox(path, key, value):
         if value is None:
             txn.delete(key, db=db)
         else:
-            txn.put(key, value, db=db)
+            txn.put(key, envelope.seal("recovery_outbox", key, value), db=db)
     env.close()
 
 

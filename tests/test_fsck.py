@@ -6,12 +6,15 @@ import dataclasses
 
 import pytest
 
+from nokvfs.engine import rows as envelope
 from nokvfs.engine.command import Delete, Put
+from nokvfs.errors import ShardCorrupt
 from nokvfs.schema import keys
 from nokvfs.schema.enums import HistoryHoldKind, ReferenceKind, RevisionState
 from nokvfs.schema.records import ArtifactManifest, ArtifactRevision, PathEntry, RevisionRef
 from nokvfs.workspace import append, datadir, fsck, gc, namespace, publish, snapshot, workbench
 from nokvfs.workspace.root import Built, intent_digest
+from tests.conftest import stored_rows
 
 
 @pytest.fixture
@@ -150,14 +153,44 @@ def test_orphan_object_is_repaired_only_with_gc_proofs(root):
 
 @pytest.mark.damages_store("injects the damage fsck must find")
 def test_state_digest(root):
-    # A byte changed under the engine (not through a command).
+    # A byte changed under the engine (not through a command), by a writer that sealed the
+    # changed value in a valid row envelope: only the state digest can tell.
     _, key, _ = entry_of(root)
     env, db = root.shard._env, root.shard._dbs["path_current"]
     with env.begin(write=True) as txn:
-        value = bytearray(txn.get(key, db=db))
+        value = bytearray(envelope.unseal("path_current", key, txn.get(key, db=db)))
         value[5] ^= 0x10
-        txn.put(key, bytes(value), db=db)
+        txn.put(key, envelope.seal("path_current", key, bytes(value)), db=db)
     assert "STATE_DIGEST" in codes(fsck.check(root))
+
+
+@pytest.mark.damages_store("injects the damage fsck must find")
+def test_row_corrupt_and_the_integrity_alarm(root):
+    # A byte changed in a row's stored bytes: the row fails its envelope check, fsck names it,
+    # and the shard refuses writes until `fsck --repair` finds everything intact again.
+    _, key, _ = entry_of(root)
+    env, db = root.shard._env, root.shard._dbs["path_current"]
+    with env.begin(write=True) as txn:
+        original = txn.get(key, db=db)
+        damaged = bytearray(original)
+        damaged[12] ^= 0x10
+        txn.put(key, bytes(damaged), db=db)
+    report = fsck.check(root)
+    assert codes(report) == ["ROW_CORRUPT"]
+    assert report.findings[0].subject == f"path_current {key.hex()}"
+    with pytest.raises(ShardCorrupt):
+        namespace.put(root, "w", "outputs/new", b"x")  # its lookup meets the damaged neighbour
+    with pytest.raises(ShardCorrupt, match="writes are refused"):
+        workbench.create(root, "elsewhere")  # touches no damaged row, and is refused all the same
+    repaired = fsck.check(root, repair=True)
+    assert codes(repaired) == ["ROW_CORRUPT"] and not repaired.repaired  # still damaged: kept
+    with env.begin(write=True) as txn:
+        txn.put(key, original, db=db)
+    assert codes(fsck.check(root)) == ["INTEGRITY_ALARM"]
+    repaired = fsck.check(root, repair=True)
+    assert repaired.ok and repaired.repaired == ["integrity alarm"]
+    namespace.put(root, "w", "outputs/new", b"x")
+    assert fsck.check(root).ok
 
 
 @pytest.mark.damages_store("injects the damage fsck must find")
@@ -168,7 +201,7 @@ def test_commit_seal_and_consumer_count(root):
     result = commit.build(root, "w")
     assert fsck.check(root).ok
     with root.read() as view:
-        member_key, member_raw = next(iter(view._txn.cursor(view._dbs["commit_member"])))
+        member_key, member_raw = stored_rows(view._txn, root.shard, "commit_member")[0]
         commit_key = keys.CommitKey(root.root_id, result.commit_id).encode()
         record = Commit.decode(view.get("commit", commit_key))
     member = CommitMember.decode(member_raw)
@@ -264,13 +297,14 @@ def test_undecodable_row(root, tree):
 def test_outbox_chain(root):
     # A byte of a logical outbox record changed under the engine: its payload no longer matches
     # the SHA-256 its header (and the chain) recorded.
+    # (Sealed in a valid row envelope, so the chain itself is what must catch it.)
     env, db = root.shard._env, root.shard._dbs["recovery_outbox"]
     with env.begin(write=True) as txn:
         cursor = txn.cursor(db)
         assert cursor.set_range(b"\x01")  # the first chunk row
-        key, value = cursor.key(), bytearray(cursor.value())
+        key, value = cursor.key(), bytearray(envelope.unseal("recovery_outbox", cursor.key(), cursor.value()))
         value[-1] ^= 0x01
-        txn.put(key, bytes(value), db=db)
+        txn.put(key, envelope.seal("recovery_outbox", key, bytes(value)), db=db)
     report = fsck.check(root)
     assert codes(report) == ["OUTBOX_CHAIN"]
     assert "SHA-256" in report.findings[0].detail

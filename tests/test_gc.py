@@ -324,3 +324,30 @@ def test_each_way_a_reference_goes_frees_exactly_the_bytes_nothing_else_referenc
     assert old.artifact_revision_id.hex() in report.freed and report.freed_bytes == before - stored_bytes(root)
     assert read(root, "outputs/kept") == b"k" * 6_000 and kept.artifact_revision_id.hex() not in report.freed
     assert gc.collect(root).freed_revisions == 0 and fsck.check(root).ok
+
+
+def test_gc_sweeps_the_temp_files_of_writers_that_are_gone(root):
+    """Issue 13: `.nokv-tmp-*` temporary files older than any live writer are swept by gc (and at
+    open); a temp whose writer still holds it is kept."""
+    import time
+
+    namespace.put(root, "w", "outputs/a", b"a" * 100)
+    temp_dir = os.path.join(root.data_dir, "objects", ".nokv-tmp")
+    dead = os.path.join(temp_dir, ".nokv-tmp-deadwriter")
+    beside_key = os.path.join(root.data_dir, "objects", "nokv", ".nokv-tmp-olderversion")
+    for path in (dead, beside_key):
+        with open(path, "wb") as f:
+            f.write(b"half a block")
+        past = time.time() - 3 * 86400
+        os.utime(path, (past, past))
+    live_fd, live, _, _ = root.store._write_temp([b"a write in progress"], {})
+    try:
+        os.utime(live, (time.time() - 3 * 86400,) * 2)
+        assert gc.collect(root, dry_run=True).temp_files_removed == 0 and os.path.exists(dead)
+        report = gc.collect(root)
+        assert report.temp_files_removed == 2
+        assert not os.path.exists(dead) and not os.path.exists(beside_key) and os.path.exists(live)
+    finally:
+        os.close(live_fd)
+        os.unlink(live)
+    assert read(root, "outputs/a") == b"a" * 100

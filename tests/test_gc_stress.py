@@ -17,6 +17,7 @@ from nokvfs.errors import GenerationConflict, NotFound
 from nokvfs.schema.enums import RevisionState
 from nokvfs.schema.records import ArtifactRevision
 from nokvfs.workspace import append, asof, changes, commit, datadir, fsck, gc, listing, namespace, publish, reading, restore, snapshot, workbench
+from tests.conftest import stored_rows
 
 pytest_plugins = ["tests.s3_fixtures"]
 
@@ -135,7 +136,7 @@ def stored_objects(root):
 def available_objects(root):
     out = set()
     with root.read() as view:
-        for key, value in view._txn.cursor(view._dbs["artifact_revision"]):
+        for key, value in stored_rows(view._txn, root.shard, "artifact_revision"):
             if ArtifactRevision.decode(value).state == RevisionState.Available:
                 revision_id = key[16:]
                 out |= {r.object_key for r in publish.read_manifest(view, root, revision_id) if r.physical_owner_revision_id == revision_id}

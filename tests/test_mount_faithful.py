@@ -417,7 +417,7 @@ def test_spool_list_retry_and_discard(tmp_path):
 # --- bounded waits --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason="opening an S3 store waits on the endpoint until store calls have deadlines (issue 11 item 6, store half)", strict=True, run=False)
+@pytest.mark.damages_store("its bucket answers at an endpoint that is gone after the test (a silent server)")
 def test_a_silent_store_gives_eio_within_the_deadline_and_the_mount_keeps_serving(tmp_path, s3_bucket, s3_endpoint, silent_server):
     """An S3 endpoint that accepts connections and never answers: a 4 KiB pread and a close
     each fail with EIO within the mount's syscall deadline, and the daemon keeps serving."""

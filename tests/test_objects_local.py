@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -114,15 +115,15 @@ def test_list_never_shows_temp_or_internal_files(store):
 
 
 def test_temp_file_never_renamed_leaves_no_object_at_the_key(store):
-    directory = os.path.join(store.root, "t")
-    store._ensure_dir(directory)
-    tmp, _, _ = store._write_temp(directory, [b"half of a block"], {})  # the write, never committed
+    fd, tmp, _, _ = store._write_temp([b"half of a block"], {})  # the write, never committed
     assert os.path.exists(tmp)
     with pytest.raises(ObjectMissing):
         store.get("t/obj")
     assert store.head("t/obj") is None
     assert list(store.list("")) == []
-    assert store.remove_stale_temp_files(older_than_seconds=0) == 1
+    assert store.remove_stale_temp_files(grace_seconds=0) == 0  # its writer still holds it
+    os.close(fd)  # the writer is gone
+    assert store.remove_stale_temp_files(grace_seconds=0) == 1
     assert _temp_files(store.root) == []
 
 
@@ -362,3 +363,47 @@ def test_sha256_uri_round_trips_and_refuses_malformed_uris():
             parse_sha256_uri(bad)
     with pytest.raises(InvalidInput):
         sha256_uri(digest[:31])
+
+
+# --- temporary files of writers that are gone ----------------------------------------------------
+
+
+def _age(path, seconds):
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+def test_a_dead_writers_temp_is_swept_at_open_and_a_live_ones_is_kept(store):
+    """Issue 13: temporary files older than any live writer are swept at open and by gc."""
+    assert _crash_during_put(store.root, "crash/new", b"z" * 100_000) == 17
+    [dead] = [os.path.join(store.root, f) for f in _temp_files(store.root)]
+    live_fd, live, _, _ = store._write_temp([b"a write still in progress"], {})
+    try:
+        young_fd, young, _, _ = store._write_temp([b"just created"], {})
+        os.close(young_fd)  # its writer is gone too, but a moment ago: within the grace
+        for path in (dead, live):
+            _age(path, 2 * 3600)
+        LocalStore(store.root).close()  # another process opening the store
+        assert not os.path.exists(dead)
+        assert os.path.exists(live) and os.path.exists(young)
+    finally:
+        os.close(live_fd)  # now that writer is gone too
+    assert store.remove_stale_temp_files() == 1 and not os.path.exists(live)
+    assert os.path.exists(young)  # unlocked, but younger than the grace
+    _age(young, 120)
+    assert store.remove_stale_temp_files() == 1
+    assert _temp_files(store.root) == []
+
+
+def test_temps_an_older_version_left_beside_their_keys_go_after_a_day_with_everywhere(store):
+    store.put("k/obj", b"1")
+    old, recent = (os.path.join(store.root, "k", f".nokv-tmp-{n}") for n in ("0ld", "recent"))
+    for path in (old, recent):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+    _age(old, 2 * 86400)
+    _age(recent, 3600)
+    assert store.remove_stale_temp_files() == 0  # open only looks in the temp directory
+    assert store.remove_stale_temp_files(everywhere=True) == 1
+    assert not os.path.exists(old) and os.path.exists(recent)
+    assert store.get("k/obj") == b"1"

@@ -9,7 +9,16 @@ import time
 
 import pytest
 
-from nokvfs.errors import AmbiguousResult, InvalidInput, ObjectMissing, PreconditionFailed, StoreError, StoreFull
+from nokvfs.errors import (
+    AmbiguousResult,
+    AmbiguousTimeout,
+    InvalidInput,
+    ObjectMissing,
+    PreconditionFailed,
+    StoreError,
+    StoreFull,
+    StoreTimeout,
+)
 from nokvfs.objects.s3 import S3Store
 from nokvfs.objects.store import MIN_PART_SIZE, MiB, StoreStats, open_store
 
@@ -339,3 +348,74 @@ def test_upload_part_to_an_unknown_upload_is_object_missing(scripted_server):
     scripted_server.script = [(404, "NoSuchUpload")]
     with pytest.raises(ObjectMissing, match="upload"):
         _scripted_store(scripted_server).upload_part("k", "upload-1", 1, b"x")
+
+
+# --- deadlines: an endpoint that accepts connections and never answers ----------------------------
+
+
+def _blackholed_store(server, **options):
+    return S3Store(
+        "nokv-blackholed",
+        endpoint_url=server.endpoint,
+        verify_bucket=False,
+        **{**FAST, "connect_timeout": 0.5, "read_timeout": 1.0, "max_attempts": 10, "deadline": 5.0, **options},
+    )
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda s: s.get("k"), StoreTimeout),
+        (lambda s: s.get("k", 10, 5), StoreTimeout),
+        (lambda s: s.head("k"), StoreTimeout),
+        (lambda s: list(s.list("p/")), StoreTimeout),
+        (lambda s: s.put("k", b"v"), AmbiguousTimeout),
+        (lambda s: s.put("k", b"v", if_none_match=True), AmbiguousTimeout),
+        (lambda s: s.delete("k"), AmbiguousTimeout),
+        (lambda s: s.create_multipart("k"), AmbiguousTimeout),
+        (lambda s: s.multipart_uploads("k"), StoreTimeout),
+    ],
+    ids=["get", "ranged-get", "head", "list", "put", "conditional-put", "delete", "create-multipart", "list-uploads"],
+)
+def test_a_blackholed_endpoint_gives_a_typed_error_within_the_deadline(aws_test_env, silent_server, call, error):
+    """Issue 11: "Every store call has connect/read deadlines and bounded retries" -- against a
+    socket that accepts connections and never answers, each call ends with a typed error within
+    its deadline (5 s here), never a hang. A read is StoreTimeout (nothing happened); a mutation
+    that was sent is AmbiguousTimeout (an AmbiguousResult: its outcome is unknown, never guessed)."""
+    store = _blackholed_store(silent_server)
+    started = time.monotonic()
+    with pytest.raises(error) as caught:
+        call(store)
+    elapsed = time.monotonic() - started
+    assert isinstance(caught.value, StoreTimeout) and "time" in str(caught.value).lower()
+    assert elapsed <= store.deadline + 1.0, elapsed
+    # Retried while a whole attempt fitted (several), never beyond the deadline: not all ten.
+    assert 1 <= silent_server.connections < 10
+
+
+def test_the_default_deadline_bounds_a_call_to_30_seconds(aws_test_env, silent_server):
+    """The defaults (connect 5 s, read 10 s, 3 attempts, 30 s deadline): a call on an endpoint
+    that never answers returns StoreTimeout in at most 30 s (here: two attempts, about 20 s)."""
+    store = S3Store("nokv-blackholed", endpoint_url=silent_server.endpoint, verify_bucket=False)
+    assert store.deadline == 30.0
+    started = time.monotonic()
+    with pytest.raises(StoreTimeout):
+        store.head("k")
+    assert time.monotonic() - started <= 30.0 + 1.0
+
+
+def test_deadline_options_are_checked(aws_test_env):
+    for bad in (dict(deadline=0), dict(read_timeout=-1), dict(connect_timeout=20, read_timeout=20, deadline=30),
+                dict(max_attempts=0), dict(deadline="30")):
+        with pytest.raises(InvalidInput):
+            S3Store("nokv-options", endpoint_url="http://127.0.0.1:9", verify_bucket=False, **bad)
+
+
+def test_a_store_opened_without_waiting_still_tells_a_missing_bucket_from_a_missing_key(s3_endpoint, s3_bucket):
+    """Opening with verify_bucket=False sends nothing (a mount starts while the endpoint is
+    silent); the bucket is then checked at the first 404 from head, once."""
+    lazy = S3Store(s3_bucket, endpoint_url=s3_endpoint, verify_bucket=False, **FAST)
+    assert lazy.head("absent") is None and lazy._bucket_verified
+    missing = S3Store("nokv-no-such-bucket-here", endpoint_url=s3_endpoint, verify_bucket=False, **FAST)
+    with pytest.raises(StoreError, match="does not exist"):
+        missing.head("k")

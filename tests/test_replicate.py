@@ -107,6 +107,10 @@ class Interposed(ObjectStore):
         self._record("list", prefix)
         return self.inner.list(prefix)
 
+    def multipart_uploads(self, key):
+        self._record("multipart_uploads", key)
+        return self.inner.multipart_uploads(key)
+
     def create_multipart(self, key, **kw):
         return self.inner.create_multipart(key, **kw)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nokvfs.errors import InvalidInput, NotADirectory, NotFound, ReadVersionStale
+from nokvfs.errors import InvalidInput, NotFound, ReadVersionStale
 from nokvfs.schema.paths import normalize_path
 from nokvfs.workspace import listing, namespace
 from nokvfs.workspace import workbench as wb
@@ -86,12 +86,18 @@ def test_implicit_directories_and_files(bench):
     with pytest.raises(NotFound):
         stat(root, "elsewhere")
     with root.read() as view:
-        with pytest.raises(NotADirectory):
-            listing.list_dir(view, root, WB, "outputs/readme")
-        with pytest.raises(NotADirectory):
-            listing.list_recursive(view, root, WB, "outputs/readme")
-        with pytest.raises(NotFound):
-            listing.list_dir(view, root, WB, "outputs/nothing")
+        # Seed: "When the requested prefix can itself be a published file, the metadata listing
+        # also performs one exact-prefix point read after descendant EOF; the Workbench
+        # direct-child adapter does not expose the requested path as its own child."
+        for lister in (listing.list_dir, listing.list_recursive):
+            page = lister(view, root, WB, "outputs/readme")
+            assert page.children == () and page.cursor is None
+            assert (page.exact.name, page.exact.kind, page.exact.entry.logical_size) == ("readme", listing.FILE, 1)
+            assert lister(view, root, WB, "outputs").exact is None  # a directory has no exact item
+            with pytest.raises(NotFound):
+                lister(view, root, WB, "outputs/nothing")
+            with pytest.raises(NotFound):
+                lister(view, root, WB, "outputs/readme/below")
     # Removing the last file under a directory removes the directory.
     namespace.remove(root, WB, "outputs/run1/ckpt/step-1")
     with pytest.raises(NotFound):

@@ -174,6 +174,40 @@ def test_multipart_blocks_record_the_upload_id_before_parts(monkeypatch, tmp_pat
         holder.close()
 
 
+def test_a_crash_between_create_and_record_leaks_no_upload(monkeypatch, tmp_path, s3_bucket, s3_endpoint, s3_client):
+    """Issue 13: "Any S3 multipart upload you create is recorded before its first part so cleanup
+    can abort it without listing the bucket" -- here the process dies after CreateMultipartUpload
+    and before the upload id reached the ledger: the recorded intent (Uploading, no id) is enough
+    for recovery to abort the upload to that exact key."""
+    path = _s3_data_dir(tmp_path, s3_bucket, s3_endpoint)
+    holder = RootHolder(path)
+    wb.create(holder.root, WB)
+    before = set(publish_ops(holder.root))
+    holder.close()
+    new = body(3 * BLOCK, "s3-new")
+    options = {"multipart_threshold": 1024}
+    assert run_crash_child(crash_worker, path, "outputs/m", new, None, "after-multipart-create-1", options) == KILLED
+
+    holder = RootHolder(path, recover=False)
+    (op_id,) = set(publish_ops(holder.root)) - before
+    rows = ledger(holder.root, op_id)
+    assert rows[1].upload_id is None and rows[1].provider_state == StagedProviderState.Uploading
+    (leaked,) = _uploads(s3_client, s3_bucket)
+    assert leaked["Key"] == f"{PREFIX}/{rows[1].object_key}"
+    listed = []
+    real_list = S3Store.list
+    monkeypatch.setattr(S3Store, "list", lambda self, *a, **kw: listed.append(a) or real_list(self, *a, **kw))
+    root = holder.reopen(recover=True)
+    try:
+        assert _uploads(s3_client, s3_bucket) == []  # aborted from the ledger's intent
+        assert publish_ops(root)[op_id].phase == PublishPhase.Cleaned and ledger(root, op_id) == []
+        assert _bucket_keys(s3_client, s3_bucket) == []
+    finally:
+        holder.close()
+    assert listed == []  # the bucket's objects were never listed
+    monkeypatch.undo()
+
+
 @pytest.mark.parametrize(
     "crash_at, published",
     [("after-multipart-record-0", False), ("after-multipart-record-1", False), ("after-upload-1", False), ("after-finalize", True), ("before-publish-command", True)],
@@ -214,3 +248,24 @@ def test_sigkill_on_s3_then_recovery(tmp_path, s3_bucket, s3_endpoint, s3_client
             assert get_bytes(root, "outputs/m") == old
     finally:
         holder.close()
+
+
+def test_the_store_deadlines_are_part_of_the_data_directory(tmp_path, s3_bucket, s3_endpoint):
+    """Issue 11: store-call deadlines are configurable: the data directory records them
+    ("store_options") and every process opening it uses them; bad values are refused at init."""
+    from nokvfs.errors import InvalidInput
+
+    options = {"connect_timeout": 1, "read_timeout": 2.5, "max_attempts": 2, "deadline": 6}
+    path = str(tmp_path / "data")
+    config = datadir.init(path, store=f"s3://{s3_bucket}/{PREFIX}", endpoint_url=s3_endpoint, store_options=options)
+    assert config["store_options"] == options == datadir.read_config(path)["store_options"]
+    holder = RootHolder(path)
+    try:
+        assert holder.root.store.deadline == 6.0 and holder.root.store._max_attempts == 2
+    finally:
+        holder.close()
+    for bad, target in (({"deadline": 1, "read_timeout": 5}, f"s3://{s3_bucket}/x"), ({"retries": 3}, f"s3://{s3_bucket}/x"),
+                        ({"deadline": 5}, None)):
+        with pytest.raises(InvalidInput):
+            datadir.init(str(tmp_path / f"bad-{len(str(bad))}-{target is None}"), store=target,
+                         endpoint_url=s3_endpoint if target else None, store_options=bad)

@@ -35,12 +35,15 @@ class UsageError(InvalidInput):
 def open_root(args, *, write: bool):
     """The data directory's root (a context manager: `with open_root(args, write=True) as root`).
 
-    Only writing commands run publish recovery. The shard's outbox chain is always checked on open;
-    the full per-tree state-digest scan is fsck's job, not every command's.
+    Only writing commands run publish recovery. The shard's outbox chain is always checked on open
+    and every row is verified as it is read; the full per-tree state-digest scan is fsck's job, or
+    every command's with the global `--verify`.
     """
     from nokvfs.workspace import datadir
 
-    return datadir.open_root(args.data_dir, store=args.store, endpoint_url=args.endpoint_url, verify=False, recover=write)
+    return datadir.open_root(
+        args.data_dir, store=args.store, endpoint_url=args.endpoint_url, verify=getattr(args, "verify", False), recover=write
+    )
 
 
 # --- WB:PATH --------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     nokvfs [GLOBAL OPTIONS] <command> ... [GLOBAL OPTIONS]
 
-The global options -- `--data-dir DIR`, `--store URL`, `--endpoint-url URL`, `--debug`,
+The global options -- `--data-dir DIR`, `--store URL`, `--endpoint-url URL`, `--debug`, `--verify`,
 `--progress` -- are accepted before the command or anywhere after it (after a subcommand too:
 `nokvfs snapshot mint WB --data-dir D`), with the same meaning; given twice, the last one wins.
 Every command's `--help` lists them. `--data-dir` defaults to `$NOKVFS_DATA_DIR`, else
@@ -192,6 +192,9 @@ def add_global_options(parser, *, defaults: dict | None) -> None:
     group.add_argument("--debug", action="store_true", default=default("debug"), help="show tracebacks of failures")
     group.add_argument("--progress", action="store_true", default=default("progress"),
                        help="show progress on stderr even when it is not a terminal (it never goes to stdout)")
+    group.add_argument("--verify", action="store_true", default=default("verify"),
+                       help="before the command, read every row of the shard and recompute every state digest "
+                       "(rows are always verified as they are read; this proves the whole shard intact first)")
 
 
 def _global_defaults() -> dict:
@@ -203,6 +206,7 @@ def _global_defaults() -> dict:
         "endpoint_url": None,
         "debug": False,
         "progress": False,
+        "verify": False,
     }
 
 

@@ -109,7 +109,7 @@ class _Opened:
             raise role.refusal()
         url, endpoint = _url(args)
         data_dir = None if getattr(args, "shard_path", None) or not os.path.exists(os.path.join(args.data_dir, "nokvfs.json")) else args.data_dir
-        self.shard = Shard.open(_shard_path(args), verify=False)
+        self.shard = Shard.open(_shard_path(args), verify=getattr(args, "verify", False))
         try:
             self.replicator = Replicator.from_url(self.shard, url, endpoint_url=endpoint, data_dir=data_dir)
         except BaseException:

@@ -17,7 +17,8 @@ from nokvfs.schema.ids import check_id16
 
 SCHEMA_ID = "nokv_workspace"
 FORMAT_VERSION = 8
-VALUE_FORMAT_VERSION = 1
+# 2: every stored row is sealed in the row envelope (nokvfs.engine.rows); 1 had bare values.
+VALUE_FORMAT_VERSION = 2
 
 MAX_PREDICATES = 4_096
 MAX_MUTATIONS = 16_384

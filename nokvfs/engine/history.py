@@ -24,12 +24,15 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
+from nokvfs.engine import rows
 from nokvfs.engine.records import HistoryValue
 from nokvfs.errors import FormatError, IntegrityError
 from nokvfs.schema import keys as family_keys
 from nokvfs.schema.records import WorkspaceCurrent
 
 _U32 = struct.Struct(">I")
+
+_HISTORY = "history"
 
 # Bounds of one pruning batch (one write transaction and one outbox record).
 MAX_PRUNED_ROWS = 4096
@@ -82,21 +85,22 @@ def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, 
         if (max_rows is not None and len(deletions) >= max_rows) or (max_visits is not None and visited >= max_visits):
             return Plan(deletions, key)
         visited += 1
+        value = rows.unseal(_HISTORY, key, cursor.value())
         try:
             tag, user_key, version = family_keys.decode_history_key(key)
             project = RETAINED_PROJECTIONS.get(tag)
             if project is None:
                 if version <= floor:
-                    deletions.append((key, cursor.value()))
+                    deletions.append((key, value))
             else:
                 if (tag, user_key) != user:
                     # The first row of this key in the range: the value after its change is the
                     # one the next newer row (just before it in key order) recorded, or the current row.
                     user = (tag, user_key)
                     after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, user_key))
-                before = project(HistoryValue.decode(cursor.value()).previous)
+                before = project(HistoryValue.decode(value).previous)
                 if version <= floor and before == after:
-                    deletions.append((key, cursor.value()))
+                    deletions.append((key, value))
                 after = before
         except FormatError as exc:
             raise IntegrityError(f"history row {key.hex()} does not decode: {exc}") from None
@@ -107,5 +111,6 @@ def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, 
 def _value_after(txn, probe, family_db, key: bytes, user_key: bytes) -> bytes | None:
     # Same tag, length and user key, differing only in the trailing inverted version.
     if probe.set_range(key) and probe.prev() and probe.key()[:-8] == key[:-8]:
-        return HistoryValue.decode(probe.value()).previous
-    return txn.get(user_key, db=family_db)
+        return HistoryValue.decode(rows.unseal(_HISTORY, probe.key(), probe.value())).previous
+    tag = key[0]
+    return rows.get(txn, family_db, family_keys.FAMILY_BY_TAG[tag].name, user_key)

@@ -9,6 +9,11 @@ Seeking at an old version merges the current tree with the keys its History know
 are grouped by user-key length, so the merge visits each length group present for the family;
 reads at the current version never touch History.
 
+Every row a view uses is verified first (nokvfs.engine.rows): the value returned, the History
+row an old-version read takes its value from, and -- where a lookup lands between rows, a miss or
+a seek -- the rows on both sides of the landing point, so a row whose key bytes were damaged is
+RowCorrupt rather than silently absent or skipped. LMDB's own corruption errors are ShardCorrupt.
+
 History below the floor is pruned (nokvfs.engine.history), so reads below it are refused, except
 visibility reads: `at(v, visibility=True)` may go below the floor for the trees whose History
 keeps every change of a projection (WorkspaceCurrent's incarnation and state), and only point
@@ -19,14 +24,17 @@ from __future__ import annotations
 
 import struct
 
+from nokvfs.engine import rows
 from nokvfs.engine.history import RETAINED_TREES
 from nokvfs.engine.records import HistoryValue
+from nokvfs.engine.rows import lmdb_errors_translated
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _U64_MAX = (1 << 64) - 1
 _AFTER_ALL_VERSIONS = b"\xff" * 8  # inverted(0); commit versions start at 1
+_HISTORY = "history"
 
 
 def inverted(version: int) -> bytes:
@@ -81,6 +89,7 @@ class ReadView:
 
     # --- point reads ---------------------------------------------------------------------
 
+    @lmdb_errors_translated
     def get(self, tree: str, key: bytes) -> bytes | None:
         self.ops += 1
         if self._visibility_only and tree not in RETAINED_TREES:
@@ -89,7 +98,12 @@ class ReadView:
             changed, previous = self._previous_after(self._tags[tree], key)
             if changed:
                 return previous
-        return self._txn.get(key, db=self._dbs[tree])
+        raw = self._txn.get(key, db=self._dbs[tree])
+        if raw is None:
+            self.ops += 2
+            rows.verify_neighbours(self._cursor(tree), tree, key)
+            return None
+        return rows.unseal(tree, key, raw)
 
     def _previous_after(self, tag: int, key: bytes):
         """(True, value-before) for the earliest change of key after self.version, else (False, None)."""
@@ -97,15 +111,20 @@ class ReadView:
         cursor = self._cursor("\0history")
         self.ops += 1
         found = cursor.set_range(prefix + inverted(self.version))
+        if found:
+            # The row after the landing point is verified too, so damage cannot hide a change.
+            rows.unseal(_HISTORY, cursor.key(), cursor.value())
         moved = cursor.prev() if found else cursor.last()
         if moved:
             hkey = cursor.key()
+            value = rows.unseal(_HISTORY, hkey, cursor.value())
             if len(hkey) == len(prefix) + 8 and hkey.startswith(prefix):
-                return True, HistoryValue.decode(cursor.value()).previous
+                return True, HistoryValue.decode(value).previous
         return False, None
 
     # --- ordered reads -------------------------------------------------------------------
 
+    @lmdb_errors_translated
     def seek(self, tree: str, key: bytes, within: bytes = b""):
         """The first (key, value) with key >= `key` that exists at self.version, or None.
 
@@ -115,13 +134,20 @@ class ReadView:
             raise self._below_floor()  # visibility views point-read only
         cursor = self._cursor(tree)
         if self.is_current:
-            self.ops += 1
+            self.ops += 2
             if not cursor.set_range(key):
+                if cursor.last():
+                    rows.unseal(tree, cursor.key(), cursor.value())
                 return None
             found = cursor.key()
+            value = rows.unseal(tree, found, cursor.value())
+            if cursor.prev():
+                # The row before the landing point: a row whose key was damaged sorts wrongly and
+                # would be stepped over without this check.
+                rows.unseal(tree, cursor.key(), cursor.value())
             if not found.startswith(within):
                 return None
-            return found, cursor.value()
+            return found, value
         probe = key
         while True:
             candidates = []

@@ -14,6 +14,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
+from nokvfs.engine import rows
 from nokvfs.engine.records import (
     OUTBOX_CHUNK_BYTES,
     OUTBOX_CHUNK_PREFIX,
@@ -24,6 +25,7 @@ from nokvfs.engine.records import (
 from nokvfs.errors import FormatError, OutboxCorrupt
 from nokvfs.schema.enums import OutboxRecordKind
 
+OUTBOX_TREE = "recovery_outbox"
 _LSN = struct.Struct(">Q")
 _CHUNK = struct.Struct(">QI")
 
@@ -118,7 +120,7 @@ def iterate(txn, db, genesis: bytes, *, start_lsn: int = 1):
         if lsn != expected:
             raise OutboxCorrupt(f"outbox LSN gap: expected {expected}, found {lsn}")
         try:
-            header = OutboxHeader.decode(headers.value())
+            header = OutboxHeader.decode(rows.unseal(OUTBOX_TREE, key, headers.value()))
         except FormatError as exc:
             raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
         parts = []
@@ -126,7 +128,7 @@ def iterate(txn, db, genesis: bytes, *, start_lsn: int = 1):
             if not more_chunks or chunks.key() != chunk_key(lsn, index):
                 raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
             try:
-                parts.append(OutboxChunk.decode(chunks.value()).data)
+                parts.append(OutboxChunk.decode(rows.unseal(OUTBOX_TREE, chunks.key(), chunks.value())).data)
             except FormatError as exc:
                 raise OutboxCorrupt(f"outbox chunk {lsn}/{index} does not decode: {exc}") from None
             more_chunks = chunks.next()

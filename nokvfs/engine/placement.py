@@ -118,3 +118,16 @@ def _write_fence(shard, root_id: bytes, key: bytes, raw: bytes | None, new: Root
         )
     )
     return new.encode()
+
+
+def move_root_fence(shard, root_id: bytes, state: RootActivationState) -> RootFence:
+    """Move the root's installed fence forward to `state` within its placement generation
+    (Active -> Draining -> Fenced): from Draining on, the shard takes no command of the root and
+    serves no read of it. A fence only moves forward (nokvfs.engine.fences)."""
+    key = RootFenceKey(root_id).encode()
+    raw, fence = _read_fence(shard, key)
+    if fence is None:
+        raise NotFound(f"root {root_id.hex()} has no fence on this shard")
+    moved = RootFence(fence.logical_shard_id, fence.placement_generation, state)
+    _write_fence(shard, root_id, key, raw, moved, fence.placement_generation)
+    return moved

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import re
 import struct
 import time
 
@@ -23,7 +25,10 @@ import blake3
 import lmdb
 
 from nokvfs import filemodes
-from nokvfs.engine import history, outbox
+from nokvfs.engine import fences, history, outbox, rows
+from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
+from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
+from nokvfs.engine.rows import lmdb_errors_translated, translate_lmdb_error
 from nokvfs.engine.command import (
     FORMAT_VERSION,
     SCHEMA_ID,
@@ -79,13 +84,16 @@ from nokvfs.errors import (
     IntegrityError,
     InvalidInput,
     KeyTooLong,
+    NokvError,
     NotFound,
     OutboxCorrupt,
     OwnerFenced,
     PredicateFailed,
     ReadVersionStale,
     RequestMismatch,
+    RowCorrupt,
     SchemaMismatch,
+    ShardCorrupt,
     StoreError,
     StoreFull,
 )
@@ -107,6 +115,7 @@ RESERVED_TREES = (SYSTEM_TREE, HISTORY_TREE, OUTBOX_TREE)
 HISTORY_KEY_OVERHEAD = 1 + 4 + 8  # tag | u32 length | inverted commit version
 DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as it is used
 _DIGEST_MOD = 1 << 256
+_TREE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _U32 = struct.Struct(">I")
 
 
@@ -121,22 +130,18 @@ def _row_hash(key: bytes, value: bytes) -> int:
 
 
 def _lmdb_errors(func):
-    """Translate LMDB failures into typed errors: a full map or disk is StoreFull."""
+    """Translate LMDB failures into typed errors; on a Shard method, record corruption found."""
+    translated = lmdb_errors_translated(func)
 
+    @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
-        except lmdb.MapFullError as exc:
-            raise StoreFull(f"the shard's LMDB map is full: {exc}") from None
-        except lmdb.DiskError as exc:
-            raise StoreFull(f"the shard's disk is full: {exc}") from None
-        except lmdb.Error as exc:
-            if "No space left" in str(exc):
-                raise StoreFull(f"the shard's disk is full: {exc}") from None
-            raise StoreError(f"LMDB failed: {exc}") from None
+            return translated(*args, **kwargs)
+        except ShardCorrupt as exc:
+            if args and isinstance(args[0], Shard):
+                args[0]._alarm.record(exc)
+            raise
 
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
     return wrapper
 
 
@@ -165,18 +170,47 @@ def _digested_trees() -> list[str]:
     return [f.name for f in family_keys.FAMILIES] + [HISTORY_TREE]
 
 
+def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
+    """The sealed schema marker, or a typed error saying why not: SchemaMismatch for a store
+    written before the row envelope (a bare marker of value format 1), RowCorrupt for damage."""
+    if raw is None:
+        raise SchemaMismatch(f"{path}: the schema marker is missing")
+    try:
+        value = rows.unseal(SYSTEM_TREE, SYS_SCHEMA, raw)
+    except RowCorrupt as damaged:
+        try:
+            bare = SchemaMarker.decode(raw)
+        except FormatError:
+            raise damaged from None
+        if bare.value_format_version < VALUE_FORMAT_VERSION:
+            raise SchemaMismatch(
+                f"{path} was written by an older nokvfs (value_format_version {bare.value_format_version}: "
+                f"rows without checksums); this nokvfs opens value_format_version {VALUE_FORMAT_VERSION} "
+                "only; there is no migration: copy the data out with the nokvfs that wrote it"
+            ) from None
+        raise damaged from None
+    try:
+        return SchemaMarker.decode(value)
+    except FormatError as exc:
+        raise SchemaMismatch(f"{path}: the schema marker is malformed: {exc}") from None
+
+
 class Shard:
     """The LMDB environment of one logical shard. One instance per process and path."""
 
-    def __init__(self, path: str, env: lmdb.Environment, dbs: dict):
+    def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True):
         self.path = path
         self._env = env
         self._dbs = dbs
+        self._alarm = IntegrityAlarm(path)
+        self._witness = CommitWitness(path)
+        # Environments opened with sync=False witness their commits only when `sync` flushes them.
+        self._witnessed = witnessed
         self._family_dbs = {f.name: dbs[f.name] for f in family_keys.FAMILIES}
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
         self._family_dbs_by_tag = {f.tag: dbs[f.name] for f in family_keys.FAMILIES}
         with env.begin() as txn:
-            identity = ShardIdentity.decode(txn.get(SYS_SHARD, db=dbs[SYSTEM_TREE]))
+            identity = self._system(txn, SYS_SHARD, ShardIdentity)
         self.logical_shard_id = identity.logical_shard_id
         self._genesis = outbox.genesis_digest(self.logical_shard_id)
         # LMDB's compiled key limit (511 in the python-lmdb build) bounds History keys, which
@@ -195,24 +229,58 @@ class Shard:
             with env.begin() as txn:
                 if txn.cursor().first():
                     raise SchemaMismatch(f"{path} already holds a store; open it instead")
+            for leftover in (ALARM_NAME, WITNESS_NAME):  # of a store that was deleted here
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, leftover))
             dbs = cls._initialise(env, logical_shard_id)
         except BaseException:
             env.close()
             raise
-        return cls(path, env, dbs)
+        return cls(path, env, dbs, witnessed=options.get("sync", True))
 
     @classmethod
-    def open(cls, path: str, *, verify: bool = True, **options) -> "Shard":
-        """Open an existing store, failing closed on any difference from the contract."""
+    def open(cls, path: str, *, verify: bool = False, **options) -> "Shard":
+        """Open an existing store, failing closed on any difference from the contract.
+
+        Opening checks the schema gate, the System rows and the recovery outbox against the
+        System tail; every row is verified when it is read, so that is all a safe open needs.
+        `verify=True` also reads every row of every tree and recomputes the state digests
+        (what `fsck` does): O(shard size), for when the whole shard must be proven intact now.
+        """
         if not os.path.exists(os.path.join(path, "data.mdb")):
             raise NotFound(f"no shard at {path}")
+        try:
+            check_meta_pages(path)
+        except ShardCorrupt as exc:
+            IntegrityAlarm(path).record(exc)
+            raise
         env = cls._open_env(path, **options)
         try:
             dbs = cls._gate(env, path)
-            shard = cls(path, env, dbs)
-            shard._verify(full=verify)
+            shard = cls(path, env, dbs, witnessed=options.get("sync", True))
+        except ShardCorrupt as exc:
+            env.close()
+            IntegrityAlarm(path).record(exc)
+            raise
+        except lmdb.Error as exc:
+            env.close()
+            error = translate_lmdb_error(exc)
+            if isinstance(error, ShardCorrupt):
+                IntegrityAlarm(path).record(error)
+            raise error from None
         except BaseException:
             env.close()
+            raise
+        try:
+            shard._verify(full=verify)
+            tail = shard.recovery_tail
+            try:
+                shard._witness.check(tail.applied_lsn)
+            except ShardCorrupt as exc:
+                shard._alarm.record(exc)
+                raise
+        except BaseException:
+            shard.close()
             raise
         return shard
 
@@ -240,7 +308,7 @@ class Shard:
             dbs = {name: env.open_db(name.encode(), txn=txn, create=True) for name in family_keys.TREE_NAMES}
             system = dbs[SYSTEM_TREE]
             marker = SchemaMarker(VALUE_FORMAT_VERSION, SCHEMA_ID, FORMAT_VERSION)
-            rows = {
+            rows_ = {
                 SYS_SCHEMA: marker,
                 SYS_TREES: _expected_registry(),
                 SYS_SHARD: ShardIdentity(logical_shard_id, time.time_ns() // 1_000_000),
@@ -253,8 +321,8 @@ class Shard:
                     tuple(TreeDigest(name, 0, bytes(32)) for name in _digested_trees())
                 ),
             }
-            for key, value in rows.items():
-                txn.put(key, value.encode(), db=system)
+            for key, value in rows_.items():
+                rows.put(txn, system, SYSTEM_TREE, key, value.encode())
         return dbs
 
     @staticmethod
@@ -270,6 +338,11 @@ class Shard:
                     names.add(repr(key))
         if not names:
             raise SchemaMismatch(f"{path} is an empty store: create it first")
+        garbled = sorted(n for n in names if not _TREE_NAME.fullmatch(n))
+        if garbled:
+            # Neither nokvfs nor LMDB writes such a name: the main tree itself is damaged (a meta
+            # page or branch page pointing at another tree's page).
+            raise ShardCorrupt(f"{path}: LMDB's main tree lists names that are no tree's: {garbled[:3]}")
         expected = set(family_keys.TREE_NAMES)
         missing, extra = sorted(expected - names), sorted(names - expected)
         if missing or extra:
@@ -277,13 +350,7 @@ class Shard:
         dbs = {name: env.open_db(name.encode(), create=False) for name in family_keys.TREE_NAMES}
         with env.begin() as txn:
             system = dbs[SYSTEM_TREE]
-            raw = txn.get(SYS_SCHEMA, db=system)
-            if raw is None:
-                raise SchemaMismatch(f"{path}: the schema marker is missing")
-            try:
-                marker = SchemaMarker.decode(raw)
-            except FormatError as exc:
-                raise SchemaMismatch(f"{path}: the schema marker is malformed: {exc}") from None
+            marker = _schema_marker(path, txn.get(SYS_SCHEMA, db=system))
             differences = []
             if marker.schema_id != SCHEMA_ID:
                 differences.append(f"schema_id {marker.schema_id!r} != {SCHEMA_ID!r}")
@@ -295,7 +362,7 @@ class Shard:
                 )
             if differences:
                 raise SchemaMismatch(f"{path}: schema marker differs: " + "; ".join(differences))
-            raw = txn.get(SYS_TREES, db=system)
+            raw = rows.unseal(SYSTEM_TREE, SYS_TREES, txn.get(SYS_TREES, db=system))
             if raw is None:
                 raise SchemaMismatch(f"{path}: the tree registry record is missing")
             try:
@@ -309,63 +376,131 @@ class Shard:
                     f"{path}: tree registry record differs: missing {sorted(wanted - stored)}, "
                     f"extra {sorted(stored - wanted)}"
                 )
-            for key in txn.cursor(system).iternext(keys=True, values=False):
-                if key not in SYSTEM_KEYS:
-                    raise SchemaMismatch(f"{path}: unknown System row {key!r}")
             for key in SYSTEM_KEYS:
-                if txn.get(key, db=system) is None:
+                if rows.get(txn, system, SYSTEM_TREE, key) is None:
                     raise SchemaMismatch(f"{path}: System row {key.decode()} is missing")
+            for key, stored in txn.cursor(system):
+                if key not in SYSTEM_KEYS:
+                    # A row sealed under this key was written so (another format); one that is
+                    # not is a damaged row.
+                    rows.unseal(SYSTEM_TREE, key, stored)
+                    raise SchemaMismatch(f"{path}: unknown System row {key!r}")
         return dbs
 
     def _verify(self, *, full: bool) -> None:
-        """Outbox chain against the System tail, then (full) every tree's state digest."""
+        """Outbox chain against the System tail, then (full) every row and every state digest.
+        Raises the first problem found; `verify_state` lists them all."""
+        problems = self.verify_state(full=full, first_only=True)
+        if problems:
+            raise problems[0]
+
+    @_lmdb_errors
+    def verify_state(self, *, full: bool = True, first_only: bool = False) -> list[NokvError]:
+        """Every problem found, as typed errors (empty: intact). Always: the System rows, the
+        recovery outbox end to end against the System tail and commit clock. With `full`, every
+        row of every tree is read and verified, and each tree's state digest recomputed.
+        Damage found is recorded (writes are refused from then on)."""
+        problems: list[NokvError] = []
         with self._env.begin() as txn:
             system = self._dbs[SYSTEM_TREE]
             try:
-                tail = RecoveryTail.decode(txn.get(SYS_RECOVERY, db=system))
-                clock = CommitClock.decode(txn.get(SYS_CLOCK, db=system)).commit_version
-                digests = StateDigest.decode(txn.get(SYS_STATE_DIGEST, db=system))
+                tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+                clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+                digests = self._system(txn, SYS_STATE_DIGEST, StateDigest)
                 for key, rec in ((SYS_OWNER, OwnerRecord), (SYS_LEASE_CLOCK, LeaseClock)):
-                    rec.decode(txn.get(key, db=system))
-                floor = HistoryFloor.decode(txn.get(SYS_HISTORY_FLOOR, db=system)).floor_version
+                    self._system(txn, key, rec)
+                floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+            except RowCorrupt:
+                raise
             except FormatError as exc:
                 raise SchemaMismatch(f"{self.path}: a System record is malformed: {exc}") from None
-            summary = outbox.verify(txn, self._dbs[OUTBOX_TREE], self._genesis)
-            if summary.last_lsn != tail.applied_lsn or summary.chain_digest != tail.chain_digest:
-                raise IntegrityError(
-                    f"{self.path}: recovery outbox ends at LSN {summary.last_lsn}, System tail says "
-                    f"{tail.applied_lsn}" + ("" if summary.last_lsn != tail.applied_lsn else " with another chain digest")
-                )
+            try:
+                summary = outbox.verify(txn, self._dbs[OUTBOX_TREE], self._genesis)
+            except (OutboxCorrupt, RowCorrupt) as exc:
+                problems.append(exc)
+                summary = None
+            if summary is not None:
+                if summary.last_lsn != tail.applied_lsn or summary.chain_digest != tail.chain_digest:
+                    problems.append(ShardCorrupt(
+                        f"{self.path}: recovery outbox ends at LSN {summary.last_lsn}, System tail says "
+                        f"{tail.applied_lsn}" + ("" if summary.last_lsn != tail.applied_lsn else " with another chain digest")
+                    ))
+                elif summary.last_commit_version != clock:
+                    problems.append(ShardCorrupt(
+                        f"{self.path}: commit clock {clock} differs from the outbox's last commit "
+                        f"version {summary.last_commit_version}"
+                    ))
             if floor > clock:
-                raise IntegrityError(f"{self.path}: history floor {floor} is beyond the commit clock {clock}")
-            if summary.last_commit_version != clock:
-                raise IntegrityError(
-                    f"{self.path}: commit clock {clock} differs from the outbox's last commit "
-                    f"version {summary.last_commit_version}"
-                )
+                problems.append(ShardCorrupt(f"{self.path}: history floor {floor} is beyond the commit clock {clock}"))
             if [t.name for t in digests.trees] != _digested_trees():
                 raise SchemaMismatch(f"{self.path}: state digest lists other trees")
-            if not full:
-                return
-            for stored in digests.trees:
-                count, total = 0, 0
-                for key, value in txn.cursor(self._dbs[stored.name]).iternext():
-                    count += 1
+            if full and not (first_only and problems):
+                problems += self._verify_rows(txn, digests, first_only=first_only)
+        for problem in problems:
+            if isinstance(problem, (ShardCorrupt, OutboxCorrupt)):
+                self._alarm.record(problem)
+                break
+        return problems
+
+    def _verify_rows(self, txn, digests: StateDigest, *, first_only: bool) -> list[NokvError]:
+        problems: list[NokvError] = []
+        stored = {t.name: t for t in digests.trees}
+        for tree in family_keys.TREE_NAMES:
+            count, total, damaged = 0, 0, 0
+            cursor = txn.cursor(self._dbs[tree])
+            found = cursor.first()
+            while found:
+                key = cursor.key()
+                try:
+                    value = rows.unseal(tree, key, cursor.value())
+                except RowCorrupt as exc:
+                    problems.append(exc)
+                    if first_only:
+                        return problems
+                    damaged += 1
+                    value = None
+                count += 1
+                if value is not None:
                     total = (total + _row_hash(key, value)) % _DIGEST_MOD
-                if count != stored.row_count or total.to_bytes(32, "big") != stored.digest:
-                    raise IntegrityError(
-                        f"{self.path}: tree {stored.name} does not match its state digest "
-                        f"({count} rows, digest recorded for {stored.row_count}): a row was changed "
-                        "outside the engine"
-                    )
+                found = cursor.next()
+            recorded = stored.get(tree)
+            if recorded is None or damaged:
+                continue  # System and the outbox have no digest; a damaged row is reported already
+            if count != recorded.row_count or total.to_bytes(32, "big") != recorded.digest:
+                problems.append(ShardCorrupt(
+                    f"{self.path}: tree {tree} does not match its state digest ({count} rows, digest "
+                    f"recorded for {recorded.row_count}): a row was changed outside the engine"
+                ))
+                if first_only:
+                    return problems
+        return problems
+
+    @property
+    def integrity_finding(self) -> dict | None:
+        """What made this shard known to be corrupt (None: nothing has)."""
+        return self._alarm.finding()
+
+    def clear_integrity_alarm(self) -> bool:
+        """Lift the write refusal, only if a full verification finds nothing now. True if an
+        alarm was lifted; ShardCorrupt (or the first problem) if the shard is still damaged."""
+        problems = self.verify_state(full=True, first_only=True)
+        if problems:
+            raise problems[0]
+        return self._alarm.clear()
 
     def close(self) -> None:
+        self._witness.close()
         self._env.close()
 
     @_lmdb_errors
     def sync(self) -> None:
         """Flush every committed transaction to disk (for environments opened with sync=False)."""
         self._env.sync(True)
+        self._witness.record(self.recovery_tail.applied_lsn)
+
+    def _witness_commit(self, lsn: int | None) -> None:
+        if lsn is not None and self._witnessed:
+            self._witness.record(lsn)
 
     def __enter__(self):
         return self
@@ -376,10 +511,13 @@ class Shard:
     # --- System state --------------------------------------------------------------------------
 
     def _system(self, txn, key: bytes, record):
-        return record.decode(txn.get(key, db=self._dbs[SYSTEM_TREE]))
+        return record.decode(rows.unseal(SYSTEM_TREE, key, txn.get(key, db=self._dbs[SYSTEM_TREE])))
 
     def _put_system(self, txn, key: bytes, value) -> None:
-        txn.put(key, value.encode(), db=self._dbs[SYSTEM_TREE])
+        rows.put(txn, self._dbs[SYSTEM_TREE], SYSTEM_TREE, key, value.encode())
+
+    def _get(self, txn, tree: str, key: bytes) -> bytes | None:
+        return rows.get(txn, self._dbs[tree], tree, key)
 
     @property
     def commit_version(self) -> int:
@@ -409,13 +547,35 @@ class Shard:
     # --- reads -----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def read(self, version: int | None = None):
-        """A ReadView at `version` (default: the current commit version)."""
-        with self._env.begin(buffers=False) as txn:
-            current = self._system(txn, SYS_CLOCK, CommitClock).commit_version
-            floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
-            view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor)
-            yield view if version is None else view.at(version)
+    def read(self, version: int | None = None, *, fence: fences.ReadFence | None = None):
+        """A ReadView at `version` (default: the current commit version).
+
+        With `fence`, the view is opened only if the root's RootFence is Active at the fence's
+        placement generation and the shard's owner epoch is the fence's (FenceError,
+        OwnerFenced): the seed's cold lookup, where "every request still passes the active
+        RootFence and owner-epoch fence". Both are point reads in the view's own transaction.
+        Damage met by any read in the view (a row failing its check, corruption LMDB reports)
+        is ShardCorrupt and is recorded, so the shard refuses writes from then on.
+        """
+        try:
+            with self._env.begin(buffers=False) as txn:
+                current = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+                floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+                if fence is not None:
+                    installed = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(fence.root_id)))
+                    fences.require_active(installed, fence.root_id, self.logical_shard_id, fence.placement_generation)
+                    if fence.owner_epoch is not None:
+                        fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
+                view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor)
+                yield view if version is None else view.at(version)
+        except ShardCorrupt as exc:
+            self._alarm.record(exc)
+            raise
+        except lmdb.Error as exc:
+            error = translate_lmdb_error(exc)
+            if isinstance(error, ShardCorrupt):
+                self._alarm.record(error)
+            raise error from None
 
     def outbox_entries(self):
         """Every verified recovery-outbox entry in LSN order (for replication and tests)."""
@@ -431,21 +591,27 @@ class Shard:
             raise SchemaMismatch(f"command schema {command.schema_id!r} is not {SCHEMA_ID!r}")
         if command.logical_shard_id != self.logical_shard_id:
             raise FenceError("command is addressed to another logical shard")
+        self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            return self._apply(txn, command)
+            outcome = self._apply(txn, command)
+        if not outcome.replayed:
+            self._witness_commit(outcome.recovery_lsn)
+        return outcome
 
     def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
+        # The seed's order: schema marker (the gate, and `apply`) and the active RootFence, then
+        # the owner epoch; only then an exact request-id replay, which precedes the read-version
+        # fence; then the predicates.
+        self._check_fences(txn, command)
         dedupe_key = family_keys.CommandDedupeKey(command.root_id, command.request_id).encode()
-        stored = txn.get(dedupe_key, db=self._dbs["command_dedupe"])
+        stored = self._get(txn, "command_dedupe", dedupe_key)
         if stored is not None:
-            # Exact replay precedes the read-version fence and returns the stored result.
             dedupe = family_records.CommandDedupe.decode(stored)
             if dedupe.command_digest != command.command_digest:
                 raise RequestMismatch(
                     f"request id {command.request_id.hex()} was used for a different command"
                 )
             return CommandOutcome(dedupe.commit_version, dedupe.recovery_lsn, dedupe.result, replayed=True)
-        self._check_fences(txn, command)
         clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
         if command.read_version != clock:
             raise ReadVersionStale(
@@ -469,21 +635,22 @@ class Shard:
         mutated = []
 
         def write(tree: str, key: bytes, value: bytes | None) -> None:
+            # The old value is read verified: nothing is written over a damaged row.
             db = self._family_dbs[tree]
-            old = txn.get(key, db=db)
+            old = rows.get(txn, db, tree, key)
             history_key = family_keys.history_key(self._tags[tree], key, commit_version)
             if history_key not in written_history:
                 # The first write of a key in a command records the value before the command.
                 written_history.add(history_key)
                 hvalue = HistoryValue(old).encode()
-                prior = txn.get(history_key, db=self._dbs[HISTORY_TREE])
-                txn.put(history_key, hvalue, db=self._dbs[HISTORY_TREE])
+                prior = self._get(txn, HISTORY_TREE, history_key)
+                rows.put(txn, self._dbs[HISTORY_TREE], HISTORY_TREE, history_key, hvalue)
                 digests.change(HISTORY_TREE, history_key, prior, hvalue)
             if value is None:
                 if old is not None:
                     txn.delete(key, db=db)
             else:
-                txn.put(key, value, db=db)
+                rows.put(txn, db, tree, key, value)
             digests.change(tree, key, old, value)
             mutated.append((tree, key))
 
@@ -506,38 +673,27 @@ class Shard:
         return CommandOutcome(commit_version, lsn, command.result, mutated=tuple(mutated))
 
     def _append_outbox(self, txn, lsn, kind, commit_version, payload, tail) -> bytes:
-        rows, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
+        framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
         db = self._dbs[OUTBOX_TREE]
-        for key, value in rows:
-            if not txn.put(key, value, db=db, overwrite=False):
-                raise IntegrityError(f"recovery outbox already holds {key.hex()}")
+        for key, value in framed:
+            if not rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False):
+                raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
         self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
         return chain
 
     def _check_fences(self, txn, command: MetadataCommand) -> None:
-        raw = txn.get(family_keys.RootFenceKey(command.root_id).encode(), db=self._dbs["root_fence"])
-        if not command.fence_install:
-            if raw is None:
-                raise FenceError(f"root {command.root_id.hex()} has no fence on this shard")
-            fence = family_records.RootFence.decode(raw)
-            if fence.activation_state != RootActivationState.Active:
-                raise FenceError(f"root {command.root_id.hex()} fence is {fence.activation_state.name}")
-            if fence.logical_shard_id != self.logical_shard_id:
-                raise FenceError(f"root {command.root_id.hex()} is fenced to another logical shard")
-            if fence.placement_generation != command.placement_generation:
-                raise FenceError(
-                    f"placement generation {command.placement_generation} is not the fence's "
-                    f"{fence.placement_generation}"
-                )
-        epoch = self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
-        if command.owner_epoch != epoch:
-            raise OwnerFenced(f"owner epoch {command.owner_epoch} is not the shard's current {epoch}")
+        fence = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(command.root_id)))
+        if command.fence_install:
+            fences.check_installation(command, fence, self.logical_shard_id)
+        else:
+            fences.require_active(fence, command.root_id, self.logical_shard_id, command.placement_generation)
+        fences.require_owner(command.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
 
     def _check(self, txn, index: int, predicate) -> None:
         db = self._family_dbs.get(predicate.tree)
         if db is None:
             raise InvalidInput(f"predicate {index} names no metadata family tree {predicate.tree!r}")
-        raw = txn.get(predicate.key, db=db)
+        raw = rows.get(txn, db, predicate.tree, predicate.key)
         where = f"predicate {index} on {predicate.tree}"
         if isinstance(predicate, Exists):
             if raw is None:
@@ -563,6 +719,7 @@ class Shard:
     @_lmdb_errors
     def observe_lease_clock(self, unix_ms: int) -> int:
         """Persist a lease-clock observation; the clock only moves forward. Returns the high water."""
+        self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
             current = self._system(txn, SYS_LEASE_CLOCK, LeaseClock).high_water_unix_ms
             if unix_ms <= current:
@@ -572,11 +729,13 @@ class Shard:
             payload = LeaseClockRecord(unix_ms).encode()
             self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.LeaseClockObservation, clock, payload, tail)
             self._put_system(txn, SYS_LEASE_CLOCK, LeaseClock(unix_ms))
-            return unix_ms
+        self._witness_commit(tail.applied_lsn + 1)
+        return unix_ms
 
     @_lmdb_errors
     def advance_owner_epoch(self, new_epoch: int) -> int:
         """Move physical ownership to `new_epoch` (strictly greater): older owners are fenced."""
+        self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
             current = self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
             if new_epoch <= current:
@@ -586,7 +745,8 @@ class Shard:
             payload = OwnerEpochRecord(new_epoch).encode()
             self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.OwnerEpochAdvance, clock, payload, tail)
             self._put_system(txn, SYS_OWNER, OwnerRecord(new_epoch))
-            return new_epoch
+        self._witness_commit(tail.applied_lsn + 1)
+        return new_epoch
 
     @_lmdb_errors
     def prune_history(self, *, owner_epoch: int, floor_version: int, start_key: bytes = b"",
@@ -601,15 +761,21 @@ class Shard:
         write transaction with one HistoryPrune outbox record, so replicas prune exactly the same
         rows; a stale owner epoch is OwnerFenced.
         """
+        self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            return self._prune(txn, owner_epoch, floor_version, start_key, limits=(max_rows, max_visits))
+            outcome = self._prune(txn, owner_epoch, floor_version, start_key, limits=(max_rows, max_visits))
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
 
     @_lmdb_errors
     def replay_history_prune(self, record: HistoryPruneRecord) -> "PruneOutcome":
         """Apply a recorded HistoryPrune batch: the same floor, the same range and exactly the same
         rows (count and digest), or IntegrityError and nothing applied."""
+        self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            return self._prune(txn, record.owner_epoch, record.floor_version, record.start_key, recorded=record)
+            outcome = self._prune(txn, record.owner_epoch, record.floor_version, record.start_key, recorded=record)
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
 
     @_lmdb_errors
     def prunable_history(self, floor_version: int) -> tuple[int, int]:
@@ -623,15 +789,13 @@ class Shard:
         clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
         old = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
         floor = min(floor_version, clock)
-        for _, value in txn.cursor(self._family_dbs["history_hold"]).iternext():
+        for _, value in rows.iterate(txn.cursor(self._family_dbs["history_hold"]), "history_hold"):
             floor = min(floor, family_records.HistoryHold.decode(value).read_version)
         return max(old, floor)
 
     def _prune(self, txn, owner_epoch: int, floor_version: int, start_key: bytes, *, limits=(None, None),
                recorded: HistoryPruneRecord | None = None) -> "PruneOutcome":
-        epoch = self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch
-        if owner_epoch != epoch:
-            raise OwnerFenced(f"owner epoch {owner_epoch} is not the shard's current {epoch}")
+        fences.require_owner(owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
         old = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
         floor = self._prune_floor(txn, floor_version)
         if recorded is not None and floor != recorded.floor_version:
@@ -699,7 +863,7 @@ class Shard:
             if lsn == 0:
                 previous = self._genesis
             else:
-                raw = txn.get(outbox.header_key(lsn), db=db)
+                raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(lsn))
                 if raw is None:
                     return None, []
                 previous = self._outbox_header(raw, lsn).chain_digest
@@ -710,13 +874,13 @@ class Shard:
                     break
                 if max_bytes is not None and entries and size >= max_bytes:
                     break
-                raw = txn.get(outbox.header_key(current), db=db)
+                raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(current))
                 if raw is None:
                     break
                 header = self._outbox_header(raw, current)
                 parts = []
                 for index in range(header.chunk_count):
-                    chunk = txn.get(outbox.chunk_key(current, index), db=db)
+                    chunk = rows.get(txn, db, OUTBOX_TREE, outbox.chunk_key(current, index))
                     if chunk is None:
                         raise OutboxCorrupt(f"outbox record {current} is missing chunk {index}")
                     try:

@@ -4,6 +4,7 @@ Layout under the root directory::
 
     .nokv-store                   marker: this directory is a store (format and version)
     .nokv-lock                    flock(2) target serialising every commit step
+    .nokv-tmp/.nokv-tmp-<random>  the bytes of a write in progress (one file per write)
     .nokv-multipart/<upload_id>/  staging of one multipart upload: upload.json, part-00001, ...
     <key>                         one file per object, at its key path ("a/b/c" -> a/b/c)
 
@@ -17,13 +18,21 @@ metadata live in the same file as the bytes, so one rename publishes all three a
 is no sidecar to fall out of step. A trailer that does not parse, or whose size disagrees with the
 file, is IntegrityError naming the path.
 
-Writes. Bytes go to ``.nokv-tmp-<random>`` in the key's directory, are fsynced, and are then
-committed under the store lock: ``rename`` for a plain put, ``link`` (fails with EEXIST, so
-creation is atomic even against a writer that ignores the lock) then ``unlink`` of the temp for
-`if_none_match`, and etag check then ``rename`` for `if_match` (atomic because every commit takes
-the lock); then the directory is fsynced. A crash at any point leaves either the old object or the
-new one at the key, plus at worst a temp file that `list`, `get` and `head` never show and
-`remove_stale_temp_files` sweeps. New directories are fsynced into their parents.
+Writes. Bytes go to a temp file in ``.nokv-tmp/``, are fsynced, and are then committed under the
+store lock: ``rename`` for a plain put, ``link`` (fails with EEXIST, so creation is atomic even
+against a writer that ignores the lock) then ``unlink`` of the temp for `if_none_match`, and etag
+check then ``rename`` for `if_match` (atomic because every commit takes the lock); then the key's
+directory is fsynced. A crash at any point leaves either the old object or the new one at the key,
+plus at worst a temp file that `list`, `get` and `head` never show. New directories are fsynced
+into their parents.
+
+Temp files. A writer holds an flock(2) on its temp file from creating it until the temp is
+published or removed, so a temp nobody holds locked is a crashed writer's. `remove_stale_temp_files`
+deletes those (and only those older than a minute, which covers the instant between creating a
+temp and locking it); every open of the store sweeps ``.nokv-tmp/``, one directory listing, and
+`nokvfs gc` also walks the whole tree for temps an older nokvfs left beside their keys (those,
+never locked, go after a day). Calls of this store are local system calls: they have no network
+deadline to miss (a hung filesystem hangs them, as it hangs every program using it).
 
 Keys whose components would make an object's path a directory of another object's path (``a`` and
 ``a/b``) are valid S3 keys but cannot both exist here; the second is StoreError. Deleting an
@@ -72,7 +81,10 @@ from nokvfs.schema.ids import new_id16
 MARKER_NAME = ".nokv-store"
 LOCK_NAME = ".nokv-lock"
 MULTIPART_DIR = ".nokv-multipart"
+TMP_DIR = ".nokv-tmp"
 TMP_PREFIX = ".nokv-tmp-"
+STALE_TEMP_GRACE = 60.0  # seconds: a temp younger than this may be between creation and its lock
+LEGACY_TEMP_AGE = 24 * 3600.0  # temps beside their keys were written without a lock
 RESERVED_PREFIX = ".nokv-"
 TRAILER_MAGIC = b"NOKVOBJ1"
 TRAILER_VERSION = 1
@@ -155,8 +167,10 @@ class LocalStore(ObjectStore):
         self.url = "file://" + root
         self._lock_path = os.path.join(root, LOCK_NAME)
         self._multipart_root = os.path.join(root, MULTIPART_DIR)
+        self._tmp_root = os.path.join(root, TMP_DIR)
         self._open_root(create)
         self._remove_multipart_trash()
+        self.remove_stale_temp_files()
 
     # --- opening ------------------------------------------------------------------------------
 
@@ -184,7 +198,7 @@ class LocalStore(ObjectStore):
         if foreign:
             raise StoreError(f"refusing to make a non-empty directory an object store: {self.root}")
         data = json.dumps(_MARKER, sort_keys=True).encode() + b"\n"
-        tmp = self._write_small_temp(self.root, data)
+        tmp = self._write_small_temp(data)
         with _io("create object store marker", marker):
             os.replace(tmp, marker)
         _fsync_dir(self.root)
@@ -233,22 +247,24 @@ class LocalStore(ObjectStore):
             raise _store_error(exc, "create directory", directory) from exc
         _fsync_dir(parent)
 
-    def _create_temp(self, directory: str) -> tuple[int, str]:
-        """An exclusive new temp file in `directory`, recreating the directory if a concurrent
-        delete pruned it in between."""
-        for _ in range(16):
-            self._ensure_dir(directory)
-            path = os.path.join(directory, TMP_PREFIX + os.urandom(8).hex())
-            try:
-                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE), path
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise _store_error(exc, "create temp file in", directory) from exc
-        raise StoreError(f"directory {directory} keeps disappearing while writing")
+    def _create_temp(self) -> tuple[int, str]:
+        """An exclusive new temp file in the temp directory, locked (flock) by this writer for as
+        long as the returned descriptor is open."""
+        self._ensure_dir(self._tmp_root)
+        path = os.path.join(self._tmp_root, TMP_PREFIX + os.urandom(8).hex())
+        with _io("create temp file in", self._tmp_root):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            with _io("lock temp file", path):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        return fd, path
 
-    def _write_small_temp(self, directory: str, data: bytes) -> str:
-        fd, path = self._create_temp(directory)
+    def _write_small_temp(self, data: bytes) -> str:
+        fd, path = self._create_temp()
         try:
             with _io("write", path):
                 _write_all(fd, data)
@@ -260,9 +276,10 @@ class LocalStore(ObjectStore):
         os.close(fd)
         return path
 
-    def _write_temp(self, directory: str, chunks: Iterable[bytes], metadata: dict[str, str]) -> tuple[str, str, int]:
-        """Write body chunks and the trailer to a fsynced temp file: (path, etag, size)."""
-        fd, path = self._create_temp(directory)
+    def _write_temp(self, chunks: Iterable[bytes], metadata: dict[str, str]) -> tuple[int, str, str, int]:
+        """Write body chunks and the trailer to a fsynced temp file: (fd, path, etag, size). The
+        descriptor stays open, holding the temp's lock, until the caller commits or drops it."""
+        fd, path = self._create_temp()
         try:
             md5 = hashlib.md5(usedforsecurity=False)
             size = 0
@@ -278,15 +295,15 @@ class LocalStore(ObjectStore):
             os.close(fd)
             _unlink_quietly(path)
             raise
-        with _io("close", path):
-            os.close(fd)
-        return path, etag, size
+        return fd, path, etag, size
 
-    def _commit(self, tmp: str, final: str, key: str, if_none_match: bool, if_match: str | None) -> None:
-        """Publish `tmp` at `final` under the lock, honouring the write condition, then fsync."""
+    def _commit(self, fd: int, tmp: str, final: str, key: str, if_none_match: bool, if_match: str | None) -> None:
+        """Publish `tmp` at `final` under the lock, honouring the write condition, then fsync;
+        the temp's descriptor (and lock) is released last."""
         directory = os.path.dirname(final)
         try:
             with self._locked():
+                self._ensure_dir(directory)
                 if if_none_match:
                     self._link_new(tmp, final, key)
                 else:
@@ -303,6 +320,7 @@ class LocalStore(ObjectStore):
                 _fsync_dir(directory)
         finally:
             _unlink_quietly(tmp)
+            os.close(fd)
 
     def _link_new(self, tmp: str, final: str, key: str) -> None:
         try:
@@ -386,8 +404,8 @@ class LocalStore(ObjectStore):
         final = self._path(key)
         check_conditions(if_none_match, if_match)
         metadata = check_metadata(metadata)
-        tmp, etag, _ = self._write_temp(os.path.dirname(final), [_byte_view(data)], metadata)
-        self._commit(tmp, final, key, if_none_match, if_match)
+        fd, tmp, etag, _ = self._write_temp([_byte_view(data)], metadata)
+        self._commit(fd, tmp, final, key, if_none_match, if_match)
         return etag
 
     def put_file(self, key, path, *, if_none_match=False, if_match=None, metadata=None, on_multipart=None) -> str:
@@ -400,8 +418,8 @@ class LocalStore(ObjectStore):
         with _io("open source file", source):
             f = open(source, "rb")
         with f:
-            tmp, etag, _ = self._write_temp(os.path.dirname(final), _chunks(f, source), metadata)
-        self._commit(tmp, final, key, if_none_match, if_match)
+            fd, tmp, etag, _ = self._write_temp(_chunks(f, source), metadata)
+        self._commit(fd, tmp, final, key, if_none_match, if_match)
         return etag
 
     def get(self, key, start=0, length=None) -> bytes:
@@ -517,7 +535,7 @@ class LocalStore(ObjectStore):
         with _io("create multipart staging", directory):
             os.mkdir(directory, DIR_MODE)
         data = json.dumps({"key": key, "metadata": metadata}, sort_keys=True).encode()
-        tmp = self._write_small_temp(directory, data)
+        tmp = self._write_small_temp(data)
         with _io("create multipart manifest in", directory):
             os.replace(tmp, os.path.join(directory, "upload.json"))
         _fsync_dir(directory)
@@ -571,13 +589,14 @@ class LocalStore(ObjectStore):
             if size < MIN_PART_SIZE and position != len(parts) - 1:
                 raise InvalidInput(f"part {part_number} is {size} bytes; all but the last must be >= {MIN_PART_SIZE}")
             paths.append(part)
-        tmp, etag, _ = self._write_temp(os.path.dirname(final), _verified_parts(parts, paths), metadata)
+        fd, tmp, etag, _ = self._write_temp(_verified_parts(parts, paths), metadata)
         try:
             with self._locked():
                 # Abort renames the staging away under this lock, so complete and abort are
                 # mutually exclusive: exactly one of them takes effect.
                 if not os.path.exists(os.path.join(directory, "upload.json")):
                     raise ObjectMissing(f"multipart upload {upload_id} was aborted")
+                self._ensure_dir(os.path.dirname(final))
                 if if_none_match:
                     self._link_new(tmp, final, key)
                 else:
@@ -589,6 +608,7 @@ class LocalStore(ObjectStore):
                 trash = self._trash_upload(directory)
         finally:
             _unlink_quietly(tmp)
+            os.close(fd)
         shutil.rmtree(trash, ignore_errors=True)
         return etag
 
@@ -604,6 +624,25 @@ class LocalStore(ObjectStore):
             trash = self._trash_upload(directory)
         shutil.rmtree(trash, ignore_errors=True)
 
+    def multipart_uploads(self, key) -> list[str]:
+        check_key(key)
+        try:
+            names = sorted(os.listdir(self._multipart_root))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise _store_error(exc, "list", self._multipart_root) from exc
+        found = []
+        for name in names:
+            if not _UPLOAD_ID.fullmatch(name):
+                continue  # trash of a finished or aborted upload
+            try:
+                self._load_upload(key, name)
+            except ObjectMissing:
+                continue
+            found.append(name)
+        return found
+
     def _trash_upload(self, directory: str) -> str:
         trash = os.path.join(self._multipart_root, f"trash-{os.path.basename(directory)}-{os.urandom(4).hex()}")
         with _io("retire multipart staging", directory):
@@ -613,11 +652,26 @@ class LocalStore(ObjectStore):
 
     # --- maintenance --------------------------------------------------------------------------
 
-    def remove_stale_temp_files(self, older_than_seconds: float = 24 * 3600) -> int:
-        """Delete temp files a crashed writer left behind; return how many. Safe while writers
-        run as long as no write takes longer than `older_than_seconds`."""
-        cutoff = time.time() - older_than_seconds
+    def remove_stale_temp_files(self, *, everywhere: bool = False, grace_seconds: float = STALE_TEMP_GRACE,
+                                legacy_age_seconds: float = LEGACY_TEMP_AGE) -> int:
+        """Delete the temp files of writers that are gone; return how many. A temp in the temp
+        directory goes when no writer holds its lock and it is older than `grace_seconds`. With
+        `everywhere`, the whole tree is walked too, for temps an older nokvfs wrote beside their
+        keys without a lock: those go once older than `legacy_age_seconds`."""
         removed = 0
+        now = time.time()
+        try:
+            names = os.listdir(self._tmp_root)
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise _store_error(exc, "list", self._tmp_root) from exc
+        for name in names:
+            if name.startswith(TMP_PREFIX):
+                removed += _remove_if_abandoned(os.path.join(self._tmp_root, name), now - grace_seconds)
+        if not everywhere:
+            return removed
+        cutoff = now - legacy_age_seconds
         for directory, dirs, files in os.walk(self.root):
             if directory == self.root:
                 dirs[:] = [d for d in dirs if not d.startswith(RESERVED_PREFIX)]
@@ -658,6 +712,28 @@ def _verified_parts(parts: list[tuple[int, str]], paths: list[str]) -> Iterator[
                 yield chunk
         if md5.hexdigest() != etag:
             raise InvalidInput(f"part {part_number} has etag {md5.hexdigest()}, not the recorded {etag}")
+
+
+def _remove_if_abandoned(path: str, cutoff: float) -> int:
+    """Unlink the temp at `path` if it is older than `cutoff` and no writer holds its lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return 0  # published or removed meanwhile
+    try:
+        if os.fstat(fd).st_mtime >= cutoff:
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # a live writer holds it
+        try:
+            os.unlink(path)
+        except OSError:
+            return 0
+        return 1
+    finally:
+        os.close(fd)
 
 
 def _byte_view(data) -> memoryview:

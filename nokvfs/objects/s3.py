@@ -4,12 +4,20 @@ Credentials and region come from the usual AWS configuration (environment, share
 credential files, profiles, instance roles) unless passed explicitly. Keys are stored under an
 optional prefix inside one bucket.
 
-Retries and ambiguity. Reads (GET, HEAD, list) use botocore's standard retry mode with bounded
-attempts. Mutations never let botocore retry on their own, because a blind retry can turn a lost
-response into a wrong answer: a conditional PUT whose first attempt succeeded but whose response
-was lost would be retried, get 412, and report a race it actually won. Instead `_mutate` retries
-only what provably did not take effect (connection refused, connect timeout, SlowDown and
-other throttling answers) and classifies everything else:
+Deadlines. Every call runs within a budget: each attempt has a connect timeout and a read
+timeout (seconds of silence on the socket), at most `max_attempts` attempts are made, and a retry
+starts only if a whole attempt still fits before the call's `deadline` (default 30 s from the
+call). So an endpoint that accepts connections and never answers makes a call fail within the
+deadline -- StoreTimeout, or AmbiguousTimeout for a mutation that was sent (see below) -- while a
+transfer that keeps moving is never cut off. botocore itself never retries: every retry is ours,
+inside the budget.
+
+Retries and ambiguity. Reads (GET, HEAD, list) are retried on throttling, 5xx answers, refused
+connections and lost answers. Mutations are not retried blindly, because a blind retry can turn a
+lost response into a wrong answer: a conditional PUT whose first attempt succeeded but whose
+response was lost would be retried, get 412, and report a race it actually won. Instead
+`_mutate` retries only what provably did not take effect (connection refused, connect timeout,
+SlowDown and other throttling answers) and classifies everything else:
 
 * the request was sent and no answer came back (read timeout, connection reset or closed,
   truncated response, 5xx or InternalError other than SlowDown): AmbiguousResult, straight away for non-idempotent
@@ -24,10 +32,14 @@ other throttling answers) and classifies everything else:
 * InvalidPart, InvalidPartOrder, EntityTooSmall: InvalidInput;
 * anything else: StoreError with the S3 error code.
 
-A read that fails for lack of an answer is StoreError (a read has no outcome to be unsure of).
+A read that fails for lack of an answer is StoreError, StoreTimeout when the answer timed out (a
+read has no outcome to be unsure of); an ambiguous mutation whose answer timed out is
+AmbiguousTimeout, both an AmbiguousResult and a StoreTimeout.
 
 HEAD cannot tell a missing key from a missing bucket (neither has a body), so the bucket is
-checked once when the store is opened: a 404 from `head` later means the object is absent.
+checked once: when the store is opened (`verify_bucket`, the default), or else at the first 404
+from `head`, so that opening never waits on the endpoint (a data directory's root opens its store
+that way: the mount starts, and answers what needs no store, while the endpoint is silent).
 """
 
 from __future__ import annotations
@@ -51,16 +63,19 @@ from botocore.exceptions import (
     IncompleteReadError,
     ParamValidationError,
     ProxyConnectionError,
+    ReadTimeoutError,
     SSLError,
 )
 
 from nokvfs.errors import (
     AmbiguousResult,
+    AmbiguousTimeout,
     InvalidInput,
     ObjectMissing,
     PreconditionFailed,
     StoreError,
     StoreFull,
+    StoreTimeout,
 )
 from nokvfs.objects.store import (
     MAX_PART_NUMBER,
@@ -83,11 +98,21 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MULTIPART_THRESHOLD = 64 * MiB
 DEFAULT_PART_SIZE = 16 * MiB
+# A whole call returns within DEFAULT_DEADLINE on an endpoint that never answers: two attempts
+# of (connect + read timeout) fit in it, a third does not start.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 10.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_DEADLINE = 30.0
+# The options a data directory's configuration may set for its S3 store ("store_options").
+TIMEOUT_OPTIONS = ("connect_timeout", "read_timeout", "max_attempts", "deadline")
 
 # Failed before the request left this machine: safe to retry any request.
 _NOT_SENT = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError)
 # Sent (or possibly sent), and no complete answer came back.
 _NO_ANSWER = (HTTPClientError, SSLError, IncompleteReadError)
+# No answer within a timeout (connect or read).
+_TIMED_OUT = (ConnectTimeoutError, ReadTimeoutError)
 
 # Answers that say the request was refused without effect: retried by any request.
 _REFUSED_CODES = {
@@ -157,8 +182,9 @@ class S3Store(ObjectStore):
 
     `multipart_threshold`: `put_file` bodies larger than this use multipart upload in parts of
     `part_size` (grown if needed to stay within 10000 parts). `max_attempts` bounds every retry
-    loop; `connect_timeout` and `read_timeout` are seconds per attempt. `addressing_style`
-    defaults to "path" with a custom `endpoint_url` and "auto" otherwise.
+    loop; `connect_timeout` and `read_timeout` are seconds per attempt; `deadline` is the budget
+    of one whole call, retries included (at least one attempt's connect + read timeout).
+    `addressing_style` defaults to "path" with a custom `endpoint_url` and "auto" otherwise.
     """
 
     def __init__(
@@ -174,9 +200,10 @@ class S3Store(ObjectStore):
         profile: str | None = None,
         multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
         part_size: int = DEFAULT_PART_SIZE,
-        max_attempts: int = 5,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        deadline: float = DEFAULT_DEADLINE,
         retry_base_delay: float = 0.1,
         retry_max_delay: float = 5.0,
         addressing_style: str | None = None,
@@ -195,8 +222,17 @@ class S3Store(ObjectStore):
             raise InvalidInput(f"part_size must be at least {MIN_PART_SIZE} bytes, got {part_size!r}")
         if not isinstance(multipart_threshold, int) or multipart_threshold < 0:
             raise InvalidInput(f"multipart_threshold must be a non-negative integer, got {multipart_threshold!r}")
-        if not isinstance(max_attempts, int) or max_attempts < 1:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidInput(f"max_attempts must be a positive integer, got {max_attempts!r}")
+        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout), ("deadline", deadline)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
+                raise InvalidInput(f"{name} must be a number of seconds in (0, 3600], got {value!r}")
+        if connect_timeout + read_timeout > deadline:
+            raise InvalidInput(
+                f"deadline {deadline} s must leave room for one attempt (connect {connect_timeout} s + read {read_timeout} s)"
+            )
+        self.deadline = float(deadline)
+        self._attempt_seconds = connect_timeout + read_timeout
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self._max_attempts = max_attempts
@@ -223,13 +259,15 @@ class S3Store(ObjectStore):
             response_checksum_validation="when_supported",
             user_agent_extra="nokvfs",
         )
-        read_config = botocore.config.Config(retries={"mode": "standard", "total_max_attempts": max_attempts}, **common)
+        # botocore sends each request once: retries are ours, within the call's deadline.
+        read_config = botocore.config.Config(retries={"mode": "standard", "total_max_attempts": 1}, **common)
         write_config = botocore.config.Config(retries={"mode": "standard", "total_max_attempts": 1}, **common)
         try:
             self._reader = session.client("s3", endpoint_url=endpoint_url, config=read_config)
             self._writer = session.client("s3", endpoint_url=endpoint_url, config=write_config)
         except (BotoCoreError, ValueError) as exc:
             raise StoreError(f"cannot create an S3 client for {self.url}: {exc}") from exc
+        self._bucket_verified = False
         if verify_bucket:
             self._verify_bucket()
 
@@ -244,6 +282,7 @@ class S3Store(ObjectStore):
             self._read("open bucket", "", lambda c: c.head_bucket(Bucket=self.bucket))
         except ObjectMissing:
             raise StoreError(f"bucket {self.bucket} does not exist (opening {self.url})") from None
+        self._bucket_verified = True
 
     # --- request classification -------------------------------------------------------------
 
@@ -266,20 +305,46 @@ class S3Store(ObjectStore):
             return InvalidInput(f"{where}: {code}: {message}")
         return StoreError(f"{where}: {code or 'HTTP ' + str(status)} (HTTP {status}): {message}")
 
-    def _delay(self, attempt: int) -> None:
-        delay = min(self._retry_max_delay, self._retry_base_delay * (2 ** (attempt - 1)))
-        time.sleep(delay * random.uniform(0.5, 1.0))
+    def _attempts(self):
+        """Attempt numbers (1, 2, ...) of one call: at most max_attempts, each retry after a
+        backoff and only while a whole attempt still fits before the call's deadline."""
+        end = time.monotonic() + self.deadline
+        for attempt in range(1, self._max_attempts + 1):
+            if attempt > 1:
+                delay = min(self._retry_max_delay, self._retry_base_delay * (2 ** (attempt - 2)))
+                delay *= random.uniform(0.5, 1.0)
+                if time.monotonic() + delay + self._attempt_seconds > end:
+                    return
+                time.sleep(delay)
+            yield attempt
+
+    def _exhausted(self, where: str, attempts: int, last: BaseException | None) -> StoreError:
+        """The error of a call whose attempts ran out without an answer (timed out: StoreTimeout)."""
+        cls = StoreTimeout if isinstance(last, _TIMED_OUT) else StoreError
+        return cls(f"{where} failed after {attempts} attempt(s) within its {self.deadline:g} s deadline: {last}")
 
     def _read(self, op: str, key: str, call: Callable):
-        """Run a read on the retrying client, mapping failures."""
-        try:
-            return call(self._reader)
-        except ClientError as exc:
-            raise self._map_client_error(exc, op, key) from exc
-        except ParamValidationError as exc:
-            raise InvalidInput(f"{op} {self.url}{key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"{op} {self.url}{key} failed: {exc}") from exc
+        """Run a read, retrying what can be retried within the call's deadline; map failures."""
+        last: BaseException | None = None
+        attempts = 0
+        for attempts in self._attempts():
+            try:
+                return call(self._reader)
+            except ClientError as exc:
+                code, status, _ = _error_fields(exc)
+                if code in _REFUSED_CODES or status == 429 or status >= 500 or code in _SERVER_FAILURE_CODES:
+                    last = exc
+                    continue
+                raise self._map_client_error(exc, op, key) from exc
+            except ParamValidationError as exc:
+                raise InvalidInput(f"{op} {self.url}{key}: {exc}") from exc
+            except (*_NOT_SENT, *_NO_ANSWER) as exc:
+                last = exc
+            except BotoCoreError as exc:
+                raise StoreError(f"{op} {self.url}{key} failed: {exc}") from exc
+        if isinstance(last, ClientError):
+            raise self._map_client_error(last, op, key) from last
+        raise self._exhausted(f"{op} {self.url}{key}", attempts, last) from last
 
     def _mutate(self, op: str, key: str, call: Callable, *, idempotent: bool, if_match: bool = False, ok_codes=()):
         """Run a mutation on the non-retrying client with our own bounded, outcome-aware retries.
@@ -290,9 +355,8 @@ class S3Store(ObjectStore):
         lost: BaseException | None = None  # an attempt that may have been applied
         last: BaseException | None = None
         where = f"{op} {self.url}{key}"
-        for attempt in range(self._max_attempts):
-            if attempt:
-                self._delay(attempt)
+        attempts = 0
+        for attempts in self._attempts():
             try:
                 return call(self._writer)
             except _NOT_SENT as exc:
@@ -315,7 +379,8 @@ class S3Store(ObjectStore):
                     raise self._map_client_error(exc, op, key, if_match=if_match) from exc
             except _NO_ANSWER as exc:
                 if not idempotent:
-                    raise AmbiguousResult(f"{where}: sent, no answer ({exc}); outcome unknown") from exc
+                    ambiguous = AmbiguousTimeout if isinstance(exc, _TIMED_OUT) else AmbiguousResult
+                    raise ambiguous(f"{where}: sent, no answer ({exc}); outcome unknown") from exc
                 lost = last = exc
             except ParamValidationError as exc:
                 raise InvalidInput(f"{where}: {exc}") from exc
@@ -323,10 +388,13 @@ class S3Store(ObjectStore):
                 # Credentials, region and similar failures happen before anything is sent.
                 raise StoreError(f"{where} failed before sending: {exc}") from exc
         if lost is not None:
-            raise AmbiguousResult(f"{where}: {self._max_attempts} attempts, an outcome was lost ({lost})") from lost
+            ambiguous = AmbiguousTimeout if isinstance(last, _TIMED_OUT) else AmbiguousResult
+            raise ambiguous(
+                f"{where}: {attempts} attempt(s) within its {self.deadline:g} s deadline, an outcome was lost ({lost})"
+            ) from lost
         if isinstance(last, ClientError):
             raise self._map_client_error(last, op, key) from last
-        raise StoreError(f"{where} failed after {self._max_attempts} attempts: {last}") from last
+        raise self._exhausted(where, attempts, last) from last
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -426,9 +494,9 @@ class S3Store(ObjectStore):
         if start or length is not None:
             end = "" if length is None else str(start + length - 1)
             params["Range"] = f"bytes={start}-{end}"
-        for attempt in range(self._max_attempts):
-            if attempt:
-                self._delay(attempt)
+        last: BaseException | None = None
+        attempts = 0
+        for attempts in self._attempts():
             try:
                 response = self._reader.get_object(**params)
                 data = response["Body"].read()
@@ -436,9 +504,12 @@ class S3Store(ObjectStore):
                 code, status, _ = _error_fields(exc)
                 if code == "InvalidRange" or status == 416:
                     return self._empty_range(key, start, refused=True)
+                if code in _REFUSED_CODES or status == 429 or status >= 500 or code in _SERVER_FAILURE_CODES:
+                    last = exc
+                    continue
                 raise self._map_client_error(exc, "get", key) from exc
-            except _NO_ANSWER as exc:
-                # The body broke off mid-stream; botocore retries requests, not bodies.
+            except (*_NOT_SENT, *_NO_ANSWER) as exc:
+                # No answer, or the body broke off mid-stream: a read can simply be sent again.
                 last = exc
                 continue
             except BotoCoreError as exc:
@@ -447,7 +518,9 @@ class S3Store(ObjectStore):
                 # A server that ignores Range sends the whole object.
                 data = data[start:] if length is None else data[start : start + length]
             return data
-        raise StoreError(f"get {self.url}{key} failed after {self._max_attempts} attempts: {last}") from last
+        if isinstance(last, ClientError):
+            raise self._map_client_error(last, "get", key) from last
+        raise self._exhausted(f"get {self.url}{key}", attempts, last) from last
 
     def _empty_range(self, key: str, start: int, *, refused: bool) -> bytes:
         """b"" for an empty range (``length == 0``, or a start at the end that the server
@@ -466,6 +539,8 @@ class S3Store(ObjectStore):
         try:
             response = self._read("head", key, lambda c: c.head_object(Bucket=self.bucket, Key=full))
         except ObjectMissing:
+            if not self._bucket_verified:
+                self._verify_bucket()  # a missing bucket is a StoreError, not an absent object
             return None
         return ObjectInfo(
             key=key,
@@ -485,20 +560,20 @@ class S3Store(ObjectStore):
         return self._list(prefix)
 
     def _list(self, prefix: str) -> Iterator[ObjectInfo]:
-        pages = self._read(
-            "list",
-            prefix,
-            lambda c: c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + prefix),
-        )
-        iterator = iter(pages)
+        # One request per page, each retried on its own (a paginator cannot resume a page).
+        token: dict = {}
         while True:
-            page = self._read("list", prefix, lambda c: next(iterator, None))
-            if page is None:
-                return
+            page = self._read(
+                "list", prefix,
+                lambda c: c.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, **token),
+            )
             for item in page.get("Contents", ()):
                 yield ObjectInfo(
                     key=item["Key"][len(self.prefix) :], size=int(item["Size"]), etag=_unquoted(item.get("ETag"))
                 )
+            if not page.get("IsTruncated"):
+                return
+            token = {"ContinuationToken": page["NextContinuationToken"]}
 
     def statfs(self) -> StoreStats:
         """S3 has no capacity to report, and the bucket is never listed to count usage."""
@@ -556,6 +631,19 @@ class S3Store(ObjectStore):
             idempotent=True,
             ok_codes=("NoSuchUpload",),
         )
+
+    def multipart_uploads(self, key) -> list[str]:
+        full = self._key(key)
+        found, markers = [], {}
+        while True:
+            response = self._read(
+                "list multipart uploads", key,
+                lambda c: c.list_multipart_uploads(Bucket=self.bucket, Prefix=full, **markers),
+            )
+            found += [u["UploadId"] for u in response.get("Uploads", ()) if u.get("Key") == full]
+            if not response.get("IsTruncated"):
+                return found
+            markers = {"KeyMarker": response["NextKeyMarker"], "UploadIdMarker": response["NextUploadIdMarker"]}
 
     def close(self) -> None:
         for client in (self._reader, self._writer):

@@ -23,10 +23,13 @@ unknown (sent, then a timeout or reset) is AmbiguousResult and is never guessed 
 caller's ledger keeps the key Quarantined until `head` reconciles it. No space is StoreFull, any
 other failure StoreError naming the key or path.
 
-Multipart. `create_multipart` returns the upload id *before* any part is sent, so the publish
-pipeline records it in its StagedObject ledger first; an abandoned upload is then aborted by
-cleanup from the ledger and never discovered by listing. Every part but the last must be at least
-`MIN_PART_SIZE` bytes (S3's rule, enforced by the local store too so tests catch it).
+Multipart. The publish pipeline records its intent to upload a key in parts in its StagedObject
+ledger before `create_multipart`, and the upload id it returns before any part is sent; cleanup
+aborts from the ledger. A crash between creating the upload and recording its id leaves only the
+intent: `multipart_uploads(key)` then names the unfinished uploads to that one exact key (the
+ledger's own key, which embeds a never-reused revision id), so cleanup still never lists the
+namespace. Every part but the last must be at least `MIN_PART_SIZE` bytes (S3's rule, enforced
+by the local store too so tests catch it).
 
 `list` exists for fsck and orphan reports only. It is never namespace truth: what exists is what
 the metadata shard says exists.
@@ -164,8 +167,19 @@ class ObjectStore(abc.ABC):
         """Discard the upload and its parts. Aborting an unknown or finished upload succeeds."""
 
     @abc.abstractmethod
+    def multipart_uploads(self, key: str) -> list[str]:
+        """The ids of the unfinished multipart uploads to exactly `key` (not to keys it prefixes)."""
+
+    @abc.abstractmethod
     def statfs(self) -> StoreStats:
         """Capacity figures for `statfs(2)` of a mount."""
+
+    def remove_stale_temp_files(self, *, everywhere: bool = False) -> int:
+        """Delete temporary files that writers which are gone left in the store; return how many.
+        `everywhere` also walks the whole store (for `gc`), not only where temps are kept now.
+        A store without temporary files (S3: unfinished uploads are aborted from the ledger)
+        has nothing to sweep."""
+        return 0
 
     def close(self) -> None:
         """Release connections and file descriptors. Idempotent."""

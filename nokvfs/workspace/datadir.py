@@ -1,7 +1,10 @@
 """The data directory: one root on one logical shard, with its object store and local state.
 
     <data_dir>/nokvfs.json   root id, logical shard id, object store URL, block size, cache size,
-                             history retention (versions of History GC keeps beyond the holds)
+                             history retention (versions of History GC keeps beyond the holds),
+                             and for an S3 store its call deadlines ("store_options":
+                             connect_timeout, read_timeout, max_attempts, deadline; absent: the
+                             defaults, so that every store call returns within 30 s)
     <data_dir>/control/      the control plane's RootPlacement store
     <data_dir>/shard/        the logical shard's LMDB environment
     <data_dir>/objects/      the local object store (the embedded default)
@@ -24,7 +27,7 @@ import os
 from nokvfs import filemodes
 from nokvfs.engine.placement import PlacementStore, install_root_fence
 from nokvfs.engine.shard import Shard
-from nokvfs.errors import AlreadyExists, InvalidInput, NotFound, StoreError
+from nokvfs.errors import AlreadyExists, FenceError, InvalidInput, NotFound, StoreError
 from nokvfs.schema.enums import RootPlacementLifecycle
 from nokvfs.schema.records import RootPlacement
 from nokvfs.schema.ids import id16_from_hex, new_id16
@@ -52,7 +55,8 @@ def _config_path(data_dir: str) -> str:
 
 
 def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-         cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION) -> dict:
+         cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION,
+         store_options: dict | None = None) -> dict:
     """Create a data directory: a shard, a placed and fenced root, and the store configuration."""
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(_config_path(data_dir)):
@@ -62,9 +66,11 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
     _check_retention(history_retention)
     filemodes.makedirs(data_dir)
     store = store or "file://" + os.path.join(data_dir, "objects")
+    store_options = _check_store_options(store, store_options)
+    os.makedirs(data_dir, exist_ok=True)
     from nokvfs.objects.store import open_store
 
-    open_store(store, endpoint_url=endpoint_url, region=region).close()  # fail early on a bad URL
+    open_store(store, endpoint_url=endpoint_url, region=region, **store_options).close()  # fail early on a bad URL
     shard = Shard.create(os.path.join(data_dir, "shard"), new_id16())
     placements = PlacementStore(os.path.join(data_dir, "control"))
     try:
@@ -86,6 +92,8 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
         "cache_bytes": cache_bytes,
         "history_retention_versions": history_retention,
     }
+    if store_options:
+        config["store_options"] = store_options
     _write_config(data_dir, config)
     return config
 
@@ -147,6 +155,22 @@ def _check_retention(value) -> int:
     return value
 
 
+def _check_store_options(store_url: str, options) -> dict:
+    """The store options a data directory may record: the S3 call deadlines, for s3:// only."""
+    if not options:
+        return {}
+    if not isinstance(options, dict):
+        raise InvalidInput(f"store_options must be an object, not {options!r}")
+    from nokvfs.objects.s3 import TIMEOUT_OPTIONS
+
+    unknown = sorted(set(options) - set(TIMEOUT_OPTIONS))
+    if unknown:
+        raise InvalidInput(f"unknown store option(s) {unknown}; known: {list(TIMEOUT_OPTIONS)}")
+    if not str(store_url).startswith("s3://"):
+        raise InvalidInput("store_options (call deadlines) apply to s3:// stores only")
+    return dict(options)
+
+
 def read_config(data_dir: str) -> dict:
     try:
         with open(_config_path(data_dir)) as f:
@@ -160,13 +184,16 @@ def read_config(data_dir: str) -> dict:
     return config
 
 
-def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = True, recover: bool = True) -> Root:
+def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = False, recover: bool = True) -> Root:
     """Open the data directory's root; with recover, resume or clean the publishes, commit
     builds and restores whose owning process is gone.
 
     A replica that is not the owner (a follower, a fenced old owner: nokvfs.workspace.replica)
     opens with its shard and store behind read-only guards and its commands built at an epoch
     that is not the shard's, and is never recovered: its writes fail with the role's typed error.
+
+    Opening is cheap and safe by default: every row is verified when it is read. `verify`
+    also reads every row and recomputes every state digest first (`Shard.open(verify=True)`).
     """
     from nokvfs.objects.blocks import BlockReader
     from nokvfs.objects.cache import BlockCache
@@ -191,7 +218,14 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             placements.close()
         if placement is None:
             raise NotFound(f"root {config['root_id']} has no placement in {data_dir}")
-        object_store = open_store(store or config["store"], endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"))
+        store_url = store or config["store"]
+        # The configured deadlines hold for whichever S3 store is used (also one given by --store).
+        options = _check_store_options(store_url, config.get("store_options")) if store_url.startswith("s3://") else {}
+        if store_url.startswith("s3://"):
+            # The bucket was checked by init; checked again at the first 404, never at open, so
+            # opening (a mount's start) does not wait on the endpoint.
+            options["verify_bucket"] = False
+        object_store = open_store(store_url, endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"), **options)
         if read_only:
             object_store = replica.ReadOnlyStore(object_store, role)
         try:
@@ -230,6 +264,10 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             publish.recover(root)
             commit.recover(root)
             restore.recover(root)
+        except FenceError as exc:
+            # A fenced root takes no command, so nothing can be resumed or cleaned now; the
+            # operations wait, and whatever this process tries to write is refused the same way.
+            log.warning("recovery skipped: %s", exc)
         except BaseException:
             root.close()
             raise

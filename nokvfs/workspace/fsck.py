@@ -6,7 +6,12 @@ after the proofs GC uses: its revision has no ArtifactRevision row (or is Delete
 publish operation's ledger owns its key.
 
 Checks:
+  ROW_CORRUPT                     a row whose stored bytes fail their envelope check (every row
+                                  of every tree is read); the other metadata checks stop there
   STATE_DIGEST / OUTBOX_CHAIN     the engine's own verification (state digests, outbox chain)
+  INTEGRITY_ALARM                 the shard is recorded as corrupt, so it refuses writes, yet
+                                  every row and digest verifies now (damage found is reported
+                                  by its own code and keeps the alarm); `repair` lifts it
   UNDECODABLE_ROW                 a row of a family that does not decode under its record
   REF_COUNT                       strong_reference_count differs from the RevisionRef rows
   REF_DANGLING                    a RevisionRef names a revision that does not exist
@@ -53,7 +58,7 @@ from dataclasses import dataclass, field
 
 from nokvfs import filemodes
 from nokvfs.engine.scan import iter_prefix
-from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, StoreError
+from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, OutboxCorrupt, RowCorrupt, ShardCorrupt, StoreError
 from nokvfs.objects.keys import parse_artifact_block_key
 from nokvfs.schema import keys
 from nokvfs.schema.enums import (
@@ -116,28 +121,34 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False, progress=No
     step = progress or (lambda *figures: None)
     metadata_checks = 10
     step("metadata", 0, metadata_checks, None, None)
-    _engine(root, report)
+    _engine(root, report, repair=repair)
     _modes(root, report, repair=repair)
     step("metadata", 1, metadata_checks, None, None)
-    with root.read() as view:
-        revisions = _revisions(view, root, report)
-        step("metadata", 2, metadata_checks, None, None)
-        refs = _references(view, root, report, revisions)
-        step("metadata", 3, metadata_checks, None, None)
-        _paths(view, root, report, revisions, refs)
-        step("metadata", 4, metadata_checks, None, None)
-        manifests = _manifests(view, root, report, revisions)
-        step("metadata", 5, metadata_checks, None, None)
-        _holds(view, root, report)
-        step("metadata", 6, metadata_checks, None, None)
-        _commits(view, root, report)
-        step("metadata", 7, metadata_checks, None, None)
-        _restores(view, root, report)
-        step("metadata", 8, metadata_checks, None, None)
-        _quarantined_operations(view, root, report)
-        step("metadata", 9, metadata_checks, None, None)
-        ledger_keys = _ledger_keys(view, root)
-        step("metadata", 10, metadata_checks, None, None)
+    try:
+        with root.read(fenced=False) as view:
+            revisions = _revisions(view, root, report)
+            step("metadata", 2, metadata_checks, None, None)
+            refs = _references(view, root, report, revisions)
+            step("metadata", 3, metadata_checks, None, None)
+            _paths(view, root, report, revisions, refs)
+            step("metadata", 4, metadata_checks, None, None)
+            manifests = _manifests(view, root, report, revisions)
+            step("metadata", 5, metadata_checks, None, None)
+            _holds(view, root, report)
+            step("metadata", 6, metadata_checks, None, None)
+            _commits(view, root, report)
+            step("metadata", 7, metadata_checks, None, None)
+            _restores(view, root, report)
+            step("metadata", 8, metadata_checks, None, None)
+            _quarantined_operations(view, root, report)
+            step("metadata", 9, metadata_checks, None, None)
+            ledger_keys = _ledger_keys(view, root)
+            step("metadata", 10, metadata_checks, None, None)
+    except ShardCorrupt as exc:
+        # Nothing built on damaged rows can be trusted: report it and stop the metadata checks.
+        if not any(f.code == "ROW_CORRUPT" for f in report.findings):
+            report.add("ROW_CORRUPT", "shard", str(exc))
+        return report
     if verify_blocks:
         in_doubt = {r for r, revision in revisions.items() if revision.state == RevisionState.Quarantined}
         _blocks(root, report, {r: rows for r, rows in manifests.items() if r not in in_doubt}, step)
@@ -146,14 +157,26 @@ def check(root, *, verify_blocks: bool = True, repair: bool = False, progress=No
     return report
 
 
-def _engine(root, report: FsckReport) -> None:
-    """The same verification that gates opening: outbox chain, System tail, state digests."""
-    try:
-        root.shard._verify(full=True)
-    except NokvError as exc:
-        code = "OUTBOX_CHAIN" if "outbox" in str(exc).lower() else "STATE_DIGEST"
-        report.add(code, "shard", str(exc))
+def _engine(root, report: FsckReport, *, repair: bool) -> None:
+    """The engine's full verification: every row's envelope, the outbox chain against the
+    System tail, every tree's state digest; and the integrity alarm."""
+    problems = root.shard.verify_state(full=True)
+    for problem in problems:
+        if isinstance(problem, RowCorrupt):
+            report.add("ROW_CORRUPT", f"{problem.tree} {problem.key.hex()}", str(problem))
+        elif isinstance(problem, OutboxCorrupt) or "outbox" in str(problem).lower():
+            report.add("OUTBOX_CHAIN", "shard", str(problem))
+        else:
+            report.add("STATE_DIGEST", "shard", str(problem))
     report.checked["shard"] += 1
+    finding = root.shard.integrity_finding
+    if finding is None or problems:
+        return
+    if repair:
+        root.shard.clear_integrity_alarm()
+        report.repaired.append("integrity alarm")
+        return
+    report.add("INTEGRITY_ALARM", "shard", f"writes are refused: {finding.get('detail')}")
 
 
 def _modes(root, report: FsckReport, *, repair: bool) -> None:

@@ -81,6 +81,7 @@ class GcReport:
     freed: list = field(default_factory=list)  # revision ids (hex)
     history_floor: int = 0
     history_pruned: int = 0  # History rows removed (with dry_run: that would be)
+    temp_files_removed: int = 0  # temporary files of writers that are gone, swept from the store
 
 
 def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
@@ -133,7 +134,8 @@ MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at
 def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
-    configured history retention).
+    configured history retention), and sweep the object store's temporary files that writers
+    which are gone left behind.
 
     With dry_run, nothing is changed and the report lists what the first pass would free (bases
     that only become collectable once their children are gone are not counted) and how many
@@ -152,6 +154,11 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
     keep = root.history_retention if keep_versions is None else keep_versions
     batch_done = None if progress is None else (lambda pruned: progress("prune History", pruned, None, None, None))
     report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done)
+    if not dry_run:
+        try:
+            report.temp_files_removed = root.store.remove_stale_temp_files(everywhere=True)
+        except StoreError as exc:  # housekeeping: the next gc sweeps what this one could not
+            log.warning("temporary files not swept: %s", exc)
     return report
 
 

@@ -4,6 +4,12 @@ stat is one WorkspaceCurrent point read and one PathCurrent point read; a miss f
 bounded prefix probe for an implicit directory. Listings are the engine's delimiter scans, paged;
 their cursors carry the read version as a fence, a digest of what was listed and the last anchor,
 so a continuation after the shard has moved is a typed ReadVersionStale, never a mixed page.
+
+Listing a path that is itself a file follows the seed: "When the requested prefix can itself be a
+published file, the metadata listing also performs one exact-prefix point read after descendant
+EOF; the Workbench direct-child adapter does not expose the requested path as its own child." So
+a listing scans the descendants first and, on its last page, point-reads the path itself; a file
+found there is the page's `exact` item, never one of its children (`ls FILE` shows the file).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, list_children, scan_prefix
-from nokvfs.errors import InvalidInput, NotADirectory, NotFound, ReadVersionStale
+from nokvfs.errors import InvalidInput, NotFound, ReadVersionStale
 from nokvfs.schema import keys
 from nokvfs.schema.paths import join, normalize_path, ordered_component, unordered_path
 from nokvfs.schema.records import PathEntry
@@ -52,6 +58,9 @@ class ListPage:
     children: tuple
     read_version: int
     cursor: str | None  # None: the listing is complete
+    # The file at the listed path itself (the exact-prefix point read after descendant EOF, so
+    # only on the last page); None for a directory.
+    exact: Child | None = None
 
 
 def split(path: str) -> tuple[str, ...]:
@@ -171,15 +180,36 @@ def _decode_cursor(cursor: str, view, digest: bytes) -> bytes:
     return raw[24:]
 
 
+def _listed_path(root, workbench: wb.Workbench, workbench_id: str, components: tuple[str, ...]) -> None:
+    """NotFound for a path outside the sections (nothing can exist there)."""
+    if components and components[0] not in wb.SECTIONS:
+        raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+
+
+def _after_descendant_eof(view, root, workbench: wb.Workbench, workbench_id: str, components, found_any: bool, first_page: bool):
+    """The exact-prefix point read after descendant EOF: the file at the listed path, or None.
+    NotFound when a first and last page found neither descendants nor the path itself (and the
+    directory holds not even its attributes marker, which listings leave out)."""
+    exact = None
+    if len(components) >= 2:  # the workbench and its sections are never files
+        raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
+        if raw is not None:
+            exact = Child(components[-1], FILE, PathEntry.decode(raw))
+    if exact is None and not found_any and first_page and len(components) >= 2:
+        prefix = keys.path_subtree_prefix(root.root_id, workbench.incarnation_id, components)
+        if view.seek("path_current", prefix, within=prefix) is None:
+            raise NotFound(f"{workbench_id}:{join(components)} does not exist")
+    return exact
+
+
 def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000, selector: str = "live") -> ListPage:
-    """A protocol page of direct children (several bounded engine calls when limit > 255)."""
+    """A protocol page of direct children (several bounded engine calls when limit > 255); on the
+    last page, `exact` is the file at `path` itself if it is one."""
     if limit < 1:
         raise InvalidInput("limit must be positive")
     _, workbench = wb.visible(view, root.root_id, workbench_id)
     components = split(path)
-    info = stat_in(view, root, workbench, components)
-    if info.kind != DIRECTORY:
-        raise NotADirectory(f"{workbench_id}:{info.path} is a file")
+    _listed_path(root, workbench, workbench_id, components)
     digest = _cursor_digest(workbench, components, selector)
     anchor = None if cursor is None else _decode_cursor(cursor, view, digest)
     out = []
@@ -188,12 +218,15 @@ def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | Non
         out += children
         if anchor is None:
             break
-    next_cursor = None if anchor is None else _encode_cursor(view.version, digest, anchor)
-    return ListPage(tuple(out), view.version, next_cursor)
+    if anchor is not None:
+        return ListPage(tuple(out), view.version, _encode_cursor(view.version, digest, anchor))
+    exact = _after_descendant_eof(view, root, workbench, workbench_id, components, bool(out), cursor is None)
+    return ListPage(tuple(out), view.version, None, exact)
 
 
 def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000, with_markers: bool = False) -> ListPage:
-    """Every file below `path`, in canonical path order; Child.name is the path below `path`.
+    """Every file below `path`, in canonical path order; Child.name is the path below `path`. On
+    the last page, `exact` is the file at `path` itself if it is one.
 
     Directory markers are left out unless `with_markers` (a recursive get restores directory
     attributes from them); a page may then hold fewer than `limit` children and a cursor.
@@ -203,9 +236,7 @@ def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str
         raise InvalidInput("limit must be positive")
     _, workbench = wb.visible(view, root.root_id, workbench_id)
     components = split(path)
-    info = stat_in(view, root, workbench, components)
-    if info.kind != DIRECTORY:
-        raise NotADirectory(f"{workbench_id}:{info.path} is a file")
+    _listed_path(root, workbench, workbench_id, components)
     prefix = (
         keys.path_current_prefix(root.root_id, workbench.incarnation_id)
         if not components
@@ -225,5 +256,7 @@ def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str
         marker = page.next_marker
         if marker is None:
             break
-    next_cursor = None if marker is None else _encode_cursor(view.version, digest, marker)
-    return ListPage(tuple(out), view.version, next_cursor)
+    if marker is not None:
+        return ListPage(tuple(out), view.version, _encode_cursor(view.version, digest, marker))
+    exact = _after_descendant_eof(view, root, workbench, workbench_id, components, bool(out), cursor is None)
+    return ListPage(tuple(out), view.version, None, exact)

@@ -7,8 +7,9 @@
 
 1. One command creates the PublishOperation (Uploading) and the exact StagedObject ledger: every
    object key, length and digest the upload will write, before the first byte is sent.
-2. The blocks are uploaded under those keys (multipart, with the upload id recorded in the ledger
-   first, for blocks above the store's multipart threshold).
+2. The blocks are uploaded under those keys (multipart for blocks above the store's multipart
+   threshold: the intent to upload in parts is recorded in the ledger before the upload is
+   created, and its upload id before any part is sent).
 3. One command CASes Uploading -> Finalizing and marks the ledger Uploaded.
 4. One command creates the ArtifactRevision (Available), its manifest, the Path reference,
    PathCurrent, the workspace revision, index rows, the ChangeEvent and the dedupe result, and
@@ -25,7 +26,7 @@ manifests of commit and restore, whose own state machine then publishes them.
 A Quarantined publish is reconciled by `gc` (`reconcile`, README "Reconciliation").
 
 Crash points (operations.crash_point): after-begin, after-upload-<block index>,
-after-multipart-record-<block index>, after-finalize, before-publish-command,
+after-multipart-create-<block index>, after-multipart-record-<block index>, after-finalize, before-publish-command,
 after-publish-command, after-abort, after-cleaning, after-reconcile.
 """
 
@@ -320,17 +321,25 @@ def upload(root, pub: Publication) -> None:
 
 def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: bytes) -> None:
     store = root.store
-    upload_id = store.create_multipart(key)
     staged_key = _staged_key(root, operation_id, sequence)
 
-    def record(view):
-        raw = view.get("staged_object", staged_key)
-        row = StagedObject.decode(raw)
-        updated = dataclasses.replace(row, upload_id=upload_id, provider_state=StagedProviderState.Uploading)
-        return Built(predicates=[ValueEquals("staged_object", staged_key, raw)], mutations=[Put("staged_object", staged_key, updated)])
+    def record(upload_id: str | None):
+        def build(view):
+            raw = view.get("staged_object", staged_key)
+            row = StagedObject.decode(raw)
+            updated = dataclasses.replace(row, upload_id=upload_id, provider_state=StagedProviderState.Uploading)
+            return Built(predicates=[ValueEquals("staged_object", staged_key, raw)], mutations=[Put("staged_object", staged_key, updated)])
 
+        root.apply(build, digest=intent_digest("publish.multipart", operation_id, sequence, upload_id))
+
+    # The intent first (Uploading, no upload id yet): a crash between CreateMultipartUpload and
+    # recording its id leaves a row from which cleanup aborts every upload to this exact key
+    # (the ledger's own key, embedding a never-reused revision id), without listing the bucket.
+    record(None)
+    upload_id = store.create_multipart(key)
+    crash_point(f"after-multipart-create-{sequence}")
     # The upload id is in the ledger before any part is sent, so cleanup can abort it.
-    root.apply(record, digest=intent_digest("publish.multipart", operation_id, sequence, upload_id))
+    record(upload_id)
     crash_point(f"after-multipart-record-{sequence}")
     part_size = getattr(store, "part_size", 8 * 1024 * 1024)
     parts = []
@@ -715,8 +724,16 @@ def _delete_staged(root, row: StagedObject):
     """Delete one ledger-owned object; an ambiguous result is quarantined, never guessed."""
     try:
         if row.upload_id:
+            upload_ids = [row.upload_id]
+        elif row.provider_state in (StagedProviderState.Uploading, StagedProviderState.Ambiguous):
+            # The intent was recorded, the id maybe not (or an earlier cleanup lost its answer):
+            # every unfinished upload to this exact key is ours.
+            upload_ids = root.store.multipart_uploads(row.object_key)
+        else:
+            upload_ids = []
+        for upload_id in upload_ids:
             try:
-                root.store.abort_multipart(row.object_key, row.upload_id)
+                root.store.abort_multipart(row.object_key, upload_id)
             except ObjectMissing:
                 pass
         root.store.delete(row.object_key)

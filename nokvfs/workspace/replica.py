@@ -212,6 +212,9 @@ class ReadOnlyStore(ObjectStore):
     def list(self, prefix=""):
         return self.inner.list(prefix)
 
+    def multipart_uploads(self, key):
+        return self.inner.multipart_uploads(key)
+
     def statfs(self):
         return self.inner.statfs()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from nokvfs import filemodes
 from nokvfs.engine.command import MetadataCommand
+from nokvfs.engine.fences import ReadFence
 from nokvfs.errors import ReadVersionStale
 from nokvfs.schema.ids import new_id16
 
@@ -91,8 +92,21 @@ class Root:
     def __exit__(self, *exc):
         self.close()
 
-    def read(self, version: int | None = None):
-        return self.shard.read(version)
+    def read(self, version: int | None = None, *, fenced: bool = True):
+        """A view of the shard at `version` (default: current). Like every request, a read first
+        passes the root's RootFence: Active, on this shard, at this process's placement
+        generation (FenceError otherwise). Only maintenance that must inspect a fenced root
+        (fsck) reads unfenced.
+
+        The owner epoch is not asked of reads here: a process whose epoch the shard has moved
+        past is an old owner that another took over from, and nokvfs serves its reads read-only
+        (README, "Durability in a bucket"; its writes are OwnerFenced at the engine), as it
+        serves a follower's. `Shard.read(fence=ReadFence(..., owner_epoch))` enforces the
+        seed's owner-epoch fence for a reader that must be the owner to read.
+        """
+        if not fenced:
+            return self.shard.read(version)
+        return self.shard.read(version, fence=ReadFence(self.root_id, self.placement_generation, None))
 
     def apply(self, build, *, digest: bytes, request_id: bytes | None = None):
         """Build against the current version and apply; returns (CommandOutcome, Built)."""

@@ -1,0 +1,131 @@
+"""The row envelope (nokvfs.engine.rows) and the checks of LMDB's own file (nokvfs.engine.meta)."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import xxhash
+
+from nokvfs.engine import rows
+from nokvfs.engine.meta import CommitWitness, check_meta_pages
+from nokvfs.engine.shard import Shard
+from nokvfs.errors import RowCorrupt, ShardCorrupt
+from nokvfs.schema.ids import new_id16
+
+KEY = b"\x01" * 16 + b"k"
+VALUE = bytes.fromhex("02000000000000000107")
+
+
+def test_golden_bytes_of_a_sealed_row():
+    # u8 envelope version 1 | u64 xxh3-64 (seed 0) of u8 len(tree) | tree | u32 len(key) | key | value | value
+    stored = rows.seal("path_current", KEY, VALUE)
+    assert stored.hex() == "01" + "58fa0b724e4fac6c" + VALUE.hex()
+    expected = xxhash.xxh3_64_digest(b"\x0cpath_current" + struct.pack(">I", len(KEY)) + KEY + VALUE)
+    assert stored[1:9] == expected
+    assert rows.unseal("path_current", KEY, stored) == VALUE
+    assert rows.unseal("path_current", KEY, rows.seal("path_current", KEY, b"")) == b""
+    assert rows.unseal("path_current", KEY, None) is None
+
+
+@pytest.mark.parametrize(
+    "stored, why",
+    [
+        (bytes([2]) + rows.seal("path_current", KEY, VALUE)[1:], "unknown row envelope version 2"),
+        (bytes([0]) + rows.seal("path_current", KEY, VALUE)[1:], "unknown row envelope version 0"),
+        (rows.seal("path_current", KEY, VALUE)[:8], "shorter than the row envelope"),
+        (b"", "shorter than the row envelope"),
+        (rows.seal("path_current", KEY, VALUE)[:-1], "checksum"),
+        (rows.seal("path_current", KEY, VALUE) + b"\x00", "checksum"),
+        (rows.seal("path_current", b"\x01" * 16 + b"j", VALUE), "checksum"),  # moved from another key
+        (rows.seal("artifact_revision", KEY, VALUE), "checksum"),  # moved from another tree
+    ],
+    ids=["version-2", "version-0", "truncated", "empty", "short-value", "long-value", "other-key", "other-tree"],
+)
+def test_an_unknown_version_a_changed_length_or_a_moved_row_is_row_corrupt(stored, why):
+    with pytest.raises(RowCorrupt, match=why) as caught:
+        rows.unseal("path_current", KEY, stored)
+    assert (caught.value.tree, caught.value.key) == ("path_current", KEY)
+
+
+def test_every_single_bit_flip_of_a_sealed_row_is_caught():
+    stored = rows.seal("path_current", KEY, VALUE)
+    for offset in range(len(stored)):
+        for bit in range(8):
+            damaged = bytearray(stored)
+            damaged[offset] ^= 1 << bit
+            with pytest.raises(RowCorrupt):
+                rows.unseal("path_current", KEY, bytes(damaged))
+
+
+def _meta_shard(tmp_path):
+    path = str(tmp_path / "s")
+    shard = Shard.create(path, new_id16())
+    shard.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "offset, value, why",
+    [
+        (16, 0xDEADBEEF, "magic"),  # mm_magic (u32)
+        (20, 2, "data version"),  # mm_version
+        (24, 0x1000, "fixed map address"),
+        (32, 1 << 50, "map size"),
+        (40, 8192, "page size"),  # FREE_DBI md_pad: the page size
+        (92, 0x08, "main tree flags"),  # MAIN_DBI md_flags (u16)
+        (128, 99, "main tree root page"),
+        (136, 999, "last page"),
+    ],
+)
+def test_a_damaged_meta_field_is_shard_corrupt_naming_it(tmp_path, offset, value, why):
+    path = _meta_shard(tmp_path)
+    page = 4096  # meta page 1 holds the newest commit of a fresh shard
+    fmt = "<H" if offset == 92 else ("<I" if offset in (16, 20, 40) else "<Q")
+    with open(os.path.join(path, "data.mdb"), "r+b") as f:
+        f.seek(page + offset)
+        f.write(struct.pack(fmt, value))
+    with pytest.raises(ShardCorrupt, match=why):
+        check_meta_pages(path)
+    with pytest.raises(ShardCorrupt, match=why):
+        Shard.open(path)
+
+
+def test_transaction_ids_of_the_meta_pages_must_be_consecutive_with_their_parity(tmp_path):
+    path = _meta_shard(tmp_path)
+    assert check_meta_pages(path) >= 1
+    mdb = os.path.join(path, "data.mdb")
+    with open(mdb, "rb") as f:
+        raw = f.read(8192)
+    ids = [struct.unpack_from("<Q", raw, p * 4096 + 144)[0] for p in (0, 1)]
+    for page, txnid, why in ((0, ids[0] + 1, "parity"), (0, ids[0] + 4, "not consecutive")):
+        with open(mdb, "r+b") as f:
+            f.seek(page * 4096 + 144)
+            f.write(struct.pack("<Q", txnid))
+        with pytest.raises(ShardCorrupt, match=why):
+            check_meta_pages(path)
+        with open(mdb, "r+b") as f:
+            f.seek(page * 4096 + 144)
+            f.write(struct.pack("<Q", ids[page]))
+    check_meta_pages(path)
+
+
+def test_the_commit_witness_golden_bytes_and_what_it_ignores(tmp_path):
+    witness = CommitWitness(str(tmp_path))
+    assert witness.read() is None
+    witness.record(0x0102)
+    witness.close()
+    with open(witness.path, "rb") as f:
+        raw = f.read()
+    body = b"NKW1" + (0x0102).to_bytes(8, "big")
+    assert raw == body + xxhash.xxh3_64_digest(body)
+    assert witness.read() == 0x0102
+    witness.check(0x0102)
+    with pytest.raises(ShardCorrupt, match="older state"):
+        witness.check(0x0101)
+    with open(witness.path, "r+b") as f:
+        f.seek(11)
+        f.write(b"\xff")  # a damaged witness is ignored, never a false alarm
+    assert witness.read() is None
+    witness.check(0)
