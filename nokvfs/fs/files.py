@@ -184,7 +184,7 @@ class Files:
             return spool.pread(offset, size)  # publications only read the spool: no lock needed
         async with spool.locked():  # not while it is being filled
             size = max(0, min(size, spool.size - offset))
-            if size == 0 or spool.fd < 0:
+            if size == 0 or spool.closed:
                 return b""
             if spool.filled:
                 return spool.pread(offset, size)
@@ -232,7 +232,7 @@ class Files:
                 return
             if closing and spool.base is None and not spool.written:
                 return  # an empty new file is published at release (see the module docstring)
-            await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why)
+            await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why, closing and spool.writers <= 1)
         if self.ship is not None:
             # --sync: close(2) returns once the increment holding the publication is in the
             # bucket (an error here leaves it published on this machine, shipped later).
@@ -240,7 +240,7 @@ class Files:
             timeout = self.workers.syscall_timeout
             await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
 
-    async def _publish_locked(self, node: Node, spool: Spool, why: str) -> None:
+    async def _publish_locked(self, node: Node, spool: Spool, why: str, last_close: bool = False) -> None:
         tree = self.tree
         components = spool.components
         stored = self._attributes_to_publish(node, spool)
@@ -266,7 +266,9 @@ class Files:
         tree.own(kind, entry.artifact_revision_id)
         tree.end_change(spool.incarnation, components)
         self.publications += 1
-        spool.published(entry)
+        # The last writer's close: nothing unpublished is left to keep, so the spool file goes
+        # now (a later write through a descriptor still open makes a new one).
+        spool.published(entry, drop_file=last_close)
         if node.components == components and not node.detached:
             # The inode's next revision: the kernel's pages of it are exactly the bytes published.
             node.learn(entry)

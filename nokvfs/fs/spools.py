@@ -21,6 +21,10 @@ What the spool file holds:
 The expectation of a publication is the exact revision this mount last saw at the path (or its
 absence), updated after each of the mount's own publications: the mount never conflicts with
 itself, and a conflict means something outside this mount changed the path.
+
+A spool file exists exactly while it may hold unpublished bytes: when the last writer's close
+publishes it, the file and its sidecar are removed at once (nothing is rewritten first), and a
+later write through a descriptor still open makes a new one, filled from the published revision.
 """
 
 from __future__ import annotations
@@ -70,6 +74,17 @@ def _write_all(fd: int, data, offset: int) -> None:
         offset += written
 
 
+_made_directories: set[str] = set()
+
+
+def _exclusive_json(path: str, record: dict) -> None:
+    """A new JSON file at `path` (which must not exist)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def _atomic_json(path: str, record: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", opener=filemodes.opener) as f:
@@ -101,16 +116,31 @@ class Spool:
         self.lock = trio.Lock()
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
-        directory = spool_dir(root.data_dir)
-        filemodes.makedirs(directory)
-        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in components[-1])[:64]
-        self.path = os.path.join(directory, f"{workbench_id}--{stem}--{new_id16().hex()}.spool")
+        self.fd = -1  # no spool file (yet, or any more: see the module docstring)
+        self.path = None
+        self.closed = False
+        self.open_file()
+
+    def open_file(self) -> None:
+        """Create the spool file and its sidecar (the first sidecar is written in place: a new,
+        exclusive file needs no rename to appear whole to `nokvfs spool list`)."""
+        directory = spool_dir(self.root.data_dir)
+        if directory not in _made_directories:
+            filemodes.makedirs(directory)
+            _made_directories.add(directory)
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.components[-1])[:64]
+        path = os.path.join(directory, f"{self.workbench_id}--{stem}--{new_id16().hex()}.spool")
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
         except OSError as exc:
             raise _storage_error(f"a spool file in {directory}", exc) from None
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone
-        self.describe_state(LIVE)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone
+        self.fd, self.path = fd, path
+        self.describe_state(LIVE, new=True)
+
+    def _need_file(self) -> None:
+        if self.fd < 0:
+            self.open_file()
 
     @contextlib.asynccontextmanager
     async def locked(self):
@@ -129,8 +159,8 @@ class Spool:
     # --- what it is ------------------------------------------------------------------------------
 
     @property
-    def sidecar(self) -> str:
-        return self.path + ".json"
+    def sidecar(self) -> str | None:
+        return None if self.path is None else self.path + ".json"
 
     @property
     def text_path(self) -> str:
@@ -139,9 +169,22 @@ class Spool:
     def describe(self) -> str:
         return f"{self.workbench_id}:{self.text_path}"
 
-    def describe_state(self, state: str, reason: str | None = None) -> None:
+    def describe_state(self, state: str, reason: str | None = None, *, new: bool = False) -> None:
         """(Re)write the sidecar: what the bytes are for, what publishing them expects."""
-        record = {
+        if self.path is None:
+            return  # no spool file: nothing to describe
+        record = self.record(state, reason)
+        try:
+            if new:
+                _exclusive_json(self.sidecar, record)
+            else:
+                _atomic_json(self.sidecar, record)
+        except OSError as exc:
+            log.error("cannot write the spool sidecar %s: %s", self.sidecar, exc)
+
+    def record(self, state: str, reason: str | None = None) -> dict:
+        """The sidecar's content."""
+        return {
             "format": SIDECAR_FORMAT,
             "state": state,
             "reason": reason,
@@ -158,10 +201,6 @@ class Spool:
             "updated_unix_ms": time.time_ns() // 1_000_000,
             **self._owner,
         }
-        try:
-            _atomic_json(self.sidecar, record)
-        except OSError as exc:
-            log.error("cannot write the spool sidecar %s: %s", self.sidecar, exc)
 
     def moved(self, components: tuple) -> None:
         self.components = components
@@ -173,6 +212,7 @@ class Spool:
         """Make the spool hold the complete current body: the base's bytes, then appended ones."""
         if self.filled:
             return
+        self._need_file()
         try:
             if self.append_only:
                 # The appended bytes move up behind the base's, the last chunk first, so no byte
@@ -202,6 +242,7 @@ class Spool:
     def truncate_blocking(self, size: int) -> None:
         if self.append_only or (not self.filled and size > 0):
             self.fill_blocking()
+        self._need_file()
         try:
             os.ftruncate(self.fd, size)
         except OSError as exc:
@@ -240,6 +281,7 @@ class Spool:
             self.append_only = True
 
     def write(self, offset: int, data) -> None:
+        self._need_file()
         try:
             if self.append_only:
                 _write_all(self.fd, data, offset - self.base.logical_size)
@@ -256,14 +298,21 @@ class Spool:
 
     def truncated_on_open(self) -> None:
         """O_TRUNC: the file is empty for everyone from now on."""
+        self._need_file()
         os.ftruncate(self.fd, 0)
         self.filled, self.size, self.append_only = True, 0, False
         self.dirty = self.written = True
         self.mtime_ns = time.time_ns()
 
-    def published(self, entry) -> None:
-        """After a successful publication: the spool describes `entry` and holds nothing unpublished."""
-        if self.append_only:
+    def published(self, entry, *, drop_file: bool = False) -> None:
+        """After a successful publication: the spool describes `entry` and holds nothing
+        unpublished. With `drop_file` (its last writer is closing) the spool file and sidecar
+        go at once; a later write makes a new one from `entry`."""
+        if drop_file:
+            self._remove_file()
+            self.filled = False
+            self.append_only = False
+        elif self.append_only:
             os.ftruncate(self.fd, 0)
             self.filled = False
         self.base = entry
@@ -272,10 +321,14 @@ class Spool:
         self.dirty = False
         self.failed = None
         self.attributes = None
-        self.describe_state(LIVE)
+        if not drop_file:
+            self.describe_state(LIVE)
 
     def keep(self, reason: str) -> None:
         """Leave the bytes for the operator: described, synced, and no longer held."""
+        if self.fd < 0:
+            self.closed = True
+            return
         self.describe_state(KEPT, reason)
         try:
             os.fsync(self.fd)
@@ -284,18 +337,31 @@ class Spool:
         self.close(remove=False)
 
     def close(self, *, remove: bool) -> None:
-        if self.fd >= 0:
+        self.closed = True
+        if remove:
+            self._remove_file()
+        elif self.fd >= 0:
             try:
                 os.close(self.fd)  # also drops the flock
             except OSError:
                 pass
             self.fd = -1
-        if remove:
+
+    def _remove_file(self) -> None:
+        """Unlink the spool file and its sidecar (the file first: a sidecar alone describes
+        nothing), then let go of the descriptor and its flock."""
+        if self.path is not None:
             for path in (self.path, self.sidecar):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd, self.path = -1, None
 
 
 # --- kept spools: what the operator sees and does -----------------------------------------------
