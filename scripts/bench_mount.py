@@ -12,7 +12,7 @@ machine weighs on all of them alike):
     local         a plain directory on the local disk (for scale)
     passthrough   pyfuse3's examples/passthroughfs.py (below, the same operations: writeback
                   cache on, inode = the source's inode) over a local directory: the reference
-    nokvfs        `python3 -m nokvfs.fs.daemon DATA MNT --foreground`, durable at close (default)
+    nokvfs        `python3 -m nokvfs.cli.main mount DATA MNT --foreground`, durable at close (default)
     nokvfs-wb     the same with `--write-back` (close returns once the bytes are durable locally)
     nokvfs-s3, nokvfs-s3-wb   with --s3: the same two over a loopback moto S3 server this script
                   starts itself (127.0.0.1 only)
@@ -417,7 +417,7 @@ def main() -> int:
                     if root.blocks.cache is not None:
                         root.blocks.cache.close()
                     root.close()
-                argv = [sys.executable, "-m", "nokvfs.fs.daemon", data, mnt, "--foreground"]
+                argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
                 if mode == "write-back":
                     argv.append("--write-back")
                 targets.append(Target(name, os.path.join(mnt, "bench", "outputs"), argv=argv, mountpoint=mnt, env=env, log=log, publishes_later=mode == "write-back"))
