@@ -73,6 +73,9 @@ class Files:
         self.ship = None
         self.publications = 0
         self.publication_failures = 0
+        # `--write-back`: a nokvfs.fs.writeback.Publisher; close(2) then accepts (durable here)
+        # and the publisher publishes. None: close(2) publishes.
+        self.writeback = None
 
     # --- opening -----------------------------------------------------------------------------------
 
@@ -212,10 +215,16 @@ class Files:
 
     async def flush(self, handle: FileHandle) -> None:
         if handle.writable:
+            if self.writeback is not None:
+                await self.writeback.accept(handle.node)
+                return
             await self.publish(handle.node, why="publication at close", closing=True)
 
     async def fsync(self, handle: FileHandle) -> None:
         if handle.writable or handle.node.spool is not None:
+            if self.writeback is not None:
+                await self.writeback.wait_published(handle.node)
+                return
             await self.publish(handle.node, why="publication at fsync")
 
     async def publish(self, node: Node, *, why: str, closing: bool = False) -> None:
@@ -244,7 +253,7 @@ class Files:
     async def _publish_locked(self, node: Node, spool: Spool, why: str, last_close: bool = False) -> None:
         tree = self.tree
         components = spool.components
-        stored = self._attributes_to_publish(node, spool)
+        stored = self.attributes_to_publish(node, spool)
         appending = spool.append_only and spool.base is not None and spool.size > spool.base.logical_size
         tree.begin_change(spool.incarnation, components)
         try:
@@ -278,7 +287,7 @@ class Files:
         tree.directory_changed(spool.incarnation, components[:-1], node.facts.ctime_ns if node.facts else None)
         log.debug("published %s generation %d (%d bytes)", spool.describe(), entry.generation, entry.logical_size)
 
-    def _attributes_to_publish(self, node: Node, spool: Spool):
+    def attributes_to_publish(self, node: Node, spool: Spool):
         """The Attributes a publication of the spool stores: the file's, with what was changed."""
         base = node.facts
         pending = spool.attributes or {}
@@ -300,18 +309,20 @@ class Files:
         spool = node.spool
         if handle.writable and spool is not None:
             spool.writers = max(0, spool.writers - 1)
-        if spool is not None and node.handles == 0:
+        if spool is not None and node.handles == 0 and self.writeback is not None and await self.writeback.accept_at_release(node):
+            pass  # the publisher publishes it, then settles it
+        elif spool is not None and node.handles == 0:
             if spool.dirty and not spool.orphaned and spool.failed is None:
                 try:
                     await self.publish(node, why="publication at release")
                 except Exception:  # noqa: BLE001 - already logged with the spool's path
                     pass
-            await self._settle(node, spool)
+            await self.settle(node, spool)
         if node.handles == 0:
             node.bound = None
         tree.inodes.closed(node)
 
-    async def _settle(self, node: Node, spool: Spool) -> None:
+    async def settle(self, node: Node, spool: Spool) -> None:
         """The last descriptor is gone: drop a published spool, keep an unpublished one."""
         tree = self.tree
         async with spool.locked():
@@ -406,7 +417,7 @@ class Files:
                 await self.workers.bounded(f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size)
             await self.publish(node, why="truncate")
         finally:
-            await self._settle(node, spool)
+            await self.settle(node, spool)
 
     # --- names -------------------------------------------------------------------------------------
 

@@ -50,10 +50,12 @@ log = logging.getLogger(__name__)
 
 SPOOL_SUBDIR = "mount"
 SIDECAR_FORMAT = 1
+ATTRIBUTE_FIELDS = ("mode", "uid", "gid", "mtime_ns", "atime_ns", "ctime_ns")
 _COPY_CHUNK = 4 * 1024 * 1024
 
 LIVE = "live"  # held by a running daemon (its flock proves it)
 KEPT = "kept"  # not published; nobody holds it
+PENDING = "pending"  # accepted by a write-back mount (durable here), not published yet: replayed at the next mount
 
 
 def spool_dir(data_dir: str) -> str:
@@ -87,12 +89,21 @@ def _exclusive_json(path: str, record: dict) -> None:
         f.write("\n")
 
 
-def _atomic_json(path: str, record: dict) -> None:
+def _atomic_json(path: str, record: dict, *, durable: bool = False) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", opener=filemodes.opener) as f:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:  # the rename, and the spool file's own entry, are in the directory
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class Spool:
@@ -203,6 +214,22 @@ class Spool:
             "updated_unix_ms": time.time_ns() // 1_000_000,
             **self._owner,
         }
+
+    def make_durable(self, attributes=None) -> None:
+        """Write-back acceptance (nokvfs.fs.writeback): the bytes, then a sidecar in state
+        pending naming the attributes to publish, on disk before close(2) returns -- so a crash
+        loses nothing accepted and the next mount can publish it (`replay`)."""
+        if self.fd < 0:
+            return  # nothing unpublished is held in a file
+        record = self.record(PENDING)
+        record["accepted_unix_ns"] = time.time_ns()  # the next mount replays in this order
+        if attributes is not None:
+            record["attributes"] = {name: getattr(attributes, name) for name in ATTRIBUTE_FIELDS}
+        try:
+            os.fsync(self.fd)
+            _atomic_json(self.sidecar, record, durable=True)
+        except OSError as exc:
+            raise _storage_error(f"make the spool {self.path} durable", exc) from None
 
     def moved(self, components: tuple) -> None:
         self.components = components
@@ -442,6 +469,8 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
         if spool.live:
             continue
         record = spool.record
+        if record.get("state") == PENDING:
+            continue  # accepted by a write-back mount: nokvfs.fs.writeback.replay publishes it
         if record.get("state") != KEPT:
             record = dict(record)
             record["state"] = KEPT
@@ -458,6 +487,15 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
             spool.record = record
         kept.append(spool)
     return kept
+
+
+def mark_kept(spool: KeptSpool, reason: str) -> None:
+    """Describe a spool nobody holds as kept, for `reason` (the sidecar durably rewritten)."""
+    spool.record = dict(spool.record, state=KEPT, reason=reason)
+    try:
+        _atomic_json(spool.path + ".json", spool.record, durable=True)
+    except OSError as exc:
+        log.error("cannot describe the kept spool %s: %s", spool.path, exc)
 
 
 def find(data_dir: str, ident: str) -> KeptSpool:
@@ -488,19 +526,27 @@ def retry(root, spool: KeptSpool, *, force: bool = False):
     workbench_id, path = record.get("workbench"), record.get("path")
     if not workbench_id or not path:
         raise InvalidInput(f"spool {spool.id} has no sidecar naming its workbench and path: give them (`nokvfs put`)")
+    extra = {}
+    if isinstance(record.get("attributes"), dict):  # a write-back spool names what to publish with it
+        from nokvfs.workspace.attributes import Attributes
+
+        try:
+            extra["attributes"] = Attributes(**{name: record["attributes"].get(name) for name in ATTRIBUTE_FIELDS})
+        except (TypeError, InvalidInput) as exc:
+            raise InvalidInput(f"spool {spool.id}: its sidecar's attributes are not valid: {exc}") from None
     if record.get("append_only"):
         body = bodies.from_file(spool.path, root.block_size)
         expected = None if force or not record.get("expected_revision") else bytes.fromhex(record["expected_revision"])
-        entry = appends.append(root, workbench_id, path, body, expected_revision_id=expected)
+        entry = appends.append(root, workbench_id, path, body, expected_revision_id=expected, **extra)
     else:
         body = bodies.from_file(spool.path, root.block_size)
         if record.get("size") is not None and body.size != record["size"]:
             raise InvalidInput(f"spool {spool.id} holds {body.size} bytes, its sidecar says {record['size']}: not a complete body")
         if force:
-            entry = namespace.put(root, workbench_id, path, body)
+            entry = namespace.put(root, workbench_id, path, body, **extra)
         elif record.get("expected_revision"):
-            entry = namespace.put(root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]))
+            entry = namespace.put(root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]), **extra)
         else:
-            entry = namespace.put(root, workbench_id, path, body, expected_generation=0)
+            entry = namespace.put(root, workbench_id, path, body, expected_generation=0, **extra)
     discard(spool)
     return entry
