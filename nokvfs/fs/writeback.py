@@ -31,15 +31,28 @@ from nokvfs.fs import spools
 log = logging.getLogger(__name__)
 
 
+# A burst of closes (tar x, a build) runs first and its publications after it: the publisher
+# starts once no file was accepted for QUIET seconds, or at once when someone waits (fsync(2),
+# unmount) or the backlog reaches MAX_BACKLOG // 2. Each accepted spool holds a descriptor and a
+# flock until it is published, so acceptance waits while MAX_BACKLOG are queued.
+QUIET = 0.05
+MAX_BACKLOG = 512
+
+
 class Publisher:
     """The accepted, not yet published spools of a write-back mount, and the task publishing them."""
 
-    def __init__(self, files):
+    def __init__(self, files, *, quiet: float = QUIET, max_backlog: int = MAX_BACKLOG):
         self.files = files
+        self.quiet = quiet
+        self.max_backlog = max_backlog
         self._queue: dict = {}  # spool -> node, in acceptance order (dicts keep insertion order)
         self._done: dict = {}  # spool -> trio.Event set once its queued publication ran
         self._outcome: dict = {}  # spool -> the exception its last publication raised (None: published)
         self._wakeup = trio.Event()
+        self._urgent = 0  # tasks waiting for a publication (fsync, drain)
+        self._room = trio.Event()  # set when the backlog falls below MAX_BACKLOG
+        self._last_accept = 0.0
         self.accepted = 0
         self.published = 0
         self.failed = 0
@@ -60,6 +73,11 @@ class Publisher:
         if spool is None or spool.orphaned:
             return
         files = self.files
+        while len(self._queue) >= self.max_backlog and spool not in self._queue:
+            self._wakeup.set()
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
         async with spool.locked():
             if not spool.dirty and not spool.attributes:
                 return
@@ -69,6 +87,7 @@ class Publisher:
             self._queue[spool] = node
             self._done[spool] = trio.Event()
             self.accepted += 1
+        self._last_accept = trio.current_time()
         self._wakeup.set()
 
     async def accept_at_release(self, node) -> bool:
@@ -91,7 +110,12 @@ class Publisher:
             await self.accept(node)
         done = self._done.get(spool)
         if done is not None:
-            await done.wait()
+            self._urgent += 1
+            self._wakeup.set()
+            try:
+                await done.wait()
+            finally:
+                self._urgent -= 1
         error = self._outcome.get(spool)
         if error is not None:
             raise error
@@ -105,6 +129,13 @@ class Publisher:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 continue
+            if not self._urgent and len(self._queue) < self.max_backlog // 2:
+                idle = trio.current_time() - self._last_accept
+                if idle < self.quiet:
+                    with trio.move_on_after(self.quiet - idle):
+                        await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
             await self._publish_next()
 
     async def drain(self) -> None:
@@ -128,6 +159,8 @@ class Publisher:
         finally:
             self._queue.pop(spool, None)
             done = self._done.pop(spool, None)
+            if len(self._queue) < self.max_backlog:
+                self._room.set()
         if error is None:
             self.published += 1
             self._outcome.pop(spool, None)
