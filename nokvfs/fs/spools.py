@@ -99,11 +99,15 @@ def _atomic_json(path: str, record: dict, *, durable: bool = False) -> None:
             os.fsync(f.fileno())
     os.replace(tmp, path)
     if durable:  # the rename, and the spool file's own entry, are in the directory
-        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory(os.path.dirname(path))
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Spool:
@@ -215,21 +219,32 @@ class Spool:
             **self._owner,
         }
 
-    def make_durable(self, attributes=None) -> None:
-        """Write-back acceptance (nokvfs.fs.writeback): the bytes, then a sidecar in state
-        pending naming the attributes to publish, on disk before close(2) returns -- so a crash
-        loses nothing accepted and the next mount can publish it (`replay`)."""
-        if self.fd < 0:
-            return  # nothing unpublished is held in a file
+    # --- write-back acceptance (nokvfs.fs.writeback) --------------------------------------------
+
+    def pending_record(self, attributes=None) -> dict:
+        """The sidecar the next mount gives this spool if the daemon ends before publishing it:
+        state pending, with the attributes its publication stores."""
         record = self.record(PENDING)
         record["accepted_unix_ns"] = time.time_ns()  # the next mount replays in this order
         if attributes is not None:
             record["attributes"] = {name: getattr(attributes, name) for name in ATTRIBUTE_FIELDS}
+        return record
+
+    def whole_body(self, limit: int) -> bytes | None:
+        """The file's complete bytes when the spool holds them whole and they are at most
+        `limit` bytes (a write-back journal holds small files' bytes itself), else None."""
+        if self.fd < 0 or self.append_only or not self.filled or self.size > limit:
+            return None
+        data = os.pread(self.fd, self.size, 0)
+        return data if len(data) == self.size else None
+
+    def sync_blocking(self) -> None:
+        """The spool file's bytes and its directory entry on disk."""
         try:
             os.fsync(self.fd)
-            _atomic_json(self.sidecar, record, durable=True)
+            fsync_directory(os.path.dirname(self.path))
         except OSError as exc:
-            raise _storage_error(f"make the spool {self.path} durable", exc) from None
+            raise _storage_error(f"sync the spool {self.path}", exc) from None
 
     def moved(self, components: tuple) -> None:
         self.components = components

@@ -1,11 +1,15 @@
 """Write-back mode (`nokvfs mount --write-back`): close(2) returns once the file's bytes are
 durable on this machine; a background publisher publishes them afterwards, in order.
 
-Acceptance. At close (flush) the file's spool is fsync'd and its sidecar rewritten, durably, in
-state `pending` with the attributes its publication will store (nokvfs.fs.spools.Spool
-.make_durable). From then on nothing accepted is lost: the publisher publishes it, or -- after a
-crash -- the next mount does (`replay`), or it becomes a kept spool for `nokvfs spool
-list|retry|discard`.
+Acceptance. At close (flush) one record is appended to the mount's journal and the journal
+fdatasync'd: the sidecar the spool would need to be published (state `pending`, the attributes
+its publication stores) and, for a file of at most INLINE_MAX bytes, the bytes themselves --
+one sync per close and no file created. A larger file's spool is fsync'd (with its directory)
+first and the record names it. From then on nothing accepted is lost: the publisher publishes
+it, or -- after a crash -- the next mount does (`replay`: each journal a dead daemon left is
+turned back into spool files and pending sidecars, then published), or it becomes a kept spool
+for `nokvfs spool list|retry|discard`. The journal is emptied whenever nothing accepted is
+unpublished, and removed at a clean unmount.
 
 Publishing. One task drains the accepted spools in the order they were accepted (a spool accepted
 again while still queued keeps its place and publishes its latest bytes), each through the same
@@ -21,14 +25,149 @@ before the daemon exits; files still open then are kept as in the default mode.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
+import os
+import struct
 
 import trio
+import xxhash
 
-from nokvfs.errors import GenerationConflict
+from nokvfs import filemodes
+from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
 from nokvfs.fs import spools
+from nokvfs.schema.ids import new_id16
 
 log = logging.getLogger(__name__)
+
+
+# --- the acceptance journal -----------------------------------------------------------------------
+#
+# <data dir>/spool/mount/writeback-<id>.journal, one per write-back daemon, held under its flock.
+# A record: "NKWB" | u8 version (1) | u8 kind | u32 length | meta (JSON, UTF-8) | u8 inline |
+# u64 length | body | u64 xxh3-64 of everything before it, all integers big-endian. Kind 1
+# (accepted): meta is the spool's pending sidecar plus "spool" (its file name); with inline 1 the
+# body is the file's complete bytes, with inline 0 (and no body) the spool file holds them. Kind 2
+# (published): meta is {"spool": name}; that acceptance needs no replay. A record cut short or
+# failing its checksum ends the journal (a close that never returned); an unknown version or kind
+# is refused, and the journal is left untouched.
+
+JOURNAL_MAGIC = b"NKWB"
+JOURNAL_VERSION = 1
+ACCEPTED, PUBLISHED = 1, 2
+INLINE_MAX = 256 * 1024
+_HEAD = struct.Struct(">4sBBI")
+_BODY = struct.Struct(">BQ")
+_SUM = struct.Struct(">Q")
+JOURNAL_PREFIX, JOURNAL_SUFFIX = "writeback-", ".journal"
+
+
+def encode_record(kind: int, meta: dict, body: bytes | None = None) -> bytes:
+    raw = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    out = _HEAD.pack(JOURNAL_MAGIC, JOURNAL_VERSION, kind, len(raw)) + raw
+    out += _BODY.pack(0 if body is None else 1, 0 if body is None else len(body)) + (body or b"")
+    return out + _SUM.pack(xxhash.xxh3_64_intdigest(out))
+
+
+def decode_records(data: bytes) -> list[tuple[int, dict, bytes | None]]:
+    """The journal's records up to the first one cut short or damaged (kind, meta, body or None).
+    UnknownVersion / CorruptRecord for a whole record this build cannot read."""
+    records, pos = [], 0
+    while pos + _HEAD.size <= len(data):
+        magic, version, kind, meta_len = _HEAD.unpack_from(data, pos)
+        at = pos + _HEAD.size + meta_len
+        if magic != JOURNAL_MAGIC or at + _BODY.size > len(data):
+            break
+        inline, body_len = _BODY.unpack_from(data, at)
+        end = at + _BODY.size + body_len
+        if end + _SUM.size > len(data) or _SUM.unpack_from(data, end)[0] != xxhash.xxh3_64_intdigest(data[pos:end]):
+            break  # the tail of a close that never returned
+        if version != JOURNAL_VERSION:
+            raise UnknownVersion(f"write-back journal record version {version}, this build knows only {JOURNAL_VERSION}")
+        if kind not in (ACCEPTED, PUBLISHED) or inline not in (0, 1):
+            raise CorruptRecord(f"write-back journal record of kind {kind} (inline {inline}) is not one this build knows")
+        try:
+            meta = json.loads(data[pos + _HEAD.size : at])
+        except ValueError:
+            raise CorruptRecord("write-back journal record with unreadable meta") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("spool"), str) or os.sep in meta["spool"]:
+            raise CorruptRecord("write-back journal record names no spool file")
+        records.append((kind, meta, bytes(data[at + _BODY.size : end]) if inline else None))
+        pos = end + _SUM.size
+    return records
+
+
+class Journal:
+    """This daemon's acceptance journal (created at the first acceptance)."""
+
+    def __init__(self, data_dir: str):
+        directory = spools.spool_dir(data_dir)
+        filemodes.makedirs(directory)
+        self.path = os.path.join(directory, f"{JOURNAL_PREFIX}{new_id16().hex()}{JOURNAL_SUFFIX}")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, filemodes.FILE_MODE)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: the next mount leaves it alone
+        spools.fsync_directory(directory)
+        self.size = 0
+
+    def append(self, record: bytes, *, sync: bool) -> None:
+        os.write(self.fd, record)
+        self.size += len(record)
+        if sync:
+            os.fdatasync(self.fd)
+
+    def reset(self) -> None:
+        """Nothing accepted is unpublished: start over (durably, so no stale record replays)."""
+        if self.size:
+            os.ftruncate(self.fd, 0)
+            os.fdatasync(self.fd)
+            self.size = 0
+
+    def remove(self) -> None:
+        os.unlink(self.path)
+        os.close(self.fd)
+
+
+def restore_journals(data_dir: str) -> int:
+    """Turn each journal a dead write-back daemon left into spool files and pending sidecars
+    (`replay` then publishes them) and remove it. Returns the number of acceptances restored."""
+    directory = spools.spool_dir(data_dir)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith(JOURNAL_PREFIX) and n.endswith(JOURNAL_SUFFIX))
+    except FileNotFoundError:
+        return 0
+    restored = 0
+    for name in names:
+        path = os.path.join(directory, name)
+        if spools._held(path):
+            continue  # a live daemon's
+        try:
+            with open(path, "rb") as f:
+                records = decode_records(f.read())
+        except (OSError, UnknownVersion, CorruptRecord) as exc:
+            log.error("write-back journal %s cannot be replayed by this build (%s): left in place", path, exc)
+            continue
+        pending: dict = {}
+        for kind, meta, body in records:
+            pending.pop(meta["spool"], None)
+            if kind == ACCEPTED:
+                pending[meta["spool"]] = (meta, body)
+        for spool_name, (meta, body) in pending.items():
+            spool_path = os.path.join(directory, spool_name)
+            if body is not None:
+                fd = os.open(spool_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, filemodes.FILE_MODE)
+                try:
+                    spools._write_all(fd, body, 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            elif not os.path.exists(spool_path):
+                continue  # published and dropped; its published record did not reach the disk
+            record = {k: v for k, v in meta.items() if k != "spool"}
+            spools._atomic_json(spool_path + ".json", record, durable=True)
+            restored += 1
+        os.unlink(path)
+    return restored
 
 
 # A burst of closes (tar x, a build) runs first and its publications after it: the publisher
@@ -53,6 +192,10 @@ class Publisher:
         self._urgent = 0  # tasks waiting for a publication (fsync, drain)
         self._room = trio.Event()  # set when the backlog falls below MAX_BACKLOG
         self._last_accept = 0.0
+        self._journal: Journal | None = None
+        self._journal_lock = trio.Lock()
+        self._accepting = 0  # acceptances between their journal record and the queue
+        self._journal_names: dict = {}  # spool -> its file name in the last acceptance record
         self.accepted = 0
         self.published = 0
         self.failed = 0
@@ -78,17 +221,40 @@ class Publisher:
             if self._room.is_set():
                 self._room = trio.Event()
             await self._room.wait()
-        async with spool.locked():
-            if not spool.dirty and not spool.attributes:
-                return
-            stored = files.attributes_to_publish(node, spool)
-            await files.workers.bounded(f"acceptance of {spool.describe()}", files.workers.run, spool.make_durable, stored)
-        if spool not in self._queue:
-            self._queue[spool] = node
-            self._done[spool] = trio.Event()
-            self.accepted += 1
+        self._accepting += 1
+        try:
+            async with spool.locked():
+                if not spool.dirty and not spool.attributes:
+                    return
+                if spool.path is None:
+                    pass  # attributes only, nothing in a file: the publication applies them
+                else:
+                    record = spool.pending_record(files.attributes_to_publish(node, spool))
+                    record["spool"] = os.path.basename(spool.path)
+                    async with self._journal_lock:
+                        await files.workers.bounded(f"acceptance of {spool.describe()}", files.workers.run, self._record_acceptance, spool, record)
+                    self._journal_names[spool] = record["spool"]
+            if spool not in self._queue:
+                self._queue[spool] = node
+                self._done[spool] = trio.Event()
+                self.accepted += 1
+        finally:
+            self._accepting -= 1
         self._last_accept = trio.current_time()
         self._wakeup.set()
+
+    def _record_acceptance(self, spool, record: dict) -> None:
+        """(worker thread, spool and journal locked) The acceptance on disk: one journal record
+        holding a small file's bytes, or naming a larger file's spool once that is synced."""
+        try:
+            body = spool.whole_body(INLINE_MAX)
+            if body is None:
+                spool.sync_blocking()
+            if self._journal is None:
+                self._journal = Journal(spool.root.data_dir)
+            self._journal.append(encode_record(ACCEPTED, record, body), sync=True)
+        except OSError as exc:
+            raise spools._storage_error("record a write-back acceptance", exc) from None
 
     async def accept_at_release(self, node) -> bool:
         """The last descriptor of a file went: True if the publisher now owns the spool's end
@@ -144,6 +310,12 @@ class Publisher:
             log.info("write-back: publishing %d accepted file(s) before the daemon exits", len(self._queue))
         while self._queue:
             await self._publish_next()
+        if self._journal is not None and not self._outcome:
+            try:
+                self._journal.remove()  # every acceptance published or kept (with its sidecar)
+            except OSError as exc:
+                log.warning("write-back journal %s: %s", self._journal.path, exc)
+            self._journal = None
 
     async def _publish_next(self) -> None:
         spool, node = next(iter(self._queue.items()))
@@ -161,9 +333,15 @@ class Publisher:
             done = self._done.pop(spool, None)
             if len(self._queue) < self.max_backlog:
                 self._room.set()
+        name = self._journal_names.pop(spool, None)
         if error is None:
             self.published += 1
             self._outcome.pop(spool, None)
+            if name is not None and self._journal is not None:
+                try:  # not synced: a lost one costs the next mount a check, never a byte
+                    self._journal.append(encode_record(PUBLISHED, {"spool": name}), sync=False)
+                except OSError as exc:
+                    log.warning("write-back journal %s: %s", self._journal.path, exc)
         else:
             self.failed += 1
             self._outcome[spool] = error
@@ -175,6 +353,16 @@ class Publisher:
                 files.tree.inodes.settled(node)
         if done is not None:
             done.set()
+        if not self._queue:
+            await self._reset_journal()
+
+    async def _reset_journal(self) -> None:
+        async with self._journal_lock:
+            if self._journal is not None and not self._queue and not self._accepting:
+                try:
+                    await self.files.workers.run(self._journal.reset)
+                except OSError as exc:
+                    log.warning("write-back journal %s: %s", self._journal.path, exc)
 
 
 # --- after a crash ------------------------------------------------------------------------------
@@ -185,6 +373,7 @@ def replay(root, data_dir: str) -> tuple[int, int]:
     publish before it ended, oldest first. One that cannot be published (its path changed since,
     say) becomes a kept spool with the reason in its sidecar and a log line. Returns (published,
     kept)."""
+    restore_journals(data_dir)
     pending = [s for s in spools.scan(data_dir) if not s.live and s.record.get("state") == spools.PENDING]
     pending.sort(key=lambda s: (s.record.get("accepted_unix_ns") or 0, s.record.get("created_unix_ms") or 0))
     published = kept = 0
