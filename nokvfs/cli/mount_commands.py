@@ -99,7 +99,12 @@ def mount_options(args) -> MountOptions:
 def umount(args) -> int:
     from nokvfs.fs import daemon
 
-    data_dirs = [os.path.abspath(args.data_dir)] + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
+    from nokvfs.fs.mountinfo import mount_data_dir
+
+    # The mount names its data directory (its source), so the daemon is found and waited for
+    # (a write-back daemon publishes before it exits) without --data-dir.
+    served = mount_data_dir(args.mountpoint)
+    data_dirs = ([served] if served else []) + [os.path.abspath(args.data_dir)] + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
     return daemon.umount(args.mountpoint, data_dirs=data_dirs, lazy=args.lazy, timeout=args.timeout)
 
 

@@ -355,6 +355,10 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if o.write_back and not read_only:
             publisher = fs.files.writeback = writeback.Publisher(fs.files)
         operations = Operations(fs)
+        if publisher is not None:
+            # close(2) does not publish here, so the kernel may cache writes too (fewer, larger
+            # WRITEs; the file's pages stay cached); it writes them back before FLUSH and FSYNC.
+            operations.enable_writeback_cache = True
         follower = ChangeFollower(root, fs.changes)
 
         options = set(pyfuse3.default_options)
