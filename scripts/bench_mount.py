@@ -466,6 +466,15 @@ def main() -> int:
             for path in small_paths(target.base, args.files, args.dirs):
                 os.stat(path)
 
+        def xattrs_of_ls(target):
+            # The two getxattr(2) calls `ls -l` makes per file (the kernel caches no answer).
+            for path in small_paths(target.base, args.files, args.dirs):
+                for name in ("security.selinux", "system.posix_acl_access"):
+                    try:
+                        os.getxattr(path, name, follow_symlinks=False)
+                    except OSError:
+                        pass
+
         def ls_lr(target):
             subprocess.run(["ls", "-lR", os.path.join(target.base, "small")], stdout=subprocess.DEVNULL, check=True)
 
@@ -516,6 +525,7 @@ def main() -> int:
             ("  write-back: published", drain_small, "s", None, "later"),
             (f"first read of the {args.files}", cat_all, "files/s", files_phase, None),
             (f"stat {args.files}", stat_all, "files/s", files_phase, None),
+            (f"getxattr x2 of the {args.files} (as ls -l)", xattrs_of_ls, "files/s", files_phase, None),
             ("ls -lR", ls_lr, "s", None, None),
         ]
         if args.tar_files:
