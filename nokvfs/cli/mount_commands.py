@@ -2,9 +2,10 @@
 
     nokvfs mount DATA_DIR MOUNTPOINT [--foreground] [--read-only] [--allow-other] [--write-back]
                  [--replicate s3://bucket/prefix [--replicate-endpoint-url URL]
-                  [--replicate-interval SECONDS]]
+                  [--replicate-interval SECONDS]] [--metrics [ADDRESS:]PORT]
     nokvfs --data-dir DATA_DIR mount MOUNTPOINT
     nokvfs umount MOUNTPOINT [--lazy]
+    nokvfs status [MOUNTPOINT] [--json]         (nokvfs.cli.status_commands) counters of live mounts
     nokvfs spool list [--json]                  writes a mount could not publish, and why
     nokvfs spool retry ID [--force]             publish one (expecting what it expected)
     nokvfs spool discard ID                     drop one
@@ -93,6 +94,7 @@ def mount_options(args) -> MountOptions:
         follow_endpoint_url=_follow_endpoint(args),
         follow_interval=args.follow_interval,
         follow_lag_warning=args.follow_lag_warning,
+        metrics=args.metrics,
     )
 
 
@@ -130,7 +132,18 @@ def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", default=None, help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)")
     parser.add_argument("--follow-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)")
     parser.add_argument("--follow-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_INTERVAL, help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})")
+    parser.add_argument("--metrics", metavar="[ADDRESS:]PORT", type=_listen, default=None, help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to 127.0.0.1)")
     parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    from nokvfs.errors import InvalidInput
+    from nokvfs.fs.metrics import parse_listen
+
+    try:
+        return parse_listen(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_seconds(text: str) -> float:

@@ -322,9 +322,9 @@ class Publisher:
         files = self.files
         error = None
         try:
-            # The last writer gone: the spool file goes with the publication. An empty new file
-            # is published all the same (the default mode's release rule, here at once).
-            closing = spool.writers == 0 and (spool.written or spool.base is not None)
+            # The last writer gone: the spool file goes with the publication. An empty new or
+            # O_TRUNC-emptied file is published all the same (the default mode's release rule).
+            closing = spool.writers == 0 and not spool.truncated_only and (spool.written or spool.base is not None)
             await files.publish(node, why="write-back publication", closing=closing)
         except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
             error = exc
