@@ -181,3 +181,37 @@ def test_random_operations_match_the_model_with_the_kernel_caching_writes(tmp_pa
         done = _cli("umount", m.mountpoint, timeout=300)
         assert done.returncode == 0, done.stderr
         assert _published(m.data_dir, "outputs/fsx.bin") == seen
+
+
+def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
+    """An editor's save (write a temporary, close, rename it over the file) and an unlink of a
+    file just closed are what the next mount shows after SIGKILL: a replay never brings back the
+    temporary or the removed file."""
+    base = str(tmp_path)
+    data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
+    os.makedirs(mnt)
+    init_data_dir(data)
+    proc = start_daemon(data, mnt, log, WB)
+    try:
+        wait_mounted(mnt, proc, log)
+        out = os.path.join(mnt, "wb", "outputs")
+        for name, body in (("doc.txt", b"version 1"), ("gone.txt", b"removed soon"), ("doc.txt.tmp", b"version 2")):
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(body)
+        os.rename(os.path.join(out, "doc.txt.tmp"), os.path.join(out, "doc.txt"))
+        os.unlink(os.path.join(out, "gone.txt"))
+        with open(os.path.join(out, "later.txt"), "wb") as f:
+            f.write(b"accepted, not published")
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        unmount(mnt)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    with mounted(base, init=False) as m:
+        assert sorted(os.listdir(m.path("wb", "outputs"))) == ["doc.txt", "later.txt"]
+        with open(m.path("wb", "outputs", "doc.txt"), "rb") as f:
+            assert f.read() == b"version 2"
+        with open(m.path("wb", "outputs", "later.txt"), "rb") as f:
+            assert f.read() == b"accepted, not published"

@@ -363,9 +363,11 @@ class Files:
         if not changes:
             return
         spool = node.spool
-        if spool is not None and (spool.dirty or spool.base is None):
+        if spool is not None and (spool.dirty or spool.base is None or spool.orphaned):
             async with spool.locked():
-                if spool.dirty or spool.base is None:
+                # An unlinked or replaced file's attributes vanish with it, as its bytes do (the
+                # kernel's writeback cache sets its times at close).
+                if spool.dirty or spool.base is None or spool.orphaned:
                     spool.attributes = {**(spool.attributes or {}), **changes}
                     return
         await self._apply_attributes(node, changes)
@@ -431,13 +433,16 @@ class Files:
 
     # --- names -------------------------------------------------------------------------------------
 
-    @staticmethod
-    async def quiesce(*nodes) -> None:
+    async def quiesce(self, *nodes) -> None:
         """Wait for publications in flight on these nodes (a release publishes after close(2)
-        returned, so the application's next rename or unlink can overtake it)."""
+        returned, so the application's next rename or unlink can overtake it) -- in write-back
+        mode for their accepted publications too, so the rename or unlink applies to what is
+        published and no later replay can bring back what it moved or removed."""
         for node in nodes:
             spool = getattr(node, "spool", None)
             if spool is not None:
+                if self.writeback is not None:
+                    await self.writeback.settled(spool)
                 async with spool.locked():
                     pass
 

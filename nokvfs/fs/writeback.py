@@ -19,7 +19,9 @@ in place; once the file's last descriptor is gone the spool is kept with its sid
 line says where (a conflict: something outside this mount changed the path).
 
 fsync(2) on a file waits until the publisher has published it (and everything accepted before
-it) and reports that publication's error. Unmounting (`nokvfs umount`, a signal) drains the queue
+it) and reports that publication's error; so do rename(2) and unlink(2) of an accepted file (they
+then move or remove what is published), and a publication's journal record is synced, so a
+replay never brings back a file that was renamed or removed after its close. Unmounting (`nokvfs umount`, a signal) drains the queue
 before the daemon exits; files still open then are kept as in the default mode.
 """
 
@@ -172,19 +174,38 @@ def restore_journals(data_dir: str) -> int:
 
 # A burst of closes (tar x, a build) runs first and its publications after it: the publisher
 # starts once no file was accepted for QUIET seconds, or at once when someone waits (fsync(2),
-# unmount) or the backlog reaches MAX_BACKLOG // 2. Each accepted spool holds a descriptor and a
-# flock until it is published, so acceptance waits while MAX_BACKLOG are queued.
+# unmount) or the backlog reaches half its limit. Each accepted spool holds a descriptor and a
+# flock until it is published, so acceptance waits while the limit is queued: MAX_BACKLOG, or
+# less when the descriptor limit (raised to its hard limit first) leaves less room.
 QUIET = 0.05
-MAX_BACKLOG = 512
+MAX_BACKLOG = 8192
+_RESERVED_DESCRIPTORS = 1024  # for everything else the daemon opens
+
+
+def backlog_limit() -> int:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_BACKLOG + _RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return MAX_BACKLOG
+    return max(16, min(MAX_BACKLOG, (soft - _RESERVED_DESCRIPTORS) // 2))
 
 
 class Publisher:
     """The accepted, not yet published spools of a write-back mount, and the task publishing them."""
 
-    def __init__(self, files, *, quiet: float = QUIET, max_backlog: int = MAX_BACKLOG):
+    def __init__(self, files, *, quiet: float = QUIET, max_backlog: int | None = None):
         self.files = files
         self.quiet = quiet
-        self.max_backlog = max_backlog
+        self.max_backlog = backlog_limit() if max_backlog is None else max_backlog
         self._queue: dict = {}  # spool -> node, in acceptance order (dicts keep insertion order)
         self._done: dict = {}  # spool -> trio.Event set once its queued publication ran
         self._outcome: dict = {}  # spool -> the exception its last publication raised (None: published)
@@ -274,6 +295,14 @@ class Publisher:
             return
         if spool not in self._queue:
             await self.accept(node)
+        await self.settled(spool)
+        error = self._outcome.get(spool)
+        if error is not None:
+            raise error
+
+    async def settled(self, spool) -> None:
+        """Wait until the spool's accepted publication (if one is queued) has run; its error
+        stays with the file (fsync, the kept spool)."""
         done = self._done.get(spool)
         if done is not None:
             self._urgent += 1
@@ -282,9 +311,6 @@ class Publisher:
                 await done.wait()
             finally:
                 self._urgent -= 1
-        error = self._outcome.get(spool)
-        if error is not None:
-            raise error
 
     # --- publishing ----------------------------------------------------------------------------
 
@@ -338,8 +364,8 @@ class Publisher:
             self.published += 1
             self._outcome.pop(spool, None)
             if name is not None and self._journal is not None:
-                try:  # not synced: a lost one costs the next mount a check, never a byte
-                    self._journal.append(encode_record(PUBLISHED, {"spool": name}), sync=False)
+                try:  # synced: a replay must never bring back what a later unlink or rename changed
+                    await files.workers.run(self._journal.append, encode_record(PUBLISHED, {"spool": name}), sync=True)
                 except OSError as exc:
                     log.warning("write-back journal %s: %s", self._journal.path, exc)
         else:
@@ -358,7 +384,9 @@ class Publisher:
 
     async def _reset_journal(self) -> None:
         async with self._journal_lock:
-            if self._journal is not None and not self._queue and not self._accepting:
+            # Not while a failed publication's file is still open: its accepted bytes are only
+            # in the journal until it is kept.
+            if self._journal is not None and not self._queue and not self._accepting and not self._outcome:
                 try:
                     await self.files.workers.run(self._journal.reset)
                 except OSError as exc:
