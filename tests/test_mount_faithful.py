@@ -19,7 +19,16 @@ import time
 
 import pytest
 
-from tests.mount_fixtures import REPO, Mount, close_after_a_replacement, env, fsck_clean, mount, mounted, needs_fuse  # noqa: F401
+from tests.mount_fixtures import (  # noqa: F401
+    REPO,
+    Mount,
+    close_after_a_replacement,
+    env,
+    fsck_clean,
+    mount,
+    mounted,
+    needs_fuse,
+)
 
 pytestmark = needs_fuse
 pytest_plugins = ["tests.s3_fixtures"]

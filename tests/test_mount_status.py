@@ -19,7 +19,14 @@ import urllib.request
 
 import pytest
 
-from tests.mount_fixtures import REPO, close_after_a_replacement, env, mount, mounted, needs_fuse  # noqa: F401
+from tests.mount_fixtures import (  # noqa: F401
+    REPO,
+    close_after_a_replacement,
+    env,
+    mount,
+    mounted,
+    needs_fuse,
+)
 
 pytestmark = needs_fuse
 

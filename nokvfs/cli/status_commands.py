@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+from nokvfs.cli.common import add_json_option
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "status",
@@ -17,7 +20,7 @@ def register(subparsers) -> None:
         description="Ask running nokvfs mounts (all, or the one at MOUNTPOINT) for their counters and latencies.",
     )
     p.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT", help="one mount (default: every nokvfs mount)")
-    p.add_argument("--json", action="store_true", help="one JSON document (an array without MOUNTPOINT)")
+    add_json_option(p, "one JSON document (an array without MOUNTPOINT)")
     p.set_defaults(func=status)
 
 

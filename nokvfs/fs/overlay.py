@@ -80,7 +80,3 @@ class Overlay:
     def has_children(self, incarnation: bytes, components: tuple) -> bool:
         return bool(self._children.get((incarnation, components)))
 
-    def forget_incarnation(self, incarnation: bytes) -> None:
-        self._dirs = {k for k in self._dirs if k[0] != incarnation}
-        self._pending = {k: v for k, v in self._pending.items() if k[0] != incarnation}
-        self._children = {k: v for k, v in self._children.items() if k[0] != incarnation}
