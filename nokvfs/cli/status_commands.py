@@ -80,7 +80,8 @@ def render(s: dict) -> str:
         f"{safe(s['mountpoint'])}",
         f"  data directory:  {safe(s['data_dir'])}",
         f"  mode:            {s['mode']}" + (f" ({safe(s['read_only_reason'])})" if s.get("read_only_reason") else ""),
-        f"  daemon:          pid {s['pid']}, up {_duration(s['uptime_s'])}, resident {human_size(s['rss_bytes'])}",
+        f"  daemon:          pid {s['pid']}, up {_duration(s['uptime_s'])}, resident {human_size(s['rss_bytes'])}"
+        + (f" ({human_size(s['rss_anon_bytes'])} heap, {human_size(s['rss_file_bytes'])} mapped files)" if "rss_anon_bytes" in s else ""),
         f"  publications:    {_meter(s['publications'])}",
         f"  reads:           {_meter(s['reads'])}",
         f"  writes:          {_meter(s['writes'])}",
