@@ -181,6 +181,11 @@ def cmd_workbench_create(args) -> int:
 
 
 def cmd_workbench_list(args) -> int:
+    return _print_workbenches(args, lambda w: w.workbench_id)
+
+
+def _print_workbenches(args, line) -> int:
+    """The visible workbenches, as JSON or one `line(workbench)` each."""
     from nokvfs.workspace import workbench
 
     with open_root(args, write=False) as root, root.read() as view:
@@ -189,7 +194,7 @@ def cmd_workbench_list(args) -> int:
         render.print_json([render.workbench_json(w) for w in benches])
     else:
         for w in benches:
-            print(w.workbench_id)
+            print(line(w))
     return 0
 
 
@@ -637,17 +642,11 @@ def cmd_ls(args) -> int:
 
 
 def _ls_workbenches(args) -> int:
-    from nokvfs.workspace import workbench
+    def line(w):
+        name = w.workbench_id + "/"
+        return render.long_line(name, "dir", None) if args.long else name
 
-    with open_root(args, write=False) as root, root.read() as view:
-        benches = workbench.list_visible(view, root.root_id)
-    if args.json:
-        render.print_json([render.workbench_json(w) for w in benches])
-    else:
-        for w in benches:
-            name = w.workbench_id + "/"
-            print(render.long_line(name, "dir", None) if args.long else name)
-    return 0
+    return _print_workbenches(args, line)
 
 
 # --- stat -----------------------------------------------------------------------------------
