@@ -19,7 +19,14 @@ import urllib.request
 
 import pytest
 
-from tests.mount_fixtures import REPO, close_after_a_replacement, env, mount, mounted, needs_fuse  # noqa: F401
+from tests.mount_fixtures import (  # noqa: F401
+    REPO,
+    close_after_a_replacement,
+    env,
+    mount,
+    mounted,
+    needs_fuse,
+)
 
 pytestmark = needs_fuse
 
@@ -89,6 +96,7 @@ def test_status_of_a_mount_under_load(mount):
     assert final["mode"] == "owner" and final["data_dir"] == mount.data_dir
     assert final["mountpoint"] == mount.mountpoint and final["pid"] == mount.proc.pid
     assert 10 << 20 < final["rss_bytes"] < 2 << 30
+    assert final["rss_anon_bytes"] + final["rss_file_bytes"] + final["rss_shmem_bytes"] == final["rss_bytes"] and final["rss_anon_bytes"] > 0
     assert final["spools"] == {"open": 0, "live": 0, "kept": 0, "kept_bytes": 0, "kept_by_reason": {}}
     assert final["change_feed"]["versions_behind"] >= 0 and final["replication"] is None
     assert final["publications"]["buckets"][-1] == ["+Inf", final["publications"]["count"]]

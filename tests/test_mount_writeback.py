@@ -184,9 +184,9 @@ def test_random_operations_match_the_model_with_the_kernel_caching_writes(tmp_pa
 
 
 def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
-    """An editor's save (write a temporary, close, rename it over the file) and an unlink of a
-    file just closed are what the next mount shows after SIGKILL: a replay never brings back the
-    temporary or the removed file."""
+    """An editor's save (write a temporary, close, rename it over the file), an unlink of a file
+    just closed and a staging directory renamed into place are what the next mount shows after
+    SIGKILL: a replay never brings back the temporary, the removed file or the old directory."""
     base = str(tmp_path)
     data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
     os.makedirs(mnt)
@@ -200,6 +200,10 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
                 f.write(body)
         os.rename(os.path.join(out, "doc.txt.tmp"), os.path.join(out, "doc.txt"))
         os.unlink(os.path.join(out, "gone.txt"))
+        os.mkdir(os.path.join(out, "build.tmp"))  # the atomic-install idiom
+        with open(os.path.join(out, "build.tmp", "a.txt"), "wb") as f:
+            f.write(b"built")
+        os.rename(os.path.join(out, "build.tmp"), os.path.join(out, "build"))
         with open(os.path.join(out, "later.txt"), "wb") as f:
             f.write(b"accepted, not published")
         proc.kill()
@@ -210,7 +214,9 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
             proc.kill()
             proc.wait(timeout=30)
     with mounted(base, init=False) as m:
-        assert sorted(os.listdir(m.path("wb", "outputs"))) == ["doc.txt", "later.txt"]
+        assert sorted(os.listdir(m.path("wb", "outputs"))) == ["build", "doc.txt", "later.txt"]
+        with open(m.path("wb", "outputs", "build", "a.txt"), "rb") as f:
+            assert f.read() == b"built"
         with open(m.path("wb", "outputs", "doc.txt"), "rb") as f:
             assert f.read() == b"version 2"
         with open(m.path("wb", "outputs", "later.txt"), "rb") as f:

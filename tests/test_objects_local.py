@@ -11,7 +11,15 @@ import time
 
 import pytest
 
-from nokvfs.errors import IdInvalid, IntegrityError, InvalidInput, ObjectMissing, PreconditionFailed, StoreError, StoreFull
+from nokvfs.errors import (
+    IdInvalid,
+    IntegrityError,
+    InvalidInput,
+    ObjectMissing,
+    PreconditionFailed,
+    StoreError,
+    StoreFull,
+)
 from nokvfs.objects.keys import (
     artifact_block_key,
     artifact_revision_prefix,

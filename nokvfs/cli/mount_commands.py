@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from nokvfs.cli.common import add_json_option
 from nokvfs.fs.daemon import (
     DEFAULT_FOLLOW_INTERVAL,
     DEFAULT_FOLLOW_LAG_WARNING,
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("spool", help="list, republish or drop the writes a mount kept unpublished")
     sub = p.add_subparsers(dest="spool_command", metavar="COMMAND", required=True)
     listing = sub.add_parser("list", help="every spool: kept ones with their reason, live ones with their daemon")
-    listing.add_argument("--json", action="store_true")
+    add_json_option(listing)
     listing.set_defaults(func=spool_list)
     retry = sub.add_parser("retry", help="publish a kept spool at its path")
     retry.add_argument("id", metavar="ID", help="the spool's id (or a unique tail of it)")

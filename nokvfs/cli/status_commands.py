@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+from nokvfs.cli.common import add_json_option
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "status",
@@ -17,7 +20,7 @@ def register(subparsers) -> None:
         description="Ask running nokvfs mounts (all, or the one at MOUNTPOINT) for their counters and latencies.",
     )
     p.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT", help="one mount (default: every nokvfs mount)")
-    p.add_argument("--json", action="store_true", help="one JSON document (an array without MOUNTPOINT)")
+    add_json_option(p, "one JSON document (an array without MOUNTPOINT)")
     p.set_defaults(func=status)
 
 
@@ -77,7 +80,8 @@ def render(s: dict) -> str:
         f"{safe(s['mountpoint'])}",
         f"  data directory:  {safe(s['data_dir'])}",
         f"  mode:            {s['mode']}" + (f" ({safe(s['read_only_reason'])})" if s.get("read_only_reason") else ""),
-        f"  daemon:          pid {s['pid']}, up {_duration(s['uptime_s'])}, resident {human_size(s['rss_bytes'])}",
+        f"  daemon:          pid {s['pid']}, up {_duration(s['uptime_s'])}, resident {human_size(s['rss_bytes'])}"
+        + (f" ({human_size(s['rss_anon_bytes'])} heap, {human_size(s['rss_file_bytes'])} mapped files)" if "rss_anon_bytes" in s else ""),
         f"  publications:    {_meter(s['publications'])}",
         f"  reads:           {_meter(s['reads'])}",
         f"  writes:          {_meter(s['writes'])}",

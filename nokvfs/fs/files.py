@@ -512,6 +512,8 @@ class Files:
             raise refuse(errno.EEXIST, f"{target.describe()} exists")
         incarnation = old_parent.incarnation
         if source.kind.is_dir:
+            if self.writeback is not None:
+                await self.writeback.settled_all()  # accepted files below move as published ones
             await directories.rename_dir(source, target, dst)
             return
         if target is not None and target.kind.is_dir:

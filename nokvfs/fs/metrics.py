@@ -68,6 +68,8 @@ class StatusCollector:
         yield info
         yield gauge("nokvfs_uptime_seconds", "Seconds since the daemon started", s["uptime_s"])
         yield gauge("nokvfs_resident_memory_bytes", "Resident memory of the daemon", s["rss_bytes"])
+        yield gauge("nokvfs_resident_anonymous_memory_bytes", "Resident anonymous memory (the daemon's heap)", s["rss_anon_bytes"])
+        yield gauge("nokvfs_resident_file_memory_bytes", "Resident file-backed memory (mostly the shard's map)", s["rss_file_bytes"])
         for kind in ("publications", "reads", "writes"):
             meter = s[kind]
             singular = kind[:-1]

@@ -312,6 +312,12 @@ class Publisher:
             finally:
                 self._urgent -= 1
 
+    async def settled_all(self) -> None:
+        """Wait until every publication accepted so far has run (before a directory rename:
+        the files below it must not be replayed at their old paths)."""
+        for spool in list(self._done):
+            await self.settled(spool)
+
     # --- publishing ----------------------------------------------------------------------------
 
     async def run(self) -> None:
