@@ -18,6 +18,12 @@ History below the floor is pruned (nokvfs.engine.history), so reads below it are
 visibility reads: `at(v, visibility=True)` may go below the floor for the trees whose History
 keeps every change of a projection (WorkspaceCurrent's incarnation and state), and only point
 reads of those trees.
+
+ChangeEvent and CommandDedupe rows are written once and carry their commit version (in the key,
+in the value): they have no History, and a read at an older version takes the current row only
+if it was written at or before that version (nokvfs.engine.retention.SELF_VERSIONED). Operation
+and StagedObject rows have no History either: they are read at the current version only
+(nokvfs.engine.history.CURRENT_ONLY_TREES).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from __future__ import annotations
 import struct
 
 from nokvfs.engine import rows
-from nokvfs.engine.history import RETAINED_TREES
+from nokvfs.engine.history import CURRENT_ONLY_TREES, RETAINED_TREES
+from nokvfs.engine.retention import SELF_VERSIONED, row_version
 from nokvfs.engine.records import HistoryValue
 from nokvfs.engine.rows import lmdb_errors_translated
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
@@ -94,6 +101,10 @@ class ReadView:
         self.ops += 1
         if self._visibility_only and tree not in RETAINED_TREES:
             raise self._below_floor()
+        if not self.is_current and tree in SELF_VERSIONED:
+            return self._self_versioned(tree, key, self._txn.get(key, db=self._dbs[tree]))
+        if not self.is_current and tree in CURRENT_ONLY_TREES:
+            raise self._current_only(tree)
         if not self.is_current:
             changed, previous = self._previous_after(self._tags[tree], key)
             if changed:
@@ -104,6 +115,17 @@ class ReadView:
             rows.verify_neighbours(self._cursor(tree), tree, key)
             return None
         return rows.unseal(tree, key, raw)
+
+    def _current_only(self, tree: str) -> HistoryNotRetained:
+        return HistoryNotRetained(f"{tree} rows are read at the current version only, not at version {self.version}")
+
+    def _self_versioned(self, tree: str, key: bytes, raw: bytes | None) -> bytes | None:
+        if raw is None:
+            self.ops += 2
+            rows.verify_neighbours(self._cursor(tree), tree, key)
+            return None
+        value = rows.unseal(tree, key, raw)
+        return value if row_version(tree, key, value) <= self.version else None
 
     def _previous_after(self, tag: int, key: bytes):
         """(True, value-before) for the earliest change of key after self.version, else (False, None)."""
@@ -149,6 +171,27 @@ class ReadView:
                 return None
             return found, value
         probe = key
+        if tree in CURRENT_ONLY_TREES:
+            raise self._current_only(tree)
+        if tree in SELF_VERSIONED:
+            while True:
+                self.ops += 1
+                if not cursor.set_range(probe):
+                    return None
+                found = cursor.key()
+                if not found.startswith(within):
+                    return None
+                value = rows.unseal(tree, found, cursor.value())
+                if row_version(tree, found, value) <= self.version:
+                    return found, value
+                # ChangeEvent keys of one root sort by version: the rest of this root is newer.
+                following = int.from_bytes(found[:16], "big") + 1 if tree == "change_event" else None
+                if following is not None and following < 1 << 128:
+                    probe = following.to_bytes(16, "big")
+                elif following is not None:
+                    return None
+                else:
+                    probe = found + b"\x00"
         while True:
             candidates = []
             self.ops += 1
