@@ -252,7 +252,7 @@ def daemon(data_dir: str, mountpoint: str, log: str, *extra) -> subprocess.Popen
     env.pop("NOTIFY_SOCKET", None)
     os.makedirs(mountpoint, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nokvfs.fs.daemon", data_dir, mountpoint, "--foreground", *extra],
+        proc = subprocess.Popen([sys.executable, "-m", "nokvfs.cli.main", "mount", data_dir, mountpoint, "--foreground", *extra],
                                 stdout=out, stderr=out, env=env, cwd=REPO)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

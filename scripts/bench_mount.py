@@ -10,7 +10,7 @@ The same work runs on three targets in one run:
     passthrough  a minimal pyfuse3 passthrough (below, after pyfuse3's examples/passthroughfs.py:
                  writeback cache on, inode = the source's inode) mounted over a local directory;
                  the baseline the targets refer to
-    nokvfs       `python3 -m nokvfs.fs.daemon DATA MNT --foreground`, working in bench/outputs/
+    nokvfs       `python3 -m nokvfs.cli.main mount DATA MNT --foreground`, working in bench/outputs/
 
 Phases: create+write+close of N small files (in 10 directories), stat of all, `ls -lR`, cat of all
 (open+read+close each), a sequential write of S MiB (close included: for nokvfs that is the
@@ -324,7 +324,7 @@ def main() -> int:
         pt = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-passthrough", pt_source, pt_mount], stdout=log, stderr=log, env=env)
         procs.append((pt, pt_mount))
         wait_mounted(pt_mount, pt, "the passthrough")
-        nk = subprocess.Popen([sys.executable, "-m", "nokvfs.fs.daemon", data, nk_mount, "--foreground"], stdout=log, stderr=log, env=env, cwd=REPO)
+        nk = subprocess.Popen([sys.executable, "-m", "nokvfs.cli.main", "mount", data, nk_mount, "--foreground"], stdout=log, stderr=log, env=env, cwd=REPO)
         procs.append((nk, nk_mount))
         wait_mounted(nk_mount, nk, "the nokvfs daemon")
         targets = {"local": local, "passthrough": pt_mount, "nokvfs": os.path.join(nk_mount, "bench", "outputs")}

@@ -1,7 +1,7 @@
 """Real mounts for the mount tests: a data directory, a daemon subprocess, a guaranteed unmount.
 
 `mounted()` initialises a temporary data directory (with workbenches), starts
-`python3 -m nokvfs.fs.daemon DATA MNT --foreground` as a subprocess, waits until the mountpoint is
+`python3 -m nokvfs.cli.main mount DATA MNT --foreground` as a subprocess, waits until the mountpoint is
 a mount, and always -- even when the test fails -- unmounts (fusermount3 -u, falling back to
 umount -l), stops the daemon and asserts nothing is left mounted. The `mount` pytest fixture
 wraps it; test modules import it with `from tests.mount_fixtures import mount`.
@@ -148,7 +148,7 @@ def start_daemon(data_dir: str, mountpoint: str, log_path: str, extra_args=()) -
     log = open(log_path, "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "nokvfs.fs.daemon", data_dir, mountpoint, "--foreground", *extra_args],
+            [sys.executable, "-m", "nokvfs.cli.main", "mount", data_dir, mountpoint, "--foreground", *extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env(),

@@ -384,3 +384,19 @@ def test_symlinks(kernel):
     assert k.errno_of("symlink", outputs, b"long", b"t" * 4096, k.ctx) == errno.ENAMETOOLONG
     assert k.errno_of("readlink", outputs, k.ctx) == errno.EINVAL
     assert "latest" in k.listdir("wb/outputs")
+
+
+def test_a_directory_stays_when_its_last_entry_goes(kernel):
+    """mkdir d; cd d; mkdir e; chmod 700 e (stored); rmdir e: d is still there (the shell in it
+    can go on creating files), as on a local disk."""
+    k = kernel
+    k.mkdir("wb/outputs/d")
+    k.mkdir("wb/outputs/d/e")
+    k.setattr("wb/outputs/d/e", mode=stat.S_IFDIR | 0o700)  # a marker: d and e are durable now
+    d = k.ino("wb/outputs/d")
+    k.call("rmdir", d, b"e", k.ctx)
+    assert k.listdir("wb/outputs/d") == []
+    k.put("wb/outputs/d/f", b"still here")
+    k.call("unlink", d, b"f", k.ctx)
+    k.call("rename", k.ino("wb/outputs"), b"d", k.ino("wb/outputs"), b"d2", 0, k.ctx)
+    assert "d2" in k.listdir("wb/outputs")

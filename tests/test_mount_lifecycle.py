@@ -92,7 +92,7 @@ def test_readiness_is_sent_to_systemd(tmp_path):
     environment["NOTIFY_SOCKET"] = address
     log = str(tmp_path / "daemon.log")
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nokvfs.fs.daemon", data, mnt, "--foreground"], stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO)
+        proc = subprocess.Popen([sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"], stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO)
     try:
         message = sock.recv(4096).decode()
         assert "READY=1" in message and f"MAINPID={proc.pid}" in message

@@ -304,3 +304,28 @@ def test_rmdir_of_a_snapshot_drops_its_other_name_at_once(root):
     assert invalidator.calls == [("entry", history.ino, str(snapshot_id), by_id.ino)]
     assert by_id.detached and by_alias.detached
     assert tree.lookup(history, str(snapshot_id)) is None
+
+
+def test_a_file_renamed_there_and_back_is_two_changes_of_this_mount(root):
+    """Both events of a rename there and back name the same revision; each is this mount's own
+    and invalidates nothing (one was taken for another process's, and its "gone" path detached
+    the file the mount had just moved back there: a new inode number under a stat)."""
+    from nokvfs.workspace import namespace as ns
+
+    invalidator = RecordingInvalidator()
+    fs = FileSystem(root, LiveView(root), Workers(), invalidator, None)
+    follower = ChangeFollower(root, fs.changes)
+    follower.poll()
+    entry = ns.put(root, "wb", "outputs/a", b"x")
+    follower.poll()
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    node = fs.tree.lookup(section, "a")
+    for held in (section, node):
+        fs.tree.inodes.remember(held)
+    for source, target in (("outputs/a", "outputs/b"), ("outputs/b", "outputs/a")):
+        moved = ns.rename(root, "wb", source, target)
+        fs.tree.own(ChangeEventKind.PathRenamed, moved.artifact_revision_id)
+    assert moved.artifact_revision_id == entry.artifact_revision_id
+    invalidator.calls.clear()
+    follower.poll()
+    assert invalidator.calls == [] and not node.detached

@@ -20,16 +20,28 @@ work is in nokvfs.fs.daemon; pyfuse3 and trio are imported only when a handler r
 
 from __future__ import annotations
 
+import argparse
+import os
+
+from nokvfs.fs.daemon import (
+    DEFAULT_FOLLOW_INTERVAL,
+    DEFAULT_FOLLOW_LAG_WARNING,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_READ_AHEAD_KB,
+    DEFAULT_REPLICATE_INTERVAL,
+    DEFAULT_SYSCALL_TIMEOUT,
+    DEFAULT_WORKERS,
+    MountOptions,
+)
+
 
 def register(subparsers) -> None:
-    from nokvfs.fs.daemon import add_mount_arguments, add_umount_arguments
-
     p = subparsers.add_parser(
         "mount",
         help="mount the Visible workbenches at a directory (FUSE)",
         description="Mount the data directory's Visible workbenches. With two operands the first is the data directory.",
     )
-    add_mount_arguments(p, debug_option=False)
+    add_mount_arguments(p)
     p.set_defaults(func=mount)
 
     p = subparsers.add_parser("umount", help="unmount a nokvfs mount and wait for its daemon to exit")
@@ -53,13 +65,99 @@ def register(subparsers) -> None:
 def mount(args) -> int:
     from nokvfs.fs import daemon
 
-    return daemon.mount(args)
+    return daemon.mount(mount_options(args))
+
+
+def mount_options(args) -> MountOptions:
+    """The MountOptions `nokvfs mount`'s command line asks for."""
+    data_dir, mountpoint = split_mount_paths(args)
+    return MountOptions(
+        data_dir=data_dir,
+        mountpoint=mountpoint,
+        foreground=args.foreground,
+        read_only=args.read_only,
+        allow_other=args.allow_other,
+        debug=bool(getattr(args, "debug", False)),
+        workers=args.workers,
+        memory_bytes=args.memory_cache_mb * 1024 * 1024,
+        read_ahead_kb=args.read_ahead_kb,
+        syscall_timeout=args.syscall_timeout,
+        store=getattr(args, "store", None),
+        endpoint_url=getattr(args, "endpoint_url", None),
+        replicate=args.replicate,
+        replicate_endpoint_url=args.replicate_endpoint_url,
+        replicate_interval=args.replicate_interval,
+        sync=args.sync,
+        follow=args.follow,
+        follow_endpoint_url=_follow_endpoint(args),
+        follow_interval=args.follow_interval,
+        follow_lag_warning=args.follow_lag_warning,
+    )
 
 
 def umount(args) -> int:
     from nokvfs.fs import daemon
 
-    return daemon.umount(args)
+    data_dirs = [os.path.abspath(args.data_dir)] + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
+    return daemon.umount(args.mountpoint, data_dirs=data_dirs, lazy=args.lazy, timeout=args.timeout)
+
+
+# --- options --------------------------------------------------------------------------------
+
+
+def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mount_first", metavar="DATA_DIR", help="the data directory; alone, the mountpoint (the data directory is then --data-dir)")
+    parser.add_argument("mount_second", nargs="?", metavar="MOUNTPOINT", help="the mountpoint")
+    parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (default: detach once the mount is live)")
+    parser.add_argument("--read-only", action="store_true", help="refuse every change (EROFS)")
+    parser.add_argument("--allow-other", action="store_true", help="let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker threads for uploads, downloads and commits (default {DEFAULT_WORKERS})")
+    parser.add_argument("--memory-cache-mb", type=int, default=DEFAULT_MEMORY_MB, help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})")
+    parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
+    parser.add_argument("--syscall-timeout", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_SYSCALL_TIMEOUT, help=f"longest a syscall on the mount waits for the store or a publication before it fails with EIO (default {DEFAULT_SYSCALL_TIMEOUT:g})")
+    parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
+    parser.add_argument("--sync", action="store_true", help="with --replicate: close(2) and fsync(2) return only once the bucket holds the write (no accepted write is lost with the machine)")
+    parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
+    parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
+    parser.add_argument("--follow", metavar="URL", default=None, help="mount the root a bucket (s3://bucket/prefix) holds, read-only, following its owner")
+    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)")
+    parser.add_argument("--follow-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)")
+    parser.add_argument("--follow-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_INTERVAL, help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})")
+    parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86400 * 365:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def add_umount_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT")
+    parser.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the daemon to exit (default 30)")
+
+
+def split_mount_paths(args) -> tuple[str, str]:
+    """(data dir, mountpoint): `mount DATA_DIR MOUNTPOINT` (the positional wins) or `mount MOUNTPOINT`."""
+    paths = [p for p in (args.mount_first, args.mount_second) if p is not None]
+    if len(paths) == 2:
+        return os.path.abspath(paths[0]), os.path.abspath(paths[1])
+    if getattr(args, "follow", None):
+        if args.cache_dir:
+            return os.path.abspath(args.cache_dir), os.path.abspath(paths[0])
+        from nokvfs.replicate.follower import default_cache_dir
+
+        return default_cache_dir(args.follow, _follow_endpoint(args)), os.path.abspath(paths[0])
+    return os.path.abspath(args.data_dir), os.path.abspath(paths[0])
+
+
+def _follow_endpoint(args) -> str | None:
+    return getattr(args, "follow_endpoint_url", None) or getattr(args, "endpoint_url", None)
 
 
 def spool_list(args) -> int:

@@ -1,20 +1,27 @@
 """The FUSE mount of a nokvfs root (pyfuse3 + trio).
 
-Thin by design: it translates syscalls into facade calls and owns no durable state.
+Thin by design: it translates syscalls into facade calls and owns no durable state. The rules
+live in modules named after them, under a filesystem core that tests drive without a kernel.
 
-    operations.py  the pyfuse3.Operations subclass (translation only)
-    tree.py        names to nodes, and what may be created, removed or renamed where
-    views.py       what a part of the mount reads from: the live root, or a read-only view of a
-                   snapshot, a commit or a tag (`/<wb>/.snapshots|.commits|.tags/<name>/`)
-    inodes.py      deterministic xxh3 inode numbers, the collision table, lookup counts, forget
-    overlay.py     in-memory directories (mkdir) and created-not-yet-published files
-    handles.py     open file/directory handles and the write spools behind them
-    prefetch.py    whole verified blocks in memory, fetched ahead of sequential readers
-    attrs.py       the one EntryAttributes builder and the kernel timeouts per kind
-    xattrs.py      index fields as `user.nokv.<name>` xattrs, and the `user.nokvfs.*` facts
-    errors.py      the one nokvfs-error -> errno mapping
-    freshness.py   the change-feed follower and kernel cache invalidation
-    threads.py     bounded worker threads for blocking work
-    daemon.py      mount/umount, daemonising, readiness, signals, pid files, stale mounts
-    replication.py `--replicate`: the shard shipped to a bucket while mounted, a last push at unmount
+    operations.py   the pyfuse3.Operations subclass: protocol translation only
+    filesystem.py   the core: one method per request, the handle table, lookup counts
+    tree.py         names to nodes, and what each node shows (one revision per inode)
+    names.py        what a name may be and where a change is refused (the errno rules)
+    listing.py      directory listings, paged from an anchor
+    files.py        open, read, write, flush, release, setattr, unlink, rename, links
+    spools.py       the one write state of a file in the mount, sidecars, kept spools
+    directories.py  mkdir, rmdir, directory attributes, `.snapshots/` mint and retire
+    changes.py      what another process's change means for the kernel's caches
+    freshness.py    the change-feed follower and the kernel cache invalidator
+    views.py        the live root and the read-only views of snapshots, commits and tags
+    inodes.py       deterministic xxh3 inode numbers, the collision table, lookup counts, forget
+    overlay.py      in-memory directories (mkdir) and created-not-yet-published files
+    prefetch.py     whole verified blocks in memory, fetched ahead of sequential readers
+    attrs.py        the one EntryAttributes builder and the kernel timeouts per kind
+    xattrs.py       index fields as `user.nokv.<name>` xattrs, and the `user.nokvfs.*` facts
+    errors.py       the one nokvfs-error -> errno mapping
+    threads.py      bounded worker threads, and the deadline of every syscall
+    daemon.py       a mount's life: options, daemonising, readiness, signals, pid files
+    mountinfo.py    the kernel's mount table, stale mounts, unmounting
+    replication.py  `--replicate` and `--follow`: the shard and the bucket while mounted
 """

@@ -84,11 +84,11 @@ def build(node, shown: Shown, *, timeouts=None) -> pyfuse3.EntryAttributes:
         attr.st_size = 0
     elif node.kind is Kind.LINK:
         attr.st_mode = stat_m.S_IFLNK | shown.mode
-        attr.st_nlink = 1
+        attr.st_nlink = 0 if node.detached else 1
         attr.st_size = shown.size
     else:
         attr.st_mode = stat_m.S_IFREG | shown.mode
-        attr.st_nlink = 1
+        attr.st_nlink = 0 if node.detached else 1  # removed or replaced: no name links it any more
         attr.st_size = shown.size
     attr.st_uid = shown.uid
     attr.st_gid = shown.gid

@@ -2,7 +2,8 @@
 
     nokvfs mount DATA_DIR MOUNTPOINT            (or: nokvfs --data-dir DATA_DIR mount MOUNTPOINT)
     nokvfs umount MOUNTPOINT
-    python3 -m nokvfs.fs.daemon [--data-dir D] [DATA_DIR] MOUNTPOINT [--foreground] ...
+
+The command line is nokvfs.cli.mount_commands; this module takes a MountOptions.
 
 Start-up. A mountpoint left by a killed daemon ("Transport endpoint is not connected") is lazily
 unmounted first; a live mount is refused. Without --foreground the process forks before it opens
@@ -13,8 +14,9 @@ pid file `<data dir>/run/mount-<id>.json` is written and systemd is told READY=1
 NOTIFY_SOCKET datagram protocol, when NOTIFY_SOCKET is set).
 
 Opening the root runs the publish recovery (`datadir.open_root`): operations of a killed daemon
-are resumed or cleaned. Spool files a killed daemon left under `<data dir>/spool/mount/` are never
-deleted; the start-up log counts them.
+are resumed or cleaned. Spools a killed daemon left under `<data dir>/spool/mount/` are never
+deleted: they are marked kept (nokvfs.fs.spools) and each is logged with its reason, for
+`nokvfs spool list|retry|discard`.
 
 Replication (`--replicate s3://bucket/prefix [--replicate-endpoint-url URL] [--replicate-interval
 SECONDS]`): once the mount is live the shard is pushed to the bucket every interval, and after the
@@ -37,19 +39,17 @@ and logged, like every failed publication.
 
 from __future__ import annotations
 
-import argparse
-import errno
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from nokvfs import filemodes
+from nokvfs.fs.mountinfo import clear_stale, is_stale, kernel_unmount, mount_fstype
 
 log = logging.getLogger("nokvfs.fs.daemon")
 
@@ -81,75 +81,6 @@ def sd_notify(state: str) -> bool:
     except OSError as exc:
         log.warning("sd_notify(%s) failed: %s", state.splitlines()[0], exc)
         return False
-
-
-# --- mount table ----------------------------------------------------------------------------
-
-
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-
-
-def mount_fstype(mountpoint: str) -> str | None:
-    """The filesystem type mounted exactly at `mountpoint` (last one wins), or None."""
-    target = os.path.abspath(mountpoint)
-    found = None
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 10:
-                    continue
-                dash = fields.index("-")
-                if _unescape(fields[4]) == target:
-                    found = fields[dash + 1]
-    except OSError:
-        return None
-    return found
-
-
-def is_stale(mountpoint: str) -> bool:
-    """A FUSE mount whose daemon is gone. statfs always reaches the daemon (stat may be answered
-    from the kernel's attribute cache), so a dead connection shows as ENOTCONN (or ECONNABORTED)."""
-    try:
-        os.statvfs(mountpoint)
-    except OSError as exc:
-        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
-
-
-def _run_quiet(argv: list[str]) -> tuple[int, str]:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return 1, str(exc)
-    return done.returncode, (done.stderr or done.stdout).strip()
-
-
-def kernel_unmount(mountpoint: str, *, lazy: bool = False) -> tuple[bool, str]:
-    """fusermount3 -u (or fusermount, or umount); lazy detaches a busy or dead mount."""
-    attempts = []
-    for tool in ("fusermount3", "fusermount"):
-        if shutil.which(tool):
-            attempts.append([tool, "-u"] + (["-z"] if lazy else []) + [mountpoint])
-            break
-    if shutil.which("umount"):
-        attempts.append(["umount"] + (["-l"] if lazy else []) + [mountpoint])
-    message = "no fusermount3, fusermount or umount found"
-    for argv in attempts:
-        code, message = _run_quiet(argv)
-        if code == 0:
-            return True, ""
-    return False, message
-
-
-def clear_stale(mountpoint: str) -> None:
-    """Lazily unmount a dead FUSE mount at `mountpoint` (left by a killed daemon)."""
-    if is_stale(mountpoint):
-        log.warning("%s is a dead mount (Transport endpoint is not connected): unmounting it lazily", mountpoint)
-        ok, message = kernel_unmount(mountpoint, lazy=True)
-        if not ok or is_stale(mountpoint):
-            raise RuntimeError(f"cannot clear the dead mount at {mountpoint}: {message}")
 
 
 # --- pid files ------------------------------------------------------------------------------
@@ -191,77 +122,6 @@ def _alive(pid: int) -> bool:
         return True
 
 
-# --- options --------------------------------------------------------------------------------
-
-
-def add_mount_arguments(parser: argparse.ArgumentParser, *, debug_option: bool = True) -> None:
-    parser.add_argument("mount_first", metavar="DATA_DIR", help="the data directory; alone, the mountpoint (the data directory is then --data-dir)")
-    parser.add_argument("mount_second", nargs="?", metavar="MOUNTPOINT", help="the mountpoint")
-    parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (default: detach once the mount is live)")
-    parser.add_argument("--read-only", action="store_true", help="refuse every change (EROFS)")
-    parser.add_argument("--allow-other", action="store_true", help="let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)")
-    if debug_option:  # the nokvfs CLI has a global --debug
-        parser.add_argument("--debug", action="store_true", help="debug logging")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker threads for uploads, downloads and commits (default {DEFAULT_WORKERS})")
-    parser.add_argument("--memory-cache-mb", type=int, default=DEFAULT_MEMORY_MB, help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})")
-    parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
-    parser.add_argument("--syscall-timeout", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_SYSCALL_TIMEOUT, help=f"longest a syscall on the mount waits for the store or a publication before it fails with EIO (default {DEFAULT_SYSCALL_TIMEOUT:g})")
-    parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
-    parser.add_argument("--sync", action="store_true", help="with --replicate: close(2) and fsync(2) return only once the bucket holds the write (no accepted write is lost with the machine)")
-    parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
-    parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
-    parser.add_argument("--follow", metavar="URL", default=None, help="mount the root a bucket (s3://bucket/prefix) holds, read-only, following its owner")
-    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)")
-    parser.add_argument("--follow-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)")
-    parser.add_argument("--follow-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_INTERVAL, help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})")
-    parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < 86400 * 365:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
-    return value
-
-
-def add_umount_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mountpoint", metavar="MOUNTPOINT")
-    parser.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the daemon to exit (default 30)")
-
-
-def resolve_data_dir(explicit: str | None) -> str:
-    if explicit:
-        return os.path.abspath(explicit)
-    env = os.environ.get("NOKVFS_DATA_DIR")
-    if env:
-        return os.path.abspath(env)
-    from nokvfs.workspace.datadir import default_data_dir
-
-    return default_data_dir()
-
-
-def split_mount_paths(args) -> tuple[str, str]:
-    """(data dir, mountpoint): `mount DATA_DIR MOUNTPOINT` (the positional wins) or `mount MOUNTPOINT`."""
-    paths = [p for p in (args.mount_first, args.mount_second) if p is not None]
-    if len(paths) == 2:
-        return os.path.abspath(paths[0]), os.path.abspath(paths[1])
-    if getattr(args, "follow", None):
-        if args.cache_dir:
-            return os.path.abspath(args.cache_dir), os.path.abspath(paths[0])
-        from nokvfs.replicate.follower import default_cache_dir
-
-        return default_cache_dir(args.follow, _follow_endpoint(args)), os.path.abspath(paths[0])
-    return resolve_data_dir(getattr(args, "data_dir", None)), os.path.abspath(paths[0])
-
-
-def _follow_endpoint(args) -> str | None:
-    return getattr(args, "follow_endpoint_url", None) or getattr(args, "endpoint_url", None)
-
-
 # --- logging --------------------------------------------------------------------------------
 
 
@@ -293,24 +153,48 @@ def _late_release_replies(record: logging.LogRecord) -> bool:
 # --- mount ----------------------------------------------------------------------------------
 
 
-def mount(args) -> int:
-    """The `mount` subcommand: returns the process exit code."""
+@dataclass
+class MountOptions:
+    """Everything a mount is asked to do (`nokvfs mount`'s options, nokvfs.cli.mount_commands)."""
+
+    data_dir: str
+    mountpoint: str
+    foreground: bool = False
+    read_only: bool = False
+    allow_other: bool = False
+    debug: bool = False
+    workers: int = DEFAULT_WORKERS
+    memory_bytes: int = DEFAULT_MEMORY_MB << 20
+    read_ahead_kb: int = DEFAULT_READ_AHEAD_KB
+    syscall_timeout: float = DEFAULT_SYSCALL_TIMEOUT
+    store: str | None = None  # overrides of the data directory's object store
+    endpoint_url: str | None = None
+    replicate: str | None = None  # ship the shard to this bucket while mounted
+    replicate_endpoint_url: str | None = None
+    replicate_interval: float = DEFAULT_REPLICATE_INTERVAL
+    sync: bool = False  # with replicate: close(2) waits for the bucket
+    follow: str | None = None  # mount this bucket's root read-only, following it
+    follow_endpoint_url: str | None = None
+    follow_interval: float = DEFAULT_FOLLOW_INTERVAL
+    follow_lag_warning: float = DEFAULT_FOLLOW_LAG_WARNING
+
+
+def mount(options: MountOptions) -> int:
+    """Mount (in the foreground, or detached once live); returns the process exit code."""
     from nokvfs.errors import NokvError
 
-    data_dir, mountpoint = split_mount_paths(args)
-    args.debug = bool(getattr(args, "debug", False))
-    setup_logging(args.debug)
-    if getattr(args, "sync", False) and not getattr(args, "replicate", None):
+    setup_logging(options.debug)
+    if options.sync and not options.replicate:
         log.error("mount: --sync needs --replicate URL (the bucket a close waits for)")
         return 2
     try:
-        _preflight(data_dir, mountpoint, follow=bool(getattr(args, "follow", None)))
+        _preflight(options.data_dir, options.mountpoint, follow=bool(options.follow))
     except (RuntimeError, OSError, NokvError) as exc:
         log.error("mount: %s", exc)
         return 1
-    if args.foreground:
-        return _serve_guarded(args, data_dir, mountpoint, ready_fd=None)
-    return _daemonise(args, data_dir, mountpoint)
+    if options.foreground:
+        return _serve_guarded(options, ready_fd=None)
+    return _daemonise(options)
 
 
 def _preflight(data_dir: str, mountpoint: str, *, follow: bool = False) -> None:
@@ -326,7 +210,8 @@ def _preflight(data_dir: str, mountpoint: str, *, follow: bool = False) -> None:
         raise RuntimeError(f"{mountpoint} is already mounted ({fstype})")
 
 
-def _daemonise(args, data_dir: str, mountpoint: str) -> int:
+def _daemonise(options: MountOptions) -> int:
+    data_dir, mountpoint = options.data_dir, options.mountpoint
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
@@ -346,8 +231,8 @@ def _daemonise(args, data_dir: str, mountpoint: str) -> int:
         os.dup2(logfd, 2)
         os.close(devnull)
         os.close(logfd)
-        setup_logging(args.debug, stream=sys.stderr)
-        code = _serve_guarded(args, data_dir, mountpoint, ready_fd=write_end)
+        setup_logging(options.debug, stream=sys.stderr)
+        code = _serve_guarded(options, ready_fd=write_end)
     except BaseException as exc:  # noqa: BLE001 - the child must report, never return to the CLI
         _report(write_end, f"ERROR {exc}")
         code = 1
@@ -387,32 +272,11 @@ def _report(fd: int | None, message: str) -> None:
         pass
 
 
-def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None) -> int:
+def _serve_guarded(options: MountOptions, *, ready_fd: int | None) -> int:
     try:
-        return serve(
-            data_dir,
-            mountpoint,
-            read_only=args.read_only,
-            allow_other=args.allow_other,
-            debug=args.debug,
-            workers=args.workers,
-            memory_bytes=args.memory_cache_mb * 1024 * 1024,
-            read_ahead_kb=args.read_ahead_kb,
-            store=getattr(args, "store", None),
-            endpoint_url=getattr(args, "endpoint_url", None),
-            ready=lambda: _report(ready_fd, "READY"),
-            replicate=getattr(args, "replicate", None),
-            replicate_endpoint_url=getattr(args, "replicate_endpoint_url", None),
-            replicate_interval=getattr(args, "replicate_interval", DEFAULT_REPLICATE_INTERVAL),
-            syscall_timeout=getattr(args, "syscall_timeout", DEFAULT_SYSCALL_TIMEOUT),
-            sync=getattr(args, "sync", False),
-            follow=getattr(args, "follow", None),
-            follow_endpoint_url=_follow_endpoint(args),
-            follow_interval=getattr(args, "follow_interval", DEFAULT_FOLLOW_INTERVAL),
-            follow_lag_warning=getattr(args, "follow_lag_warning", DEFAULT_FOLLOW_LAG_WARNING),
-        )
+        return serve(options, ready=lambda: _report(ready_fd, "READY"))
     except Exception as exc:  # noqa: BLE001 - reported to the waiting parent and the log
-        log.error("mount of %s at %s failed: %s", data_dir, mountpoint, exc, exc_info=args.debug)
+        log.error("mount of %s at %s failed: %s", options.data_dir, options.mountpoint, exc, exc_info=options.debug)
         _report(ready_fd, f"ERROR {exc}")
         return 1
     finally:
@@ -423,13 +287,16 @@ def _serve_guarded(args, data_dir: str, mountpoint: str, *, ready_fd: int | None
                 pass
 
 
-def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False, debug=False, workers=DEFAULT_WORKERS, memory_bytes=DEFAULT_MEMORY_MB << 20, read_ahead_kb=DEFAULT_READ_AHEAD_KB, store=None, endpoint_url=None, ready=None, replicate=None, replicate_endpoint_url=None, replicate_interval=DEFAULT_REPLICATE_INTERVAL, syscall_timeout=DEFAULT_SYSCALL_TIMEOUT, sync=False, follow=None, follow_endpoint_url=None, follow_interval=DEFAULT_FOLLOW_INTERVAL, follow_lag_warning=DEFAULT_FOLLOW_LAG_WARNING) -> int:
+def serve(options: MountOptions, *, ready=None) -> int:
     """Open the root, mount it and serve until unmounted or signalled. Returns the exit code.
 
-    With `replicate` (a bucket URL) the shard is replicated while mounted (nokvfs.fs.replication):
-    started once the mount is live, stopped with one last push after the unmount. With `follow`
-    (a bucket URL) `data_dir` is bootstrapped as its follower and mounted read-only, following.
+    `ready()` is called once the mount answers. With `options.replicate` (a bucket URL) the
+    shard is replicated while mounted (nokvfs.fs.replication): started once the mount is live,
+    stopped with one last push after the unmount. With `options.follow` (a bucket URL) the data
+    directory is bootstrapped as its follower and mounted read-only, following.
     """
+    o = options
+    data_dir, mountpoint, read_only = o.data_dir, o.mountpoint, o.read_only
     import pyfuse3
     import trio
 
@@ -445,13 +312,13 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
 
     started = time.monotonic()
     _tame_malloc()
-    if follow:
-        bootstrap_follower(follow, data_dir, endpoint_url=follow_endpoint_url)
-    root = open_root(data_dir, store=store, endpoint_url=endpoint_url)
+    if o.follow:
+        bootstrap_follower(o.follow, data_dir, endpoint_url=o.follow_endpoint_url)
+    root = open_root(data_dir, store=o.store, endpoint_url=o.endpoint_url)
     try:
         replication, read_only_why = bucket_link(
-            data_dir, root, replicate=replicate, replicate_endpoint_url=replicate_endpoint_url, replicate_interval=replicate_interval,
-            follow_endpoint_url=follow_endpoint_url, follow_interval=follow_interval, lag_warning=follow_lag_warning,
+            data_dir, root, replicate=o.replicate, replicate_endpoint_url=o.replicate_endpoint_url, replicate_interval=o.replicate_interval,
+            follow_endpoint_url=o.follow_endpoint_url, follow_interval=o.follow_interval, lag_warning=o.follow_lag_warning,
         )
     except BaseException:
         root.close()
@@ -468,16 +335,16 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
                 "kept spool %s (%s:%s, %d bytes): %s -- `nokvfs spool retry|discard %s`",
                 kept.id, record.get("workbench"), record.get("path"), kept.size, record.get("reason"), kept.id,
             )
-        pool = Workers(foreground=workers, background=max(1, min(4, workers // 2)), syscall_timeout=syscall_timeout)
+        pool = Workers(foreground=o.workers, background=max(1, min(4, o.workers // 2)), syscall_timeout=o.syscall_timeout)
         invalidator = Invalidator()
-        fetcher = BlockFetcher(root, pool, memory_bytes=memory_bytes)
+        fetcher = BlockFetcher(root, pool, memory_bytes=o.memory_bytes)
         fs = FileSystem(
             root, LiveView(root, read_only=read_only), pool, invalidator, fetcher,
             owner={"pid": os.getpid(), "mountpoint": mountpoint, "data_dir": data_dir},
         )
         if replication is not None:
             replication.on_fenced = lambda why: _turn_read_only(fs.tree, why)
-            if sync and hasattr(replication, "wait_shipped"):
+            if o.sync and hasattr(replication, "wait_shipped"):
                 fs.files.ship = replication.wait_shipped
         operations = Operations(fs)
         follower = ChangeFollower(root, fs.changes)
@@ -485,16 +352,16 @@ def serve(data_dir: str, mountpoint: str, *, read_only=False, allow_other=False,
         options = set(pyfuse3.default_options)
         options.add("subtype=nokvfs")
         options.add("fsname=" + ("nokvfs:" + data_dir if "," not in data_dir else "nokvfs"))
-        if allow_other:
+        if o.allow_other:
             options.add("allow_other")
         if read_only:
             options.add("ro")
-        if debug:
+        if o.debug:
             options.add("debug")
         pyfuse3.init(operations, mountpoint, options)
         unmounted = False
         try:
-            trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication)
+            trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, o.read_ahead_kb, replication)
         except BaseException:
             pyfuse3.close(unmount=True)
             unmounted = True
@@ -623,27 +490,23 @@ def _remove_pid_file(data_dir: str, mountpoint: str) -> None:
 # --- umount ---------------------------------------------------------------------------------
 
 
-def umount(args) -> int:
-    """The `umount` subcommand: unmount, then wait for the daemon to exit."""
+def umount(mountpoint: str, *, data_dirs=(), lazy: bool = False, timeout: float = 30.0) -> int:
+    """Unmount, then wait for the daemon (found by its pid file in one of `data_dirs`) to exit."""
     if not logging.getLogger().handlers:
         setup_logging(False)
-    mountpoint = os.path.abspath(args.mountpoint)
-    candidates = []
-    for data_dir in {resolve_data_dir(getattr(args, "data_dir", None)), *filter(None, [os.environ.get("NOKVFS_DATA_DIR")])}:
-        record = read_pid_file(data_dir, mountpoint)
-        if record is not None:
-            candidates.append(record)
+    mountpoint = os.path.abspath(mountpoint)
+    candidates = [record for data_dir in dict.fromkeys(data_dirs) if (record := read_pid_file(data_dir, mountpoint)) is not None]
     stale = is_stale(mountpoint)
     if not stale and mount_fstype(mountpoint) is None:
         print(f"nokvfs: {mountpoint} is not mounted", file=sys.stderr)
         return 1
-    ok, message = kernel_unmount(mountpoint, lazy=args.lazy or stale)
+    ok, message = kernel_unmount(mountpoint, lazy=lazy or stale)
     if not ok:
         print(f"nokvfs: cannot unmount {mountpoint}: {message}", file=sys.stderr)
         return 1
-    if args.lazy:
+    if lazy:
         return 0  # detached: the daemon exits when the last user of the mount lets go
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     for record in candidates:
         pid = int(record.get("pid", 0))
         while pid and _alive(pid) and time.monotonic() < deadline:
@@ -652,18 +515,3 @@ def umount(args) -> int:
             print(f"nokvfs: unmounted {mountpoint}, but daemon {pid} is still running", file=sys.stderr)
             return 1
     return 0
-
-
-# --- python3 -m nokvfs.fs.daemon ------------------------------------------------------------
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m nokvfs.fs.daemon", description="Mount a nokvfs data directory.")
-    parser.add_argument("--data-dir", default=None, help="the data directory (default: $NOKVFS_DATA_DIR or ~/.local/share/nokvfs)")
-    add_mount_arguments(parser)
-    args = parser.parse_args(argv)
-    return mount(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

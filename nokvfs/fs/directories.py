@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 
 from nokvfs.errors import NameInvalid
 from nokvfs.fs import names
@@ -67,6 +68,9 @@ class Directories:
             raise refuse(errno.EEXIST, f"{parent.describe()}/{name} exists")
         tree.overlay.add_dir(parent.incarnation, components)
         node = tree.child(parent, Kind.DIR, name)
+        now = time.time_ns()
+        node.dir_ctime_ns = now  # this mount's own change, shown until the shard records newer ones
+        tree.directory_changed(parent.incarnation, parent.components, now)
         owner = (uid, gid) != (tree.uid, tree.gid)
         if (mode & 0o7777) != DEFAULT_MODE or owner:
             # Attributes other than what an implicit directory shows are stored at once.
@@ -99,6 +103,9 @@ class Directories:
                 f"rmdir {node.describe()}", self.workers.run, namespace.remove_directory_attributes, self.root, node.workbench_id, node.path
             )
         tree.overlay.remove_dir(node.incarnation, node.components)
+        # The parent stays, as on a local disk, even when this was its last entry.
+        tree.overlay.add_dir(node.incarnation, node.components[:-1])
+        tree.directory_changed(parent.incarnation, parent.components, time.time_ns())
         tree.inodes.detach(node)
 
     def _has_entries(self, node: Node) -> bool:
@@ -134,6 +141,7 @@ class Directories:
             tree.overlay.remove_dir(incarnation, dst)
         tree.overlay.remove_dir(incarnation, source.components)
         tree.overlay.add_dir(incarnation, dst)
+        tree.overlay.add_dir(incarnation, source.components[:-1])  # the old parent stays
         tree.inodes.move(source, dst)
 
     # --- attributes ----------------------------------------------------------------------------

@@ -160,6 +160,7 @@ class Files:
         spool.attributes = {"mode": mode & 0o7777, "uid": uid, "gid": gid}
         spool.writers += 1
         tree.overlay.add_file(node.incarnation, components, node)
+        tree.directory_changed(parent.incarnation, parent.components, spool.mtime_ns)
         handle = FileHandle(fh, node, writable=True, append=bool(flags & os.O_APPEND))
         node.handles += 1
         node.open_count += 1
@@ -449,6 +450,7 @@ class Files:
         if node.spool is not None:
             node.spool.orphaned = True  # POSIX: bytes written to an unlinked file vanish with it
         tree.overlay.add_dir(node.incarnation, node.components[:-1])
+        tree.directory_changed(parent.incarnation, parent.components, time.time_ns())
         tree.inodes.detach(node)
 
     async def rename(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str, flags: int, directories) -> None:
@@ -525,6 +527,9 @@ class Files:
         if not durable:
             tree.overlay.add_file(incarnation, dst, source)
         tree.overlay.add_dir(incarnation, src[:-1])
+        now = time.time_ns()
+        tree.directory_changed(incarnation, src[:-1], now)
+        tree.directory_changed(incarnation, dst[:-1], now)
 
     # --- links -------------------------------------------------------------------------------------
 

@@ -59,6 +59,8 @@ def spool_dir(data_dir: str) -> str:
 def _storage_error(what: str, exc: OSError) -> Exception:
     if exc.errno == errno.ENOSPC:
         return StoreFull(f"no space left for {what}")
+    if exc.errno in (errno.EFBIG, errno.EINVAL):
+        return exc  # a size beyond what a file may have: the caller's errno, as on a local disk
     return StoreError(f"cannot {what}: {exc.strerror}")
 
 

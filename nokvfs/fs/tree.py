@@ -23,7 +23,9 @@ which the kernel looks the path up again and opens the fresh inode.
 A directory's times are derived from what the shard records: the newest change time (ctime) of
 the entries directly in it, or its stored attributes when they were set after that (chmod,
 chown, utime on a directory store them in its attribute marker, nokvfs.workspace.attributes).
-A removal records no time, so it does not move a directory's time.
+The shard records no time for a removal, a rename away or an empty `mkdir`: those made through
+this mount move the directory's time for as long as this mount runs (the next mount derives it
+again from the entries recorded); made by another process they do not move it.
 """
 
 from __future__ import annotations
@@ -344,12 +346,13 @@ class Tree:
         return newest
 
     def directory_changed(self, incarnation: bytes, components: tuple, ctime_ns: int | None) -> None:
-        """An entry directly in the directory `components` changed at ctime_ns (None: unknown)."""
+        """An entry directly in the directory `components` changed at ctime_ns (None: unknown):
+        this mount's own change (a file it created, before the shard records it, or published)."""
         node = self.inodes.find(LIVE, incarnation, components)
-        if node is None or node.dir_ctime_ns is None:
+        if node is None or ctime_ns is None or node.kind not in (Kind.SECTION, Kind.DIR):
             return
-        if ctime_ns is not None:
-            node.dir_ctime_ns = max(node.dir_ctime_ns, ctime_ns)
+        floor = self._workbench_times.get(node.workbench_id) or _ms_to_ns(creation_unix_ms(node.incarnation))
+        node.dir_ctime_ns = max(self.directory_time(node, floor), ctime_ns)
 
     # --- this mount's own changes -----------------------------------------------------------------
 
@@ -376,17 +379,28 @@ class Tree:
         self._deferred.setdefault((incarnation, components), []).append((version, event))
 
     def own(self, kind: ChangeEventKind, revision_id: bytes) -> None:
-        """Remember a change this mount committed, so the follower does not invalidate it."""
-        self._own[(kind, revision_id)] = None
+        """Remember a change this mount committed, so the follower does not invalidate it.
+
+        Counted: one revision renamed there and back is two changes of the same kind and
+        revision, and each of the two events must be recognised as this mount's.
+        """
+        key = (kind, revision_id)
+        self._own[key] = self._own.get(key, 0) + 1
+        self._own.move_to_end(key)
         while len(self._own) > _OWN_CHANGES_BOUND:
             self._own.popitem(last=False)
 
     def take_own(self, kind: ChangeEventKind, revision_id: bytes) -> bool:
-        """Whether (kind, revision) is a change of this mount (forgotten once asked)."""
-        if (kind, revision_id) in self._own:
-            del self._own[(kind, revision_id)]
-            return True
-        return False
+        """Whether (kind, revision) is a change of this mount (each one recognised once)."""
+        key = (kind, revision_id)
+        count = self._own.get(key)
+        if not count:
+            return False
+        if count == 1:
+            del self._own[key]
+        else:
+            self._own[key] = count - 1
+        return True
 
     def root_attributes_changed(self) -> None:
         self.refresh_workbenches()
