@@ -145,7 +145,13 @@ class HistoryNotRetained(NokvError):
 class CursorExpired(HistoryNotRetained):
     """A change-feed position older than the ChangeEvent retention floor: the events after it
     may be gone, so the consumer must resynchronise (read the current state, then follow from
-    the floor or from now)."""
+    `current`, the version that state was read at)."""
+
+    def __init__(self, message: str, *, position: int, floor: int, current: int):
+        super().__init__(message)
+        self.position = position
+        self.floor = floor
+        self.current = current
 
 
 class ShardBusy(PredicateFailed):

@@ -52,9 +52,12 @@ class ReadView:
     """One consistent LMDB read transaction, read at `version`. Not thread-safe; cheap to open."""
 
     def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int, floor: int = 0,
-                 *, visibility_only: bool = False):
+                 *, visibility_only: bool = False, event_floor: int = 0):
         self._txn = txn
         self.floor = floor
+        # ChangeEvent rows at or below this version may be gone (nokvfs.engine.retention): a
+        # change-feed position below it is CursorExpired.
+        self.event_floor = event_floor
         self._visibility_only = visibility_only
         self._dbs = dbs
         self._tags = tags
@@ -78,7 +81,8 @@ class ReadView:
         below = version < self.floor
         if below and not visibility:
             raise HistoryNotRetained(f"version {version} is older than the history floor {self.floor}")
-        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor, visibility_only=below)
+        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor,
+                        visibility_only=below, event_floor=self.event_floor)
 
     def _below_floor(self) -> HistoryNotRetained:
         return HistoryNotRetained(f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain")

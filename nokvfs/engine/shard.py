@@ -613,7 +613,8 @@ class Shard:
                     fences.require_active(installed, fence.root_id, self.logical_shard_id, fence.placement_generation)
                     if fence.owner_epoch is not None:
                         fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
-                view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor)
+                view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor,
+                                event_floor=self._floors(txn).event_floor_version)
                 yield view if version is None else view.at(version)
         except ShardCorrupt as exc:
             self._alarm.record(exc)
