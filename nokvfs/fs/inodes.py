@@ -263,5 +263,9 @@ class InodeTable:
         node.detached = False
         self._by_key[node.key] = node
 
+    def attached(self) -> list[Node]:
+        """Every node a path still names (what the kernel may hold by name)."""
+        return list(self._by_key.values())
+
     def of_workbench(self, workbench_id: str):
         return [node for node in list(self._by_ino.values()) if node.workbench_id == workbench_id]
