@@ -82,6 +82,7 @@ class GcReport:
     history_floor: int = 0
     history_pruned: int = 0  # History rows removed (with dry_run: that would be)
     temp_files_removed: int = 0  # temporary files of writers that are gone, swept from the store
+    records_pruned: int = 0  # finished collections whose rows went (prune_finished)
 
 
 def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
@@ -151,6 +152,8 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
         _pass(root, report, dry_run=dry_run, progress=progress)
         if dry_run or report.freed_revisions == freed:
             break
+    if not dry_run:
+        report.records_pruned = prune_finished(root, audit_versions=_audit_versions(root))
     keep = root.history_retention if keep_versions is None else keep_versions
     batch_done = None if progress is None else (lambda pruned: progress("prune History", pruned, None, None, None))
     report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done)
@@ -160,6 +163,84 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
         except StoreError as exc:  # housekeeping: the next gc sweeps what this one could not
             log.warning("temporary files not swept: %s", exc)
     return report
+
+
+# Finished collections one command removes the rows of (each up to 3 rows plus any manifest
+# rows left): one bounded write transaction.
+PRUNE_BATCH = 128
+
+
+def _audit_versions(root) -> int:
+    """The audit window of finished collections: the data directory's retention versions."""
+    from nokvfs.workspace.datadir import retention_settings
+
+    try:
+        return retention_settings(root.data_dir).versions
+    except NokvError as exc:
+        log.warning("retention settings unreadable (%s): finished collections are kept", exc)
+        return 1 << 62
+
+
+def prune_finished(root, *, audit_versions: int) -> int:
+    """Remove the rows of finished collections -- the GcOperation, the Deleted ArtifactRevision,
+    the Complete GcCandidate, any manifest row left -- once their claim is `audit_versions`
+    versions old (the seed: "its manifest/candidate rows may be pruned according to audit
+    retention"; the window is nokvfs's, README "Retention"). Their History then goes with the
+    next History pruning. Quarantined collections are never pruned. Returns how many went."""
+    from nokvfs.schema.ids import new_id16
+
+    class Nothing(Exception):
+        pass
+
+    prefix = keys.operation_prefix(root.root_id, OperationKind.Gc)
+    marker = None  # operation keys are visited once, in order, over the batches
+
+    def build(view):
+        floor = view.version - audit_versions
+        predicates, mutations, last, count = [], [], None, 0
+        for key, value in _iter_after(view, "operation", prefix, marker):
+            last = key
+            operation = GcOperation.decode(value)
+            if operation.phase != GcPhase.Deleted or operation.created_version > floor:
+                continue
+            predicates.append(ValueEquals("operation", key, value))
+            mutations.append(Delete("operation", key))
+            revision_key = _revision_key(root, operation.artifact_revision_id)
+            raw = view.get("artifact_revision", revision_key)
+            if raw is not None and ArtifactRevision.decode(raw).state == RevisionState.Deleted:
+                predicates.append(ValueEquals("artifact_revision", revision_key, raw))
+                mutations.append(Delete("artifact_revision", revision_key))
+            candidate_key = keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode()
+            raw = view.get("gc_candidate", candidate_key)
+            if raw is not None and GcCandidate.decode(raw).claim_state == GcClaimState.Complete:
+                predicates.append(ValueEquals("gc_candidate", candidate_key, raw))
+                mutations.append(Delete("gc_candidate", candidate_key))
+            manifests = keys.artifact_manifest_prefix(root.root_id, operation.artifact_revision_id)
+            mutations += [Delete("artifact_manifest", k) for k, _ in iter_prefix(view, "artifact_manifest", manifests)]
+            count += 1
+            if count == PRUNE_BATCH:
+                break
+        if not count:
+            raise Nothing
+        return Built(predicates=predicates, mutations=mutations, value=(count, last))
+
+    pruned = 0
+    while True:
+        try:
+            _, built = root.apply(build, digest=intent_digest("gc.prune-finished", new_id16()))
+        except Nothing:
+            return pruned
+        count, marker = built.value
+        pruned += count
+
+
+def _iter_after(view, tree: str, prefix: bytes, marker: bytes | None):
+    while True:
+        page = scan_prefix(view, tree, prefix, start_after=marker)
+        yield from page.items
+        if page.next_marker is None:
+            return
+        marker = page.next_marker
 
 
 def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None) -> tuple[int, int]:

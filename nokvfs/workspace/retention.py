@@ -15,6 +15,12 @@ Settings live in nokvfs.json under "retention" (absent: the defaults), set by `n
                       durable horizon, nokvfs.engine.horizon) truncates behind the bucket's
                       checkpoint instead.
 
+Terminal publish Operation rows follow their request's dedupe row: a Published or Cleaned
+publication whose request id the engine now answers with RequestExpired (older than the request
+horizon, committed at or below the request floor) can never be replayed, so its row goes too.
+Other operations' terminal rows (commit builds, restores, retirements) are kept: the seed's exact
+replay of those reads them.
+
 `slices(root, settings)` is the pass as bounded steps (one write transaction each): the mount's
 maintenance runs one step at a time between requests; `run` runs them all (`nokvfs gc`).
 """
@@ -25,8 +31,15 @@ import dataclasses
 import time
 
 from nokvfs.engine import horizon
+from nokvfs.engine.command import Delete, ValueEquals
+from nokvfs.engine.retention import request_expired
+from nokvfs.engine.scan import scan_prefix
 from nokvfs.errors import InvalidInput
-from nokvfs.schema.enums import RetainedFamily
+from nokvfs.schema import keys
+from nokvfs.schema.enums import OperationKind, PublishPhase, RetainedFamily
+from nokvfs.schema.ids import new_id16
+from nokvfs.schema.records import PublishOperation
+from nokvfs.workspace.root import Built, intent_digest
 
 DEFAULT_VERSIONS = 100_000
 DEFAULT_REQUEST_SECONDS = 7 * 24 * 3600
@@ -71,6 +84,7 @@ class RetentionReport:
     events_removed: int = 0
     requests_removed: int = 0
     outbox_removed: int = 0
+    operations_removed: int = 0
     event_floor: int = 0
     request_horizon_ms: int = 0
     outbox_floor_lsn: int = 0
@@ -115,6 +129,14 @@ def slices(root, settings: RetentionSettings, report: RetentionReport | None = N
             if outcome.next_key is None:
                 break
             start = outcome.next_key
+    marker = None
+    while True:
+        removed, marker = _prune_publish_operations(root, marker, max_rows)
+        report.operations_removed += removed
+        report.steps += 1
+        yield report
+        if marker is None:
+            break
     while True:
         outcome = shard.truncate_outbox(owner_epoch=root.owner_epoch, through_lsn=through, max_records=max_records)
         report.outbox_removed += outcome.removed_records
@@ -126,6 +148,48 @@ def slices(root, settings: RetentionSettings, report: RetentionReport | None = N
     report.event_floor, report.request_horizon_ms, report.outbox_floor_lsn = (
         floors.event_floor_version, floors.request_horizon_ms, floors.outbox_floor_lsn)
     return report
+
+
+_FINISHED_PUBLISHES = (PublishPhase.Published, PublishPhase.Cleaned)
+
+
+def _prune_publish_operations(root, marker: bytes | None, limit: int) -> tuple[int, bytes | None]:
+    """One command removing up to `limit` terminal publish Operation rows past replay, from
+    after `marker`; (rows removed, where the next step starts, None at the end)."""
+    prefix = keys.operation_prefix(root.root_id, OperationKind.Publish)
+    floors = root.shard.retention_floors
+
+    def build(view):
+        predicates, mutations, position = [], [], marker
+        visited = 0
+        while len(mutations) < limit and visited < limit * 8:
+            page = scan_prefix(view, "operation", prefix, start_after=position)
+            for key, value in page.items:
+                visited += 1
+                position = key
+                operation = PublishOperation.decode(value)
+                if (
+                    operation.phase in _FINISHED_PUBLISHES
+                    and operation.created_version <= floors.request_floor_version
+                    and request_expired(operation.request_id, floors.request_horizon_ms)
+                ):
+                    predicates.append(ValueEquals("operation", key, value))
+                    mutations.append(Delete("operation", key))
+                    if len(mutations) == limit:
+                        break
+            else:
+                if page.next_marker is None:
+                    return Built(predicates=predicates, mutations=mutations, value=None)
+                continue
+            break
+        return Built(predicates=predicates, mutations=mutations, value=position)
+
+    with root.read() as view:
+        planned = build(view)
+    if not planned.mutations:
+        return 0, planned.value
+    _, built = root.apply(build, digest=intent_digest("retention.publish-operations", new_id16()))
+    return len(built.mutations), built.value
 
 
 def run(root, settings: RetentionSettings | None = None) -> RetentionReport:
