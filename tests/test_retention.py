@@ -195,3 +195,30 @@ def test_a_replica_restored_after_truncation_and_retention_equals_the_source(s3_
                 assert_equal_shards(shard, restored, versions=[shard.commit_version])
     finally:
         env.shard.close()
+
+
+def test_the_outbox_horizon_file_golden_bytes_and_unknown_fields(tmp_path):
+    path = str(tmp_path)
+    shard_id = b"\x11" * 16
+    assert horizon.read(path, shard_id) is None  # never published
+    horizon.record(path, shard_id, 7, b"\x22" * 32)
+    with open(tmp_path / horizon.HORIZON_NAME, "rb") as f:
+        assert f.read() == b'{"chainDigest":"' + b"22" * 32 + b'","logicalShardId":"' + b"11" * 16 + b'","throughLsn":7}'
+    horizon.record(path, shard_id, 5, b"\x33" * 32)  # never moves back
+    assert horizon.read(path, shard_id) == 7
+    assert horizon.read(path, b"\x12" * 16) == 0  # another shard's: nothing truncated on its word
+    (tmp_path / horizon.HORIZON_NAME).write_text('{"chainDigest":"","logicalShardId":"' + "11" * 16 + '","throughLsn":7,"extra":1}')
+    assert horizon.read(path, shard_id) == 0
+    (tmp_path / horizon.HORIZON_NAME).write_text("not json")
+    assert horizon.read(path, shard_id) == 0
+
+
+def test_retention_settings_in_nokvfs_json_refuse_unknown_fields():
+    from nokvfs.errors import InvalidInput
+    from nokvfs.workspace.retention import RetentionSettings
+
+    assert RetentionSettings.from_config({}) == RetentionSettings()
+    assert RetentionSettings.from_config({"retention": {"versions": 3}}).versions == 3
+    for bad in ({"retention": {"version": 3}}, {"retention": [1]}, {"retention": {"versions": -1}}):
+        with pytest.raises(InvalidInput):
+            RetentionSettings.from_config(bad)
