@@ -132,7 +132,8 @@ def _advance_barrier(root) -> None:
 MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at most 8
 
 
-def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None) -> GcReport:
+def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None,
+            history_batch: int | None = None) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
     configured history retention), and sweep the object store's temporary files that writers
@@ -156,7 +157,8 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
         report.records_pruned = prune_finished(root, audit_versions=_audit_versions(root))
     keep = root.history_retention if keep_versions is None else keep_versions
     batch_done = None if progress is None else (lambda pruned: progress("prune History", pruned, None, None, None))
-    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done)
+    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done,
+                                                                max_rows=history_batch)
     if not dry_run:
         try:
             report.temp_files_removed = root.store.remove_stale_temp_files(everywhere=True)
@@ -243,7 +245,8 @@ def _iter_after(view, tree: str, prefix: bytes, marker: bytes | None):
         marker = page.next_marker
 
 
-def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None) -> tuple[int, int]:
+def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None,
+                  max_rows: int | None = None) -> tuple[int, int]:
     """(history floor, History rows pruned): advance the floor as far as the holds and
     `keep_versions` allow and prune below it, batch after batch (each one atomic; `progress`
     is called with the rows pruned so far after each)."""
@@ -254,7 +257,8 @@ def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progre
         return root.shard.prunable_history(target)
     pruned, start = 0, b""
     while True:
-        outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start)
+        limits = {} if max_rows is None else {"max_rows": max_rows, "max_visits": max_rows * 8}
+        outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start, **limits)
         pruned += outcome.pruned_rows
         if progress is not None:
             progress(pruned)
