@@ -3,6 +3,8 @@
     nokvfs gc [--dry-run] [--keep-versions N] [--json]   also runs the retention pass
     nokvfs retention [--retain-versions N] [--retain-request-seconds S] [--retain-outbox-records N] [--json]
                      shows the data directory's retention settings, or changes the ones given
+    nokvfs compact [--json]                           rewrite the shard without its free pages
+                                                      (no process may have it open: ShardBusy)
     nokvfs fsck [--repair] [--no-blocks] [--json]       exit 0 clean, 5 when anything was found
     nokvfs search WB FIELD=VALUE | FIELD>VALUE | FIELD>=VALUE | FIELD<VALUE | FIELD<=VALUE
                      | 'FIELD in [A,B)' [--limit N] [--json]
@@ -34,6 +36,9 @@ def register(subparsers) -> None:
     add_retention_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_retention)
+    p = subparsers.add_parser("compact", help="rewrite the shard without its free pages (nothing may have it open)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compact)
     p = subparsers.add_parser("fsck", help="check metadata against itself and the object store")
     p.add_argument("--repair", action="store_true", help="remove orphan objects (only with GC's proofs)")
     p.add_argument("--no-blocks", action="store_true", help="skip reading every block")
@@ -81,6 +86,21 @@ def cmd_retention(args) -> int:
     else:
         print(f"change events and replay dedupe: {settings.versions:,} versions; exact replays: "
               f"{settings.request_seconds:,} s; unreplicated recovery outbox: {settings.outbox_records:,} records")
+    return 0
+
+
+def cmd_compact(args) -> int:
+    import os
+
+    from nokvfs.engine import compact
+    from nokvfs.workspace.datadir import read_config
+
+    read_config(args.data_dir)  # a data directory (NotFound otherwise)
+    report = compact.compact(os.path.join(os.path.abspath(args.data_dir), "shard"))
+    if args.json:
+        print_json(vars(report))
+    else:
+        print(f"compacted the shard: {human_size(report.before_bytes)} -> {human_size(report.after_bytes)} (through LSN {report.applied_lsn})")
     return 0
 
 

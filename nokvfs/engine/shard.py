@@ -25,7 +25,7 @@ import blake3
 import lmdb
 
 from nokvfs import filemodes
-from nokvfs.engine import fences, history, outbox, retention, rows
+from nokvfs.engine import compact, fences, history, outbox, retention, rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
 from nokvfs.engine.rows import lmdb_errors_translated, translate_lmdb_error
@@ -210,8 +210,9 @@ def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
 class Shard:
     """The LMDB environment of one logical shard. One instance per process and path."""
 
-    def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True):
+    def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True, lock=None):
         self.path = path
+        self._lock = lock  # the shared ShardLock (nokvfs.engine.compact), released at close
         self._env = env
         self._dbs = dbs
         self._alarm = IntegrityAlarm(path)
@@ -236,6 +237,15 @@ class Shard:
         """Initialise an empty store at `path` (created if missing). Refuses a non-empty store."""
         check_id16(logical_shard_id, "logical shard id")
         filemodes.makedirs(path)
+        lock = compact.ShardLock.shared(path)
+        try:
+            return cls._create(path, logical_shard_id, lock, **options)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _create(cls, path: str, logical_shard_id: bytes, lock, **options) -> "Shard":
         env = cls._open_env(path, **options)
         try:
             with env.begin() as txn:
@@ -248,7 +258,7 @@ class Shard:
         except BaseException:
             env.close()
             raise
-        return cls(path, env, dbs, witnessed=options.get("sync", True))
+        return cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
 
     @classmethod
     def open(cls, path: str, *, verify: bool = False, **options) -> "Shard":
@@ -258,7 +268,23 @@ class Shard:
         System tail; every row is verified when it is read, so that is all a safe open needs.
         `verify=True` also reads every row of every tree and recomputes the state digests
         (what `fsck` does): O(shard size), for when the whole shard must be proven intact now.
+
+        The process holds the shard's shared lock until `close` (nokvfs.engine.compact: a
+        compaction waits for every holder to go); `locked=True` is the compactor's own open.
         """
+        if options.pop("locked", False):
+            return cls._open(path, verify, None, **options)
+        if compact.has_leftovers(path):
+            compact.recover(path)  # a compaction was interrupted: finish or undo it first
+        lock = compact.ShardLock.shared(path)
+        try:
+            return cls._open(path, verify, lock, **options)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open(cls, path: str, verify: bool, lock, **options) -> "Shard":
         if not os.path.exists(os.path.join(path, "data.mdb")):
             raise NotFound(f"no shard at {path}")
         try:
@@ -269,7 +295,7 @@ class Shard:
         env = cls._open_env(path, **options)
         try:
             dbs = cls._gate(env, path)
-            shard = cls(path, env, dbs, witnessed=options.get("sync", True))
+            shard = cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
         except ShardCorrupt as exc:
             env.close()
             IntegrityAlarm(path).record(exc)
@@ -525,6 +551,9 @@ class Shard:
     def close(self) -> None:
         self._witness.close()
         self._env.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @_lmdb_errors
     def sync(self) -> None:
