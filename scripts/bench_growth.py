@@ -12,6 +12,9 @@ Two workloads in a temporary directory, both on a bounded working set, each in -
            and History pruning after each step (what the mount's maintenance does)
   facade   --publishes `namespace.put` of 100-byte files over --paths paths, then the
            maintenance pass a mount runs (retention, GC, History pruning) after each step
+  gc       --gc-revisions revisions freed by `gc.collect` (rewrites of 100 paths), batched as
+           it runs, against the reference of the same collection one revision per claim and
+           finish command (GC_BATCH = 1, how it ran before), in the same run
 
 After each step it prints: commands applied so far, commands (publishes)/s of the step, reopen
 time (`Shard.open` / `datadir.open_root`, cold), the shard's used bytes (LMDB pages in use) and
@@ -192,6 +195,32 @@ def run_facade(work: str, args) -> list:
     return results
 
 
+def run_gc(work: str, args) -> None:
+    from nokvfs.workspace import datadir, gc, namespace, workbench
+
+    rates = {}
+    for batch in (1, gc.GC_BATCH):
+        data_dir = os.path.join(work, f"gc-{batch}")
+        datadir.init(data_dir)
+        root = datadir.open_root(data_dir)
+        try:
+            workbench.create(root, "wb")
+            for n in range(args.gc_revisions + 100):
+                namespace.put(root, "wb", f"outputs/f{n % 100}", b"x" * 100)
+            saved, gc.GC_BATCH = gc.GC_BATCH, batch
+            try:
+                start = time.perf_counter()
+                report = gc.collect(root)
+                elapsed = time.perf_counter() - start
+            finally:
+                gc.GC_BATCH = saved
+        finally:
+            root.close()
+        rates[batch] = report.freed_revisions / elapsed
+        print(f"gc batch {batch}: freed {report.freed_revisions:,} revisions in {elapsed:.2f} s = {rates[batch]:,.0f}/s", flush=True)
+    print(f"gc: {rates[gc.GC_BATCH]:,.0f} revisions/s = {rates[gc.GC_BATCH] / rates[1]:.2f}x one revision per command")
+
+
 def summary(name: str, results: list) -> None:
     steps, fresh = results[:-1], results[-1]["fresh"]
     first, last = steps[0], steps[-1]
@@ -207,6 +236,7 @@ def main() -> int:
     parser.add_argument("--engine-commands", type=int, default=1_000_000)
     parser.add_argument("--publishes", type=int, default=100_000)
     parser.add_argument("--paths", type=int, default=1000)
+    parser.add_argument("--gc-revisions", type=int, default=10_000)
     parser.add_argument("--retain-versions", type=int, default=10_000)
     parser.add_argument("--no-maintenance", action="store_true", help="never run retention/GC (the growth before this issue)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -216,6 +246,8 @@ def main() -> int:
     try:
         engine = run_engine(work, args) if args.engine_commands else None
         facade = run_facade(work, args) if args.publishes else None
+        if args.gc_revisions:
+            run_gc(work, args)
         if engine:
             summary("engine", engine)
         if facade:

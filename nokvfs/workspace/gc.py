@@ -23,6 +23,11 @@ Each run also reconciles the other Quarantined state machines -- publishes, comm
 restores -- by the same rule (probe, then an explicit transition, then the cleanup again); see
 README "Reconciliation" and each machine's `reconcile`.
 
+Claims and finishes are batched: one command claims up to GC_BATCH revisions (each exactly as
+alone; one that stopped being collectable is left out), their objects are deleted, and one
+command finishes those whose deletes were confirmed (a failed one is quarantined alone). The
+configured history retention holds GC like a HistoryHold: those versions stay readable.
+
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
 
@@ -91,8 +96,9 @@ def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
 
 def history_floor(view, root, *, quiescent: int | None = None) -> int:
     """The oldest read version any HistoryHold of the root keeps; with none, `quiescent`
-    (default: the view's version, which the barrier command has just advanced)."""
-    floor = view.version if quiescent is None else quiescent
+    (default: the view's version, which the barrier command has just advanced) less the root's
+    configured history retention, whose versions stay readable."""
+    floor = (view.version if quiescent is None else quiescent) - getattr(root, "history_retention", 0)
     prefix = root.root_id  # HistoryHold keys are root | kind | hold id
     marker = None
     while True:
@@ -311,81 +317,133 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
                     continue
                 report.collectable += 1
                 own = _own_objects(view, root, decoded.artifact_revision_id)
-                work.append((decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own)))
+                work.append((decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own), len(own)))
             if page.next_marker is None:
                 break
             marker = page.next_marker
     freed_before = report.freed_revisions
-    for revision_id, epoch, size in work:
-        if dry_run:
+    if dry_run:
+        for revision_id, _, size, _ in work:
             report.freed.append(revision_id.hex())
             report.freed_bytes += size
-            continue
-        op_id = operation_id(root.root_id, revision_id, epoch)
-        lock = OperationLock(root.run_dir, op_id)
-        if not lock.try_acquire():
-            continue  # another collector drives it
+        return
+    for batch in _batches(work):
+        locks, items = [], []
+        for revision_id, epoch, _, _ in batch:
+            lock = OperationLock(root.run_dir, operation_id(root.root_id, revision_id, epoch))
+            if lock.try_acquire():
+                locks.append(lock)
+                items.append((revision_id, epoch))
+            # else another collector drives it
         try:
-            try:
-                _claim(root, revision_id, epoch)
-            except PredicateFailed:
-                continue  # a reference came back, or another collector claimed it
-            _drive(root, op_id, report)
+            claimed = _claim_many(root, items) if items else []
+            _drive_many(root, [operation_id(root.root_id, r, e) for r, e in claimed], report)
         finally:
-            lock.release(remove=True)
+            for lock in locks:
+                lock.release(remove=True)
         if progress is not None:
             progress("collect", report.freed_revisions, freed_before + len(work), report.freed_bytes, None)
 
 
-def _claim(root, revision_id: bytes, epoch: int) -> None:
+# Revisions one claim command and one finish command cover (bounded by their objects too, so a
+# finish that deletes every manifest row stays a bounded command).
+GC_BATCH = 64
+GC_BATCH_OBJECTS = 1024
+
+
+def _batches(work):
+    batch, objects = [], 0
+    for item in work:
+        if batch and (len(batch) == GC_BATCH or objects + item[3] > GC_BATCH_OBJECTS):
+            yield batch
+            batch, objects = [], 0
+        batch.append(item)
+        objects += item[3]
+    if batch:
+        yield batch
+
+
+def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
+    """(predicates, mutations) claiming one revision, or PredicateFailed when it is not collectable."""
     op_id = operation_id(root.root_id, revision_id, epoch)
     op_key = ROWS.key(root, op_id)
     candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
     revision_key = _revision_key(root, revision_id)
+    raw_candidate = view.get("gc_candidate", candidate_key)
+    raw_revision = view.get("artifact_revision", revision_key)
+    if raw_candidate is None or raw_revision is None:
+        raise PredicateFailed("the candidate or its revision is gone")
+    candidate = GcCandidate.decode(raw_candidate)
+    revision = ArtifactRevision.decode(raw_revision)
+    if (
+        candidate.claim_state != GcClaimState.Candidate
+        or revision.state != RevisionState.Available
+        or revision.strong_reference_count != 0
+        or revision.reference_epoch != epoch
+    ):
+        raise PredicateFailed(f"revision {revision_id.hex()} is no longer collectable")
+    if not floor > candidate.last_zero_ref_version:
+        raise PredicateFailed(f"revision {revision_id.hex()} is still visible to a history hold")
+    own = _own_objects(view, root, revision_id)
+    operation = GcOperation(
+        artifact_revision_id=revision_id,
+        reference_epoch=epoch,
+        phase=GcPhase.Deleting,
+        object_count=len(own),
+        object_cursor=b"",
+        deleted_object_count=0,
+        dependency_cursor=b"",
+        result=None,
+        terminal_error=None,
+        created_version=view.version + 1,
+    )
+    return (
+        [
+            ValueEquals("gc_candidate", candidate_key, raw_candidate),
+            ValueEquals("artifact_revision", revision_key, raw_revision),
+            Absent("operation", op_key),
+        ],
+        [
+            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
+            Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)),
+            Put("operation", op_key, operation),
+        ],
+    )
+
+
+def _claim(root, revision_id: bytes, epoch: int) -> None:
+    op_id = operation_id(root.root_id, revision_id, epoch)
 
     def build(view):
-        raw_candidate = view.get("gc_candidate", candidate_key)
-        raw_revision = view.get("artifact_revision", revision_key)
-        if raw_candidate is None or raw_revision is None:
-            raise PredicateFailed("the candidate or its revision is gone")
-        candidate = GcCandidate.decode(raw_candidate)
-        revision = ArtifactRevision.decode(raw_revision)
-        if (
-            candidate.claim_state != GcClaimState.Candidate
-            or revision.state != RevisionState.Available
-            or revision.strong_reference_count != 0
-            or revision.reference_epoch != epoch
-        ):
-            raise PredicateFailed(f"revision {revision_id.hex()} is no longer collectable")
-        if not history_floor(view, root) > candidate.last_zero_ref_version:
-            raise PredicateFailed(f"revision {revision_id.hex()} is still visible to a history hold")
-        own = _own_objects(view, root, revision_id)
-        operation = GcOperation(
-            artifact_revision_id=revision_id,
-            reference_epoch=epoch,
-            phase=GcPhase.Deleting,
-            object_count=len(own),
-            object_cursor=b"",
-            deleted_object_count=0,
-            dependency_cursor=b"",
-            result=None,
-            terminal_error=None,
-            created_version=view.version + 1,
-        )
-        return Built(
-            predicates=[
-                ValueEquals("gc_candidate", candidate_key, raw_candidate),
-                ValueEquals("artifact_revision", revision_key, raw_revision),
-                Absent("operation", op_key),
-            ],
-            mutations=[
-                Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
-                Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)),
-                Put("operation", op_key, operation),
-            ],
-        )
+        predicates, mutations = _claim_rows(view, root, revision_id, epoch, history_floor(view, root))
+        return Built(predicates=predicates, mutations=mutations)
 
     root.apply(build, digest=intent_digest("gc.claim", op_id))
+
+
+def _claim_many(root, items) -> list:
+    """One command claiming every (revision, epoch) of `items` that is still collectable (each
+    claim exactly as `_claim`'s); the ones claimed."""
+
+    def build(view):
+        floor = history_floor(view, root)
+        predicates, mutations, claimed = [], [], []
+        for revision_id, epoch in items:
+            try:
+                more_predicates, more_mutations = _claim_rows(view, root, revision_id, epoch, floor)
+            except PredicateFailed:
+                continue  # a reference came back, or another collector claimed it
+            predicates += more_predicates
+            mutations += more_mutations
+            claimed.append((revision_id, epoch))
+        return Built(predicates=predicates, mutations=mutations, value=claimed)
+
+    with root.read() as view:
+        if not build(view).value:
+            return []
+    ids = [operation_id(root.root_id, revision_id, epoch) for revision_id, epoch in items]
+    _, built = root.apply(build, digest=intent_digest("gc.claim-batch", *ids))
+    return built.value
 
 
 def _resume(root, report: GcReport) -> None:
@@ -483,67 +541,91 @@ def _with_candidate(view, root, operation: GcOperation, predicates, mutations, *
     return predicates, mutations + [Put("gc_candidate", key, dataclasses.replace(GcCandidate.decode(raw), **changes))]
 
 
-def _drive(root, op_id: bytes, report: GcReport) -> None:
-    with root.read() as view:
-        _, operation = ROWS.read(view, root, op_id)
-        own = _own_objects(view, root, operation.artifact_revision_id)
-    failure = None
+def _delete_objects(root, own) -> tuple[int, str | None]:
+    """(objects deleted, why not all): each deleted, then confirmed absent."""
     deleted = 0
     for row in own:
         try:
             root.store.delete(row.object_key)
             if root.store.head(row.object_key) is not None:
-                failure = f"{row.object_key} is still present after delete"
-                break
+                return deleted, f"{row.object_key} is still present after delete"
             deleted += 1
         except AmbiguousResult as exc:
-            failure = f"ambiguous delete of {row.object_key}: {exc}"
-            break
+            return deleted, f"ambiguous delete of {row.object_key}: {exc}"
         except StoreError as exc:
-            failure = f"delete of {row.object_key} failed: {exc}"
-            break
-    if failure is not None:
-        log.warning("gc of %s quarantined: %s", operation.artifact_revision_id.hex(), failure)
-        _quarantine(root, op_id, operation, failure)
-        report.quarantined += 1
+            return deleted, f"delete of {row.object_key} failed: {exc}"
+    return deleted, None
+
+
+def _drive(root, op_id: bytes, report: GcReport) -> None:
+    _drive_many(root, [op_id], report)
+
+
+def _drive_many(root, op_ids: list, report: GcReport) -> None:
+    """Delete the objects of each Deleting collection; quarantine those whose delete failed and
+    finish the others in one command."""
+    if not op_ids:
         return
-    _finish(root, op_id, operation, own)
-    report.freed_revisions += 1
-    report.deleted_objects += deleted
-    report.freed_bytes += sum(r.length for r in own)
-    report.freed.append(operation.artifact_revision_id.hex())
+    with root.read() as view:
+        driven = []
+        for op_id in op_ids:
+            _, operation = ROWS.read(view, root, op_id)
+            driven.append((op_id, operation, _own_objects(view, root, operation.artifact_revision_id)))
+    finished = []
+    for op_id, operation, own in driven:
+        deleted, failure = _delete_objects(root, own)
+        if failure is not None:
+            log.warning("gc of %s quarantined: %s", operation.artifact_revision_id.hex(), failure)
+            _quarantine(root, op_id, operation, failure)
+            report.quarantined += 1
+            continue
+        finished.append((op_id, operation, own, deleted))
+    if not finished:
+        return
+    _finish_many(root, [(op_id, operation, own) for op_id, operation, own, _ in finished])
+    for _, operation, own, deleted in finished:
+        report.freed_revisions += 1
+        report.deleted_objects += deleted
+        report.freed_bytes += sum(r.length for r in own)
+        report.freed.append(operation.artifact_revision_id.hex())
 
 
 def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
-    revision_id = operation.artifact_revision_id
-    revision_key = _revision_key(root, revision_id)
+    _finish_many(root, [(op_id, operation, own)])
 
-    def change(view, current):
-        if current.phase != GcPhase.Deleting:
-            raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
-        raw_revision = view.get("artifact_revision", revision_key)
-        revision = ArtifactRevision.decode(raw_revision)
-        # The child's own objects are gone: now, and only now, release its dependency set.
+
+def _finish_many(root, finished: list) -> None:
+    """One command: each revision Deleting -> Deleted, its candidate Complete, its manifest rows
+    pruned, and only then its RevisionDependency references released (which may make bases
+    candidates), its operation Deleted."""
+
+    def build(view):
         refs = References(view, root.root_id)
-        dependency_prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id))
-        for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
-            refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
-        predicates, mutations = refs.rows()
-        predicates.append(ValueEquals("artifact_revision", revision_key, raw_revision))
-        mutations.append(Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)))
-        predicates, mutations = _with_candidate(view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete)
-        manifest_prefix = keys.artifact_manifest_prefix(root.root_id, revision_id)
-        marker = None
-        while True:
-            page = scan_prefix(view, "artifact_manifest", manifest_prefix, start_after=marker)
-            mutations += [Delete("artifact_manifest", k) for k, _ in page.items]
-            if page.next_marker is None:
-                break
-            marker = page.next_marker
-        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))
+        predicates, mutations = [], []
+        for op_id, _, own in finished:
+            raw_op, current = ROWS.read(view, root, op_id)
+            if current.phase != GcPhase.Deleting:
+                raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
+            revision_id = current.artifact_revision_id
+            revision_key = _revision_key(root, revision_id)
+            raw_revision = view.get("artifact_revision", revision_key)
+            revision = ArtifactRevision.decode(raw_revision)
+            # The child's own objects are gone: now, and only now, release its dependency set.
+            dependency_prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id))
+            for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+                refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
+            predicates += [ValueEquals("operation", ROWS.key(root, op_id), raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
+            mutations.append(Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)))
+            predicates, mutations = _with_candidate(view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete)
+            mutations += [Delete("artifact_manifest", k) for k, _ in iter_prefix(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, revision_id))]
+            mutations.append(Put("operation", ROWS.key(root, op_id), dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))))
+        ref_predicates, ref_mutations = refs.rows()
+        return Built(predicates=ref_predicates + predicates, mutations=ref_mutations + mutations)
 
-    ROWS.step(root, op_id, "gc.finish", change, digest=intent_digest("gc.finish", op_id))
-    root.manifests.forget(revision_id)
+    ids = [op_id for op_id, _, _ in finished]
+    root.apply(build, digest=intent_digest("gc.finish", *ids))
+    for _, operation, _ in finished:
+        root.manifests.forget(operation.artifact_revision_id)
 
 
 def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> None:
