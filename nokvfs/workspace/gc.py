@@ -206,7 +206,7 @@ def prune_finished(root, *, audit_versions: int) -> int:
     def build(view):
         floor = view.version - audit_versions
         predicates, mutations, last, count = [], [], None, 0
-        for key, value in _iter_after(view, "operation", prefix, marker):
+        for key, value in iter_prefix(view, "operation", prefix, start_after=marker):
             last = key
             operation = GcOperation.decode(value)
             if operation.phase != GcPhase.Deleted or operation.created_version > floor:
@@ -240,15 +240,6 @@ def prune_finished(root, *, audit_versions: int) -> int:
             return pruned
         count, marker = built.value
         pruned += count
-
-
-def _iter_after(view, tree: str, prefix: bytes, marker: bytes | None):
-    while True:
-        page = scan_prefix(view, tree, prefix, start_after=marker)
-        yield from page.items
-        if page.next_marker is None:
-            return
-        marker = page.next_marker
 
 
 def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None,
