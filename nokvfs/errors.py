@@ -220,3 +220,8 @@ class KeyTooLong(InvalidInput):
 
 class SyscallTimeout(StoreError):
     """A syscall on the mount waited its whole deadline (the work goes on in the background)."""
+
+
+class MountUnavailable(NotFound):
+    """No running mount answered a status query: not a nokvfs mount, its daemon gone or hung, or
+    the caller is neither the daemon's user nor root."""

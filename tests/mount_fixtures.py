@@ -178,6 +178,32 @@ def mounted(base: str, *, workbenches=("wb",), extra_args=(), init: bool = True)
             raise AssertionError(f"{mountpoint} was left mounted")
 
 
+def close_after_a_replacement(m: Mount, relative: str, mine: bytes, theirs: bytes) -> OSError:
+    """Write `mine` over `wb:relative` through the mount while another process publishes `theirs`
+    there; the error close(2) then raises (a conflict: EBUSY)."""
+    path = m.path("wb", *relative.split("/"))
+    with open(path, "wb") as f:
+        f.write(b"v1")
+    other = m.facade_waiting(f"namespace.put(root, 'wb', {relative!r}, {theirs!r})")
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, mine)
+    _, err = other.communicate(b"go\n", timeout=60)
+    assert other.returncode == 0, err
+    try:
+        os.close(fd)
+    except OSError as exc:
+        return exc
+    raise AssertionError(f"close(2) of {path} succeeded although another process replaced it")
+
+
+def fsck_clean(data_dir: str) -> None:
+    """`nokvfs fsck` of the data directory finds nothing (it may run beside a live mount)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "fsck"], capture_output=True, text=True, env=env(), cwd=REPO, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.fixture
 def mount(tmp_path):
     with mounted(str(tmp_path)) as m:

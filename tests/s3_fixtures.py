@@ -37,7 +37,10 @@ _CLEARED_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTP_
 
 
 def _serialised_moto_server():
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        create_backend_app,
+    )
     from moto.server import ThreadedMotoServer
     from werkzeug.serving import make_server
 

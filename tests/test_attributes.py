@@ -7,7 +7,13 @@ import os
 
 import pytest
 
-from nokvfs.errors import CorruptRecord, FormatError, IndexValueInvalid, InvalidInput, UnknownVersion
+from nokvfs.errors import (
+    CorruptRecord,
+    FormatError,
+    IndexValueInvalid,
+    InvalidInput,
+    UnknownVersion,
+)
 from nokvfs.schema import index_codec
 from nokvfs.schema.ids import uuid7_unix_ms
 from nokvfs.schema.records import CommitMember, IndexField, PathEntry

@@ -12,8 +12,20 @@ import threading
 
 import pytest
 
-from nokvfs.errors import IntegrityError, InvalidInput, ObjectMissing, PreconditionFailed, StoreError
-from nokvfs.objects.blocks import DEFAULT_BLOCK_SIZE, Block, BlockReader, BlockWriter, split_blocks
+from nokvfs.errors import (
+    IntegrityError,
+    InvalidInput,
+    ObjectMissing,
+    PreconditionFailed,
+    StoreError,
+)
+from nokvfs.objects.blocks import (
+    DEFAULT_BLOCK_SIZE,
+    Block,
+    BlockReader,
+    BlockWriter,
+    split_blocks,
+)
 from nokvfs.objects.cache import INDEX_NAME, BlockCache
 from nokvfs.objects.keys import artifact_block_key, sha256_uri_of
 from nokvfs.objects.local import LocalStore

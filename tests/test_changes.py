@@ -6,15 +6,14 @@ import pytest
 
 from nokvfs.errors import InvalidInput, ReadVersionStale
 from nokvfs.schema.enums import ChangeEventKind
-from nokvfs.workspace import changes, datadir, namespace, workbench
+from nokvfs.workspace import changes, namespace, workbench
+from tests.workspace_helpers import opened_root
 
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"))
-    r = datadir.open_root(str(tmp_path / "data"))
-    yield r
-    r.close()
+    with opened_root(tmp_path) as r:
+        yield r
 
 
 def positions(page):

@@ -246,7 +246,7 @@ def test_gc_fsck_and_restore_report_what_they_did(tree, tmp_path):
     assert code == 0, err + out.decode()
     checked = json.loads(run_redirected("fsck", "--json", "--data-dir", data)[1])["checked"]
     _, summary = terminal_frames(err)
-    assert summary.startswith(f"fsck: 0 finding(s); checked ") and f"{checked['objects']} objects" in summary
+    assert summary.startswith("fsck: 0 finding(s); checked ") and f"{checked['objects']} objects" in summary
 
 
 def test_progress_redirected_is_plain_lines_and_json_stays_parseable(tree):

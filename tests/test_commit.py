@@ -13,7 +13,6 @@ exactly the unique revision set in bounded batches.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -21,7 +20,15 @@ import struct
 
 import pytest
 
-from nokvfs.errors import AlreadyExists, GenerationConflict, IntegrityError, NotFound, PredicateFailed, RequestMismatch, ReservedPath
+from nokvfs.errors import (
+    AlreadyExists,
+    GenerationConflict,
+    IntegrityError,
+    NotFound,
+    PredicateFailed,
+    RequestMismatch,
+    ReservedPath,
+)
 from nokvfs.schema import canonical_json, keys
 from nokvfs.schema.enums import (
     BuildCommitPhase,
@@ -35,25 +42,44 @@ from nokvfs.schema.enums import (
     ReferenceKind,
     RevisionState,
 )
-from nokvfs.schema.records import Commit, CommitConsumer, CommitMember, WorkbenchCommitHead
-from nokvfs.workspace import asof, changes, commit, fsck, gc, listing, namespace, publish, reading, tag
+from nokvfs.schema.records import (
+    Commit,
+    CommitConsumer,
+    CommitMember,
+    WorkbenchCommitHead,
+)
+from nokvfs.workspace import (
+    asof,
+    changes,
+    commit,
+    fsck,
+    gc,
+    listing,
+    namespace,
+    publish,
+    reading,
+    tag,
+)
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.commit import build_commit
-from tests.workspace_fixtures import (
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
     BLOCK,
     KILLED,
     WB,
     RootHolder,
     all_rows,
+    bench_fixture,
     body,
+    data_dir_fixture,
     entry,
     get_bytes,
     publish_ops,
     refs_owned_by,
     revision,
+    root_fixture,
     run_crash_child,
 )
-from tests.workspace_fixtures import bench_fixture, data_dir_fixture, root_fixture  # noqa: F401 - fixtures
+from tests.workspace_helpers import Killed, files_of, killed_after, put_all
 
 U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
@@ -69,38 +95,12 @@ FILES = {
 # --- helpers ------------------------------------------------------------------------------------
 
 
-class Killed(BaseException):
-    """The process died here (not an error any handler of the facade may catch)."""
-
-
-@contextlib.contextmanager
-def killed_after(root, commands: int):
-    """Kill the 'process' right after its `commands`-th applied MetadataCommand."""
-    real = root.apply
-    applied = [0]
-
-    def apply(build, **kw):
-        outcome = real(build, **kw)
-        applied[0] += 1
-        if applied[0] == commands:
-            raise Killed(f"after command {commands}")
-        return outcome
-
-    root.apply = apply
-    try:
-        yield applied
-    finally:
-        del root.apply
-
-
 def populate(root, files=FILES):
-    for path, data in files.items():
-        namespace.put(root, WB, path, data)
+    put_all(root, WB, files)
 
 
 def live_files(root, workbench_id=WB) -> dict[str, bytes]:
-    with root.read() as view:
-        return {c.name: reading.read(root, c.entry, view=view) for c in listing.list_recursive(view, root, workbench_id).children}
+    return files_of(root, workbench_id)
 
 
 def commit_files(root, commit_id) -> dict[str, bytes]:

@@ -12,7 +12,11 @@ from nokvfs.engine.command import Delete, Put
 from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, list_children, scan_prefix
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
 from nokvfs.schema.ids import new_id16
-from nokvfs.schema.paths import ordered_component, ordered_path, subtree_prefix, unordered_path
+from nokvfs.schema.paths import (
+    ordered_path,
+    subtree_prefix,
+    unordered_path,
+)
 
 ROOT = b"\x0a" * 32  # root | incarnation
 
@@ -57,9 +61,8 @@ def test_point_reads_at_every_retained_version(shard_env):
 def test_reads_below_the_history_floor_are_refused(shard_env):
     put(shard_env, "a")
     env = shard_env.shard._env
-    from nokvfs.engine.records import SYS_HISTORY_FLOOR, HistoryFloor
-
     from nokvfs.engine import rows
+    from nokvfs.engine.records import SYS_HISTORY_FLOOR, HistoryFloor
 
     with env.begin(write=True) as txn:
         floor = HistoryFloor(shard_env.shard.commit_version).encode()

@@ -21,8 +21,22 @@ import pytest
 
 from nokvfs.engine.shard import Shard
 from nokvfs.replicate.remote import open_remote
-from tests.mount_fixtures import mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted
-from tests.test_mount_follow import SHOWS, follow_args, init_owner, nokvfs, owner_args, write
+from tests.mount_fixtures import (
+    mounted,
+    needs_fuse,
+    start_daemon,
+    stop,
+    unmount,
+    wait_mounted,
+)
+from tests.test_mount_follow import (
+    SHOWS,
+    follow_args,
+    init_owner,
+    nokvfs,
+    owner_args,
+    write,
+)
 from tests.test_mount_freshness import read, within
 
 pytest_plugins = ["tests.s3_fixtures"]

@@ -273,7 +273,9 @@ def test_missing_and_wrong_kind(kernel):
 # --- rename ------------------------------------------------------------------------------------
 
 
-def test_rename_rules(kernel):
+def test_rename_rules(kernel, monkeypatch):
+    from nokvfs.workspace import namespace
+
     k = kernel
     outputs = k.ino("wb/outputs")
     k.put("wb/outputs/a", b"A")
@@ -283,10 +285,18 @@ def test_rename_rules(kernel):
     assert k.errno_of("rename", outputs, b"a", k.ino("other/outputs"), b"a", 0, k.ctx) == errno.EXDEV
     k.mkdir("wb/outputs/dir")
     k.put("wb/outputs/dir/f", b"F")
-    assert k.errno_of("rename", outputs, b"dir", outputs, b"moved", 0, k.ctx) == errno.EXDEV  # mv copies
+    k.put("wb/outputs/dir/g", b"G")
+    monkeypatch.setattr(namespace, "MAX_DIRECTORY_RENAME", 1)
+    assert k.errno_of("rename", outputs, b"dir", outputs, b"moved", 0, k.ctx) == errno.EXDEV  # too big: mv copies
+    monkeypatch.undo()
+    k.mkdir("wb/outputs/full")
+    k.put("wb/outputs/full/x", b"X")
+    assert k.errno_of("rename", outputs, b"dir", outputs, b"full", 0, k.ctx) == errno.ENOTEMPTY
+    k.call("rename", outputs, b"dir", outputs, b"moved", 0, k.ctx)  # one command moves the subtree
+    assert k.cat("wb/outputs/moved/f") == b"F" and k.cat("wb/outputs/moved/g") == b"G"
     k.call("rename", outputs, b"a", outputs, b"b", 0, k.ctx)
     assert k.cat("wb/outputs/b") == b"A"
-    assert sorted(k.listdir("wb/outputs")) == ["b", "dir"]
+    assert sorted(k.listdir("wb/outputs")) == ["b", "full", "moved"]
 
 
 # --- writes: one spool per file, no conflict with itself -------------------------------------------

@@ -11,24 +11,36 @@ from nokvfs.engine.command import Delete, Put
 from nokvfs.errors import ShardCorrupt
 from nokvfs.schema import keys
 from nokvfs.schema.enums import HistoryHoldKind, ReferenceKind, RevisionState
-from nokvfs.schema.records import ArtifactManifest, ArtifactRevision, PathEntry, RevisionRef
-from nokvfs.workspace import append, datadir, fsck, gc, namespace, publish, snapshot, workbench
+from nokvfs.schema.records import (
+    ArtifactManifest,
+    ArtifactRevision,
+    PathEntry,
+    RevisionRef,
+)
+from nokvfs.workspace import (
+    append,
+    datadir,
+    fsck,
+    gc,
+    namespace,
+    publish,
+    snapshot,
+    workbench,
+)
 from nokvfs.workspace.root import Built, intent_digest
 from tests.conftest import stored_rows
+from tests.workspace_helpers import opened_root
 
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"), block_size=4096)
-    r = datadir.open_root(str(tmp_path / "data"))
-    workbench.create(r, "w")
-    namespace.put(r, "w", "outputs/a", b"a" * 10_000)
-    append.append(r, "w", "outputs/a", b"b" * 100)
-    namespace.put(r, "w", "outputs/gone", b"g" * 100)
-    namespace.remove(r, "w", "outputs/gone")
-    snapshot.mint(r, "w", alias="s")
-    yield r
-    r.close()
+    with opened_root(tmp_path, workbenches=("w",), block_size=4096) as r:
+        namespace.put(r, "w", "outputs/a", b"a" * 10_000)
+        append.append(r, "w", "outputs/a", b"b" * 100)
+        namespace.put(r, "w", "outputs/gone", b"g" * 100)
+        namespace.remove(r, "w", "outputs/gone")
+        snapshot.mint(r, "w", alias="s")
+        yield r
 
 
 def codes(report):
@@ -327,7 +339,7 @@ def test_wide_mode_is_reported_per_area_and_repair_narrows_it(root):
     wide = {f.subject: f.detail for f in report.findings if f.code == "WIDE_MODE"}
     assert codes(report) == ["WIDE_MODE"]
     assert set(wide) == {".", "shard", "nokvfs.json", "objects"}
-    assert wide["objects"].startswith(f"1 directory wider than 0700 (e.g. ") and f"{len(blocks)} files wider than 0600" in wide["objects"]
+    assert wide["objects"].startswith("1 directory wider than 0700 (e.g. ") and f"{len(blocks)} files wider than 0600" in wide["objects"]
     assert wide["shard"] == "1 file wider than 0600 (e.g. shard/data.mdb: 0644)"
     assert wide["."] == "1 directory wider than 0700 (e.g. .: 0755)"
     before = os.stat("/etc/passwd").st_mode

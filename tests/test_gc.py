@@ -11,7 +11,18 @@ from nokvfs.errors import AmbiguousResult
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, RevisionState
 from nokvfs.schema.records import ArtifactRevision, GcCandidate, GcOperation
-from nokvfs.workspace import append, datadir, fsck, gc, listing, namespace, reading, snapshot, workbench
+from nokvfs.workspace import (
+    append,
+    datadir,
+    fsck,
+    gc,
+    listing,
+    namespace,
+    reading,
+    snapshot,
+    workbench,
+)
+from tests.workspace_helpers import opened_root
 
 BLOCK = 4096
 
@@ -21,11 +32,8 @@ pytest_plugins = ["tests.s3_fixtures"]
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"), block_size=BLOCK)
-    r = datadir.open_root(str(tmp_path / "data"))
-    workbench.create(r, "w")
-    yield r
-    r.close()
+    with opened_root(tmp_path, workbenches=("w",), block_size=BLOCK) as r:
+        yield r
 
 
 @pytest.fixture(params=["local", "s3"])

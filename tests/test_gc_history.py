@@ -9,19 +9,29 @@ import pytest
 
 from nokvfs.errors import HistoryNotRetained, InvalidInput
 from nokvfs.schema.enums import ChangeEventKind, WorkspaceState
-from nokvfs.workspace import asof, changes, commit, datadir, gc, listing, namespace, reading, restore, snapshot, workbench
+from nokvfs.workspace import (
+    asof,
+    changes,
+    commit,
+    datadir,
+    gc,
+    listing,
+    namespace,
+    reading,
+    restore,
+    snapshot,
+    workbench,
+)
 from nokvfs.workspace.root import Built, intent_digest
+from tests.workspace_helpers import opened_root
 
 WB = "w"
 
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"), block_size=4096)
-    r = datadir.open_root(str(tmp_path / "data"))
-    workbench.create(r, WB)
-    yield r
-    r.close()
+    with opened_root(tmp_path, workbenches=(WB,), block_size=4096) as r:
+        yield r
 
 
 def files(root, view, workbench_id=WB) -> dict[str, bytes]:

@@ -16,7 +16,22 @@ import pytest
 from nokvfs.errors import GenerationConflict, NotFound
 from nokvfs.schema.enums import RevisionState
 from nokvfs.schema.records import ArtifactRevision
-from nokvfs.workspace import append, asof, changes, commit, datadir, fsck, gc, listing, namespace, publish, reading, restore, snapshot, workbench
+from nokvfs.workspace import (
+    append,
+    asof,
+    changes,
+    commit,
+    datadir,
+    fsck,
+    gc,
+    listing,
+    namespace,
+    publish,
+    reading,
+    restore,
+    snapshot,
+    workbench,
+)
 from tests.conftest import stored_rows
 
 pytest_plugins = ["tests.s3_fixtures"]

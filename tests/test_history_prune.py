@@ -18,7 +18,12 @@ from nokvfs.errors import HistoryNotRetained, IntegrityError, OwnerFenced
 from nokvfs.replicate.errors import ReplayFailed
 from nokvfs.replicate.restore import replay
 from nokvfs.schema import keys
-from nokvfs.schema.enums import HistoryHoldKind, HistoryHoldState, OutboxRecordKind, WorkspaceState
+from nokvfs.schema.enums import (
+    HistoryHoldKind,
+    HistoryHoldState,
+    OutboxRecordKind,
+    WorkspaceState,
+)
 from nokvfs.schema.records import HistoryHold, WorkspaceCurrent
 from tests.conftest import make_shard_env, sigkill_once_ready
 

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nokvfs.errors import CorruptRecord, FormatError, IndexValueInvalid, InvalidInput, UnknownVersion
+from nokvfs.errors import (
+    CorruptRecord,
+    FormatError,
+    IndexValueInvalid,
+    InvalidInput,
+    UnknownVersion,
+)
 from nokvfs.schema import index_codec as ic
 from nokvfs.schema.index_codec import IndexKind, IndexValue
 

@@ -106,6 +106,23 @@ def test_the_follower_mount_shows_the_owners_writes_invalidates_as_the_owner_doe
                 return status["pid"] == b.proc.pid and status["lag"]["records_behind"] == 0 and status["lag"]["since_poll_ms"] < 5000
 
             within(caught_up, SHOWS, "the follower's status")
+
+            # `nokvfs status` of both mounts: the owner ships, the follower follows, each says so.
+            def asked(m):
+                done = nokvfs("status", m.mountpoint, "--json")
+                return json.loads(done.stdout)
+
+            def follower_caught_up():
+                s = asked(b)
+                return s["mode"] == "follower" and s["replication"]["started"] and s["replication"]["records_behind"] == 0
+            within(follower_caught_up, SHOWS, "the follower's `nokvfs status`")
+            assert asked(b)["replication"]["bucket"].startswith(url + "/shards/") and f"is a follower of {url}" in asked(b)["read_only_reason"]
+
+            def owner_shipped():
+                s = asked(a)["replication"]
+                return s["role"] == "owner" and s["started"] and s["records_behind"] == 0 and s["last_push_unix"] is not None
+            within(owner_shipped, SHOWS, "the owner's `nokvfs status`")
+            assert asked(a)["mode"] == "owner" and asked(a)["replication"]["last_error"] is None
             b_log = b.log_path
         with open(b_log) as f:
             log = f.read()

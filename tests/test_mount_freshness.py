@@ -7,7 +7,18 @@ import subprocess
 import sys
 import time
 
-from tests.mount_fixtures import REPO, WORKBENCH_LISTING, env, mount, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted  # noqa: F401
+from tests.mount_fixtures import (  # noqa: F401
+    REPO,
+    WORKBENCH_LISTING,
+    env,
+    mount,
+    mounted,
+    needs_fuse,
+    start_daemon,
+    stop,
+    unmount,
+    wait_mounted,
+)
 
 pytestmark = needs_fuse
 

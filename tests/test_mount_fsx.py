@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.mount_fixtures import REPO, env, mount, needs_fuse  # noqa: F401
+from tests.mount_fixtures import REPO, env, fsck_clean, mount, needs_fuse  # noqa: F401
 
 pytestmark = needs_fuse
 
@@ -23,9 +23,11 @@ def exercise(path: str, *, ops: int, seed: int, max_size: int) -> str:
 def test_ten_thousand_random_operations_match_the_model(mount):
     out = exercise(mount.path("wb", "outputs", "fsx.bin"), ops=10_000, seed=20261203, max_size=1 << 20)
     assert "0 miscompares" in out
+    fsck_clean(mount.data_dir)
 
 
 def test_a_file_larger_than_a_block_under_random_operations(mount):
     """Bodies across block boundaries (4 MiB blocks): fills, appends and truncates that cross them."""
     out = exercise(mount.path("wb", "outputs", "fsx-large.bin"), ops=1_500, seed=7, max_size=9 * 1024 * 1024)
     assert "0 miscompares" in out
+    fsck_clean(mount.data_dir)

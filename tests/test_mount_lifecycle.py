@@ -14,7 +14,18 @@ import time
 
 import pytest
 
-from tests.mount_fixtures import REPO, WORKBENCH_LISTING, env, init_data_dir, mounted, needs_fuse, start_daemon, stop, unmount, wait_mounted
+from tests.mount_fixtures import (
+    REPO,
+    WORKBENCH_LISTING,
+    env,
+    init_data_dir,
+    mounted,
+    needs_fuse,
+    start_daemon,
+    stop,
+    unmount,
+    wait_mounted,
+)
 
 pytestmark = needs_fuse
 

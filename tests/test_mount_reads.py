@@ -13,7 +13,15 @@ import time
 import pytest
 
 from nokvfs.schema.ids import uuid7_unix_ms
-from tests.mount_fixtures import WORKBENCH_LISTING, Mount, init_data_dir, mount, mounted, needs_fuse, populate_many  # noqa: F401
+from tests.mount_fixtures import (  # noqa: F401
+    WORKBENCH_LISTING,
+    Mount,
+    init_data_dir,
+    mount,
+    mounted,
+    needs_fuse,
+    populate_many,
+)
 
 pytestmark = needs_fuse
 

@@ -7,15 +7,18 @@ The bucket is a moto S3 server on 127.0.0.1 (tests/s3_fixtures.py); nothing else
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import time
 
 from nokvfs.engine.shard import Shard
 from nokvfs.replicate import Replicator
 from nokvfs.replicate.restore import restore
-from tests.mount_fixtures import mounted, needs_fuse
+from tests.mount_fixtures import env, mounted, needs_fuse
 
 pytest_plugins = ["tests.s3_fixtures"]
 pytestmark = needs_fuse
@@ -131,6 +134,9 @@ def test_a_bucket_that_cannot_be_reached_never_breaks_the_mount(tmp_path, aws_te
             time.sleep(0.2)
         with open(m.path("wb", "outputs", "f.txt"), "rb") as f:
             assert f.read() == b"still served"
+        asked = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "status", m.mountpoint, "--json"], capture_output=True, text=True, timeout=60, env=env())
+        replication = json.loads(asked.stdout)["replication"]  # status says what the log says
+        assert replication == {"role": "owner", "bucket": "s3://nowhere/prefix", "started": False, "local_lsn": replication["local_lsn"]}
         log_path = m.log_path
         ending = time.monotonic()
     assert time.monotonic() - ending < 10  # a retry in flight does not hold up the unmount

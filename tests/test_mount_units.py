@@ -14,14 +14,15 @@ from nokvfs.fs import errors as fs_errors
 from nokvfs.fs import inodes
 from nokvfs.fs.filesystem import FileSystem
 from nokvfs.fs.freshness import ChangeFollower
-from nokvfs.fs.listing import DirHandle
 from nokvfs.fs.inodes import InodeTable, Kind
+from nokvfs.fs.listing import DirHandle
 from nokvfs.fs.overlay import Overlay
 from nokvfs.fs.prefetch import BlockFetcher, Stream
 from nokvfs.fs.threads import Workers
 from nokvfs.fs.views import LiveView
 from nokvfs.schema.enums import ChangeEventKind
-from nokvfs.workspace import datadir, namespace, workbench
+from nokvfs.workspace import namespace, workbench
+from tests.workspace_helpers import opened_root
 
 INC = bytes(range(16))
 
@@ -153,13 +154,8 @@ def test_a_directory_handle_remembers_a_bounded_history_of_positions():
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"), block_size=64 * 1024)
-    root = datadir.open_root(str(tmp_path / "data"), verify=False)
-    workbench.create(root, "wb")
-    yield root
-    if root.blocks.cache is not None:
-        root.blocks.cache.close()
-    root.close()
+    with opened_root(tmp_path, workbenches=("wb",), block_size=64 * 1024) as r:
+        yield r
 
 
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):

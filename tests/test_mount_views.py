@@ -19,6 +19,7 @@ import pytest
 from nokvfs.fs.inodes import Kind
 from nokvfs.fs.views import LiveView
 from tests.mount_fixtures import WORKBENCH_LISTING, Mount, mount, needs_fuse  # noqa: F401
+from tests.workspace_helpers import opened_root
 
 SECTIONS = ["input", "logs", "metadata", "outputs", "scripts"]
 
@@ -334,15 +335,8 @@ class RecordingInvalidator:
 
 @pytest.fixture
 def root(tmp_path):
-    from nokvfs.workspace import datadir, workbench
-
-    datadir.init(str(tmp_path / "data"))
-    root = datadir.open_root(str(tmp_path / "data"), verify=False)
-    workbench.create(root, "wb")
-    yield root
-    if root.blocks.cache is not None:
-        root.blocks.cache.close()
-    root.close()
+    with opened_root(tmp_path, workbenches=("wb",)) as r:
+        yield r
 
 
 def test_mint_retire_commit_and_tag_events_invalidate_the_view_names(root):
@@ -414,8 +408,8 @@ def test_view_inodes_are_hashed_with_the_view_identity(root):
 
 
 def test_a_big_directory_of_a_view_lists_completely_in_bounded_pages(root):
-    from nokvfs.fs.threads import Workers
     from nokvfs.fs.listing import PAGE, Listing
+    from nokvfs.fs.threads import Workers
     from nokvfs.fs.tree import Tree
     from nokvfs.workspace import commit, namespace, snapshot
     from tests.mount_fixtures import populate_many

@@ -4,7 +4,6 @@ conflicts that close(2) reports, and whole trees written with tar."""
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import os
 import random

@@ -11,7 +11,14 @@ import time
 
 import pytest
 
-from nokvfs.errors import IdInvalid, IntegrityError, InvalidInput, ObjectMissing, StoreError, StoreFull
+from nokvfs.errors import (
+    IdInvalid,
+    IntegrityError,
+    InvalidInput,
+    ObjectMissing,
+    StoreError,
+    StoreFull,
+)
 from nokvfs.objects.keys import (
     artifact_block_key,
     artifact_revision_prefix,

@@ -24,9 +24,20 @@ from nokvfs.schema.enums import (
     WorkspaceState,
 )
 from nokvfs.schema.records import SnapshotRef
-from nokvfs.workspace import changes, commit, datadir, fsck, gc, namespace, publish, restore, snapshot
+from nokvfs.workspace import (
+    changes,
+    commit,
+    datadir,
+    fsck,
+    gc,
+    namespace,
+    publish,
+    restore,
+    snapshot,
+)
 from nokvfs.workspace import workbench as wb
 from tests.conftest import sigkill_once_ready
+from tests.workspace_helpers import opened_root
 
 pytest_plugins = ["tests.s3_fixtures"]
 
@@ -74,11 +85,8 @@ class Outage:
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"), block_size=BLOCK)
-    r = datadir.open_root(str(tmp_path / "data"))
-    wb.create(r, WB)
-    yield r
-    r.close()
+    with opened_root(tmp_path, workbenches=(WB,), block_size=BLOCK) as r:
+        yield r
 
 
 @pytest.fixture

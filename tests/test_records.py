@@ -13,7 +13,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from nokvfs.errors import CorruptRecord, FormatError, UnknownDiscriminant, UnknownVersion
+from nokvfs.errors import (
+    CorruptRecord,
+    FormatError,
+    UnknownDiscriminant,
+    UnknownVersion,
+)
 from nokvfs.schema import codec
 from nokvfs.schema import records as R
 from nokvfs.schema.enums import (

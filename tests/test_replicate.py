@@ -37,8 +37,8 @@ from nokvfs.replicate.errors import (
     ReplicaDiverged,
 )
 from nokvfs.schema import keys as family_keys
-from nokvfs.schema.keys import RootFenceKey
 from nokvfs.schema.enums import OutboxRecordKind, WorkspaceState
+from nokvfs.schema.keys import RootFenceKey
 from nokvfs.schema.records import RootFence, WorkspaceCurrent
 from tests.conftest import make_shard_env, sigkill_once_ready
 

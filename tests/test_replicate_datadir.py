@@ -9,7 +9,11 @@ import pytest
 
 from nokvfs.errors import FormatError, OwnerFenced, PreconditionFailed, ReadOnlyReplica
 from nokvfs.replicate import datadir_record as dr
-from nokvfs.replicate.errors import ManifestGenerationInvalid, ManifestMalformed, ManifestVersionUnsupported
+from nokvfs.replicate.errors import (
+    ManifestGenerationInvalid,
+    ManifestMalformed,
+    ManifestVersionUnsupported,
+)
 from nokvfs.replicate.remote import Contention, ShardBucket
 from nokvfs.schema import canonical_json
 from nokvfs.schema.enums import RootPlacementLifecycle

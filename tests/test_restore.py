@@ -12,7 +12,6 @@ have exactly one winner.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -21,7 +20,13 @@ import struct
 import pytest
 
 from nokvfs.engine.command import Put
-from nokvfs.errors import AlreadyExists, IntegrityError, InvalidInput, NotFound, PredicateFailed
+from nokvfs.errors import (
+    AlreadyExists,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    PredicateFailed,
+)
 from nokvfs.schema import canonical_json, keys
 from nokvfs.schema.enums import (
     ChangeEventKind,
@@ -34,22 +39,36 @@ from nokvfs.schema.enums import (
     WorkspaceState,
 )
 from nokvfs.schema.records import RestoreMember, SnapshotRef
-from nokvfs.workspace import asof, changes, commit, fsck, listing, namespace, publish, reading, restore, snapshot
+from nokvfs.workspace import (
+    asof,
+    changes,
+    commit,
+    fsck,
+    listing,
+    namespace,
+    publish,
+    reading,
+    restore,
+    snapshot,
+)
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.root import Built, intent_digest
-from tests.workspace_fixtures import (
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
     BLOCK,
     KILLED,
     WB,
     RootHolder,
     all_rows,
+    bench_fixture,
     body,
+    data_dir_fixture,
     publish_ops,
     revision,
+    root_fixture,
     run_crash_child,
     workspace_row,
 )
-from tests.workspace_fixtures import bench_fixture, data_dir_fixture, root_fixture  # noqa: F401 - fixtures
+from tests.workspace_helpers import Killed, files_of, killed_after, put_all
 
 DEST = "restored"
 U32 = struct.Struct(">I")
@@ -64,37 +83,12 @@ FILES = {
 }
 
 
-class Killed(BaseException):
-    """The process died here."""
-
-
-@contextlib.contextmanager
-def killed_after(root, commands: int):
-    real = root.apply
-    applied = [0]
-
-    def apply(build, **kw):
-        outcome = real(build, **kw)
-        applied[0] += 1
-        if applied[0] == commands:
-            raise Killed(f"after command {commands}")
-        return outcome
-
-    root.apply = apply
-    try:
-        yield applied
-    finally:
-        del root.apply
-
-
 def populate(root, files=FILES):
-    for path, data in files.items():
-        namespace.put(root, WB, path, data)
+    put_all(root, WB, files)
 
 
 def tree(root, workbench_id) -> dict[str, bytes]:
-    with root.read() as view:
-        return {c.name: reading.read(root, c.entry, view=view) for c in listing.list_recursive(view, root, workbench_id).children}
+    return files_of(root, workbench_id)
 
 
 def without_restore_manifest(files: dict) -> dict:

@@ -8,17 +8,14 @@ import pytest
 
 from nokvfs.errors import IndexValueInvalid, InvalidInput, ReadVersionStale
 from nokvfs.schema import index_codec
-from nokvfs.workspace import datadir, index, namespace, workbench
+from nokvfs.workspace import index, namespace
+from tests.workspace_helpers import opened_root
 
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"))
-    r = datadir.open_root(str(tmp_path / "data"))
-    workbench.create(r, "w")
-    workbench.create(r, "other")
-    yield r
-    r.close()
+    with opened_root(tmp_path, workbenches=("w", "other")) as r:
+        yield r
 
 
 def put(root, path, wb="w", **values):

@@ -12,17 +12,15 @@ from nokvfs.errors import InvalidInput, NameInvalid, NotFound, PredicateFailed
 from nokvfs.schema import keys
 from nokvfs.schema.enums import HistoryHoldKind, SnapshotState
 from nokvfs.schema.records import HistoryHold, SnapshotAlias, SnapshotRef
-from nokvfs.workspace import datadir, listing, namespace, reading, snapshot, workbench
+from nokvfs.workspace import datadir, listing, namespace, reading, snapshot
 from nokvfs.workspace.root import Built, intent_digest
+from tests.workspace_helpers import opened_root
 
 
 @pytest.fixture
 def root(tmp_path):
-    datadir.init(str(tmp_path / "data"))
-    r = datadir.open_root(str(tmp_path / "data"))
-    workbench.create(r, "w")
-    yield r
-    r.close()
+    with opened_root(tmp_path, workbenches=("w",)) as r:
+        yield r
 
 
 def now_ms():

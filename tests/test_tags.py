@@ -13,8 +13,13 @@ from nokvfs.schema.enums import ChangeEventKind, CommitConsumerKind, CommitState
 from nokvfs.schema.records import Commit, CommitConsumer
 from nokvfs.workspace import changes, commit, namespace, tag
 from nokvfs.workspace import workbench as wb
-from tests.workspace_fixtures import WB, all_rows
-from tests.workspace_fixtures import bench_fixture, data_dir_fixture, root_fixture  # noqa: F401 - fixtures
+from tests.workspace_fixtures import (  # noqa: F401 - fixtures
+    WB,
+    all_rows,
+    bench_fixture,
+    data_dir_fixture,
+    root_fixture,
+)
 
 
 @pytest.fixture

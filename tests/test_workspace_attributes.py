@@ -20,7 +20,18 @@ from nokvfs.errors import (
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.records import IndexField, PathEntry
-from nokvfs.workspace import append, asof, changes, commit, index, listing, namespace, restore, snapshot, tag
+from nokvfs.workspace import (
+    append,
+    asof,
+    changes,
+    commit,
+    index,
+    listing,
+    namespace,
+    restore,
+    snapshot,
+    tag,
+)
 from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.attributes import Attributes

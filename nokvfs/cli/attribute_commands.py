@@ -25,7 +25,7 @@ import os
 
 from nokvfs.cli import render
 from nokvfs.cli.commands import _is_directory
-from nokvfs.cli.common import UsageError, open_root, parse_target
+from nokvfs.cli.common import UsageError, add_json_option, open_root, parse_target
 from nokvfs.errors import IsADirectory
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("-f", "--force", action="store_true", help="replace an existing path")
     p.add_argument("target", metavar="TARGET")
     p.add_argument("path", metavar="WB:PATH")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_ln)
 
     p = subparsers.add_parser("readlink", help="print a link's target")
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("chmod", help="set the mode of a file, link or directory (metadata only)")
     p.add_argument("mode", metavar="MODE", type=_mode_arg, help="octal permission bits, e.g. 755 or 0640")
     p.add_argument("path", metavar="WB:PATH")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_setattr, uid=None, gid=None, mtime=None, atime=None)
 
     p = subparsers.add_parser("setattr", help="set mode, owner or times of a file, link or directory (metadata only)")
@@ -57,7 +57,7 @@ def register(subparsers) -> None:
     p.add_argument("--gid", type=_id_arg, help="owner group id")
     p.add_argument("--mtime", type=time_arg, metavar="WHEN", help="modification time: now, @SECONDS or ISO-8601")
     p.add_argument("--atime", type=time_arg, metavar="WHEN", help="access time: now, @SECONDS or ISO-8601")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_setattr)
 
 

@@ -51,6 +51,7 @@ from nokvfs.cli import local_files, render, trees
 from nokvfs.cli.common import (
     Target,
     UsageError,
+    add_json_option,
     count_arg,
     is_regular_file,
     open_root,
@@ -101,10 +102,6 @@ def _generation_arg(text: str) -> int:
     return value
 
 
-def _add_json(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output (sorted keys, hex ids)")
-
-
 def _add_if_generation(parser, what: str) -> None:
     parser.add_argument("--if-generation", metavar="N", type=_generation_arg, help=f"{what} only if the path is at generation N (0: absent)")
 
@@ -127,7 +124,7 @@ def _register_init(subparsers) -> None:
     from nokvfs.cli.maintenance_commands import add_retention_options
 
     add_retention_options(p)
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_init)
 
 
@@ -167,14 +164,14 @@ def _register_workbench(subparsers) -> None:
     sub = p.add_subparsers(dest="workbench_command", metavar="<create|list|show>", required=True)
     create = sub.add_parser("create", help="create a workbench")
     create.add_argument("workbench", metavar="WB")
-    _add_json(create)
+    add_json_option(create)
     create.set_defaults(func=cmd_workbench_create)
     listing = sub.add_parser("list", help="list the visible workbenches")
-    _add_json(listing)
+    add_json_option(listing)
     listing.set_defaults(func=cmd_workbench_list)
     show = sub.add_parser("show", help="show one workbench")
     show.add_argument("workbench", metavar="WB")
-    _add_json(show)
+    add_json_option(show)
     show.set_defaults(func=cmd_workbench_show)
 
 
@@ -191,6 +188,11 @@ def cmd_workbench_create(args) -> int:
 
 
 def cmd_workbench_list(args) -> int:
+    return _print_workbenches(args, lambda w: w.workbench_id)
+
+
+def _print_workbenches(args, line) -> int:
+    """The visible workbenches, as JSON or one `line(workbench)` each."""
     from nokvfs.workspace import workbench
 
     with open_root(args, write=False) as root, root.read() as view:
@@ -199,7 +201,7 @@ def cmd_workbench_list(args) -> int:
         render.print_json([render.workbench_json(w) for w in benches])
     else:
         for w in benches:
-            print(w.workbench_id)
+            print(line(w))
     return 0
 
 
@@ -244,7 +246,7 @@ def _register_put(subparsers) -> None:
     links.add_argument("-l", "--links", action="store_true", help="store symlinks as links (like rsync -l)")
     links.add_argument("-L", "--copy-links", action="store_true",
                        help="read symlinks to files by content even when they point outside the tree")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_put)
 
 
@@ -585,7 +587,7 @@ def _register_ls(subparsers) -> None:
     p.add_argument("target", metavar="WB[:PATH]", nargs="?", help="omit to list workbenches")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name")
     p.add_argument("-R", dest="recursive", action="store_true", help="every file below PATH, by its path below PATH")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_ls)
 
 
@@ -647,17 +649,11 @@ def cmd_ls(args) -> int:
 
 
 def _ls_workbenches(args) -> int:
-    from nokvfs.workspace import workbench
+    def line(w):
+        name = w.workbench_id + "/"
+        return render.long_line(name, "dir", None) if args.long else name
 
-    with open_root(args, write=False) as root, root.read() as view:
-        benches = workbench.list_visible(view, root.root_id)
-    if args.json:
-        render.print_json([render.workbench_json(w) for w in benches])
-    else:
-        for w in benches:
-            name = w.workbench_id + "/"
-            print(render.long_line(name, "dir", None) if args.long else name)
-    return 0
+    return _print_workbenches(args, line)
 
 
 # --- stat -----------------------------------------------------------------------------------
@@ -666,7 +662,7 @@ def _ls_workbenches(args) -> int:
 def _register_stat(subparsers) -> None:
     p = subparsers.add_parser("stat", help="show a path's entry: kind, mode, owner, times, generation, revision, digests, ...")
     p.add_argument("target", metavar="WB:PATH")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_stat)
 
 
@@ -700,7 +696,7 @@ def _register_rm(subparsers) -> None:
     p = subparsers.add_parser("rm", help="remove a file")
     p.add_argument("target", metavar="WB:PATH")
     _add_if_generation(p, "remove")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_rm)
 
 
@@ -734,7 +730,7 @@ def _register_mv(subparsers) -> None:
     p.add_argument("source", metavar="WB:SRC")
     p.add_argument("dest", metavar="WB:DST", help="a trailing '/' or an existing directory: move into it")
     p.add_argument("--no-replace", action="store_true", help="fail (conflict) if DST exists")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_mv)
 
 
@@ -776,7 +772,7 @@ def _register_append(subparsers) -> None:
     p.add_argument("target", metavar="WB:PATH")
     p.add_argument("source", metavar="SRC", nargs="?", default=STDIN, help="local file, or '-' for stdin (the default)")
     _add_if_generation(p, "append")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_append)
 
 

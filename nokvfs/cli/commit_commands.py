@@ -61,6 +61,7 @@ from nokvfs.cli.commands import (
 )
 from nokvfs.cli.common import (
     UsageError,
+    add_json_option,
     open_root,
     parse_target,
 )
@@ -80,10 +81,6 @@ def register(subparsers) -> None:
     _register_retire(subparsers)
     _register_restore(subparsers)
     _register_as_of(subparsers)
-
-
-def _add_json(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output (sorted keys, hex ids)")
 
 
 def _limit_arg(text: str) -> int:
@@ -172,7 +169,7 @@ def _register_commit(subparsers) -> None:
     p.add_argument("--producer", metavar="TEXT", default="", help="producer recorded in the run manifest")
     p.add_argument("--lineage", metavar="TEXT", default="", help="lineage recorded in the run manifest")
     p.add_argument("--no-replace", action="store_true", help="refuse (conflict) while metadata/run_manifest.json exists")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_commit)
 
 
@@ -213,7 +210,7 @@ def _register_log(subparsers) -> None:
     p = subparsers.add_parser("log", help="the head commit and its first-parent ancestors, newest first")
     p.add_argument("workbench", metavar="WB")
     p.add_argument("--limit", "-n", metavar="N", type=_limit_arg, help="at most N commits (default: all)")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_log)
 
 
@@ -275,17 +272,17 @@ def _register_tag(subparsers) -> None:
     s.add_argument("name", metavar="NAME")
     s.add_argument("commit", metavar="COMMIT", help="hex prefix, commit:PREFIX or tag:NAME")
     s.add_argument("--if-generation", metavar="N", type=_generation_arg, help="only if the tag is at generation N (0: absent)")
-    _add_json(s)
+    add_json_option(s)
     s.set_defaults(func=cmd_tag_set)
     d = verbs.add_parser("delete", help="delete a tag (the commit stays)")
     d.add_argument("workbench", metavar="WB")
     d.add_argument("name", metavar="NAME")
     d.add_argument("--if-generation", metavar="N", type=_generation_arg, help="only if the tag is at generation N")
-    _add_json(d)
+    add_json_option(d)
     d.set_defaults(func=cmd_tag_delete)
     ls = verbs.add_parser("list", help="a workbench's tags, by name")
     ls.add_argument("workbench", metavar="WB")
-    _add_json(ls)
+    add_json_option(ls)
     ls.set_defaults(func=cmd_tag_list)
 
 
@@ -339,7 +336,7 @@ def _register_retire(subparsers) -> None:
     p = subparsers.add_parser("commit-retire", help="retire a commit nothing consumes (no head, tag, lease or child)")
     p.add_argument("workbench", metavar="WB")
     p.add_argument("commit", metavar="COMMIT", help="hex prefix, commit:PREFIX or tag:NAME")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_commit_retire)
 
 
@@ -415,7 +412,7 @@ def _register_restore(subparsers) -> None:
     p.add_argument("workbench", metavar="WB", help="the source workbench")
     p.add_argument("--from", dest="source", metavar="SOURCE", required=True, help="snapshot:ID, snapshot:ALIAS, commit:PREFIX or tag:NAME")
     p.add_argument("--to", dest="dest", metavar="NEW_WB", required=True, help="the workbench to create")
-    _add_json(p)
+    add_json_option(p)
     p.set_defaults(func=cmd_restore)
 
 
@@ -490,7 +487,7 @@ def _register_as_of(subparsers) -> None:
     ls.add_argument("path", metavar="PATH", nargs="?", default="", help="a path in the workbench (default: its top)")
     ls.add_argument("-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name")
     ls.add_argument("-R", dest="recursive", action="store_true", help="every file below PATH, by its path below PATH")
-    _add_json(ls)
+    add_json_option(ls)
     ls.set_defaults(func=cmd_as_of_ls)
     get = verbs.add_parser("get", help="write a file's bytes as of REF to stdout or a local file, or a tree into a directory")
     get.add_argument("path", metavar="PATH", nargs="?", default="")
@@ -499,7 +496,7 @@ def _register_as_of(subparsers) -> None:
     get.set_defaults(func=cmd_as_of_get)
     stat = verbs.add_parser("stat", help="a path's entry as of REF")
     stat.add_argument("path", metavar="PATH", nargs="?", default="")
-    _add_json(stat)
+    add_json_option(stat)
     stat.set_defaults(func=cmd_as_of_stat)
 
 

@@ -93,6 +93,11 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
 
 
+def add_json_option(parser, help: str = "machine-readable output (sorted keys, hex ids)") -> None:
+    """`--json`, the same on every command that has it."""
+    parser.add_argument("--json", action="store_true", help=help)
+
+
 def parse_size(text: str) -> int:
     """`65536`, `64K`, `64KiB`, `4M`, `4MiB`, `1G`: binary units, a plain number is bytes."""
     match = _SIZE.fullmatch(text)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from nokvfs.cli.common import open_root
+from nokvfs.cli.common import add_json_option, open_root
 from nokvfs.cli.render import print_json, safe
 
 
@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--alias", help="a name for the snapshot")
     p.add_argument("--lease", type=float, default=3600.0, metavar="SECONDS", help="lease length (default 3600)")
     p.add_argument("--note", help="an annotation stored with the snapshot")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_mint)
     p = verbs.add_parser("renew", help="extend a snapshot's lease (never shortens it)")
     p.add_argument("workbench", metavar="WB")
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_retire)
     p = verbs.add_parser("list", help="list a workbench's snapshots")
     p.add_argument("workbench", metavar="WB")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_list)
     p = verbs.add_parser("reap", help="claim snapshots whose lease ran out (after the skew grace)")
     p.add_argument("--grace-ms", type=int, default=5_000)
@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--workbench", metavar="WB")
     p.add_argument("--after", type=int, metavar="VERSION", help="only changes after this commit version")
     p.add_argument("--follow", action="store_true", help="keep printing new changes")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_json_option(p, "one JSON object per line")
     p.set_defaults(func=cmd_changes)
 
 

@@ -61,6 +61,7 @@ COMMAND_MODULES = [
     "nokvfs.cli.maintenance_commands",
     "nokvfs.cli.mount_commands",
     "nokvfs.cli.shard_commands",
+    "nokvfs.cli.status_commands",
 ]
 
 EXIT_OK = 0

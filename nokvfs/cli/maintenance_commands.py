@@ -18,7 +18,13 @@ from __future__ import annotations
 import datetime
 import re
 
-from nokvfs.cli.common import UsageError, count_arg, human_size, open_root
+from nokvfs.cli.common import (
+    UsageError,
+    add_json_option,
+    count_arg,
+    human_size,
+    open_root,
+)
 from nokvfs.cli.progress import Progress
 from nokvfs.cli.render import print_json, safe
 
@@ -30,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="report what would be freed, change nothing")
     p.add_argument("--keep-versions", metavar="N", type=count_arg("version count"),
                    help="keep N commit versions of History beyond the holds (default: the data directory's history retention)")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_gc)
     p = subparsers.add_parser("retention", help="show or change how much of the change feed, replay dedupe and recovery outbox is kept")
     add_retention_options(p)
@@ -42,13 +48,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("fsck", help="check metadata against itself and the object store")
     p.add_argument("--repair", action="store_true", help="remove orphan objects (only with GC's proofs)")
     p.add_argument("--no-blocks", action="store_true", help="skip reading every block")
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_fsck)
     p = subparsers.add_parser("search", help="find files by a typed index field")
     p.add_argument("workbench", metavar="WB")
     p.add_argument("query", metavar="QUERY")
     p.add_argument("--limit", type=int, default=1000)
-    p.add_argument("--json", action="store_true")
+    add_json_option(p)
     p.set_defaults(func=cmd_search)
 
 

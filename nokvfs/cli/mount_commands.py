@@ -2,9 +2,10 @@
 
     nokvfs mount DATA_DIR MOUNTPOINT [--foreground] [--read-only] [--allow-other]
                  [--replicate s3://bucket/prefix [--replicate-endpoint-url URL]
-                  [--replicate-interval SECONDS]]
+                  [--replicate-interval SECONDS]] [--metrics [ADDRESS:]PORT]
     nokvfs --data-dir DATA_DIR mount MOUNTPOINT
     nokvfs umount MOUNTPOINT [--lazy]
+    nokvfs status [MOUNTPOINT] [--json]         (nokvfs.cli.status_commands) counters of live mounts
     nokvfs spool list [--json]                  writes a mount could not publish, and why
     nokvfs spool retry ID [--force]             publish one (expecting what it expected)
     nokvfs spool discard ID                     drop one
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from nokvfs.cli.common import add_json_option
 from nokvfs.fs.daemon import (
     DEFAULT_FOLLOW_INTERVAL,
     DEFAULT_FOLLOW_LAG_WARNING,
@@ -51,7 +53,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("spool", help="list, republish or drop the writes a mount kept unpublished")
     sub = p.add_subparsers(dest="spool_command", metavar="COMMAND", required=True)
     listing = sub.add_parser("list", help="every spool: kept ones with their reason, live ones with their daemon")
-    listing.add_argument("--json", action="store_true")
+    add_json_option(listing)
     listing.set_defaults(func=spool_list)
     retry = sub.add_parser("retry", help="publish a kept spool at its path")
     retry.add_argument("id", metavar="ID", help="the spool's id (or a unique tail of it)")
@@ -93,6 +95,7 @@ def mount_options(args) -> MountOptions:
         follow_interval=args.follow_interval,
         follow_lag_warning=args.follow_lag_warning,
         maintenance_interval=args.maintenance_interval,
+        metrics=args.metrics,
     )
 
 
@@ -127,7 +130,18 @@ def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--maintenance-interval", metavar="SECONDS", type=_maintenance_seconds, default=None,
                         help="seconds between background GC/retention passes (0: off; default: the data directory's "
                              "`maintenance` setting, else 300)")
+    parser.add_argument("--metrics", metavar="[ADDRESS:]PORT", type=_listen, default=None, help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to 127.0.0.1)")
     parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    from nokvfs.errors import InvalidInput
+    from nokvfs.fs.metrics import parse_listen
+
+    try:
+        return parse_listen(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_seconds(text: str) -> float:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from nokvfs.cli.common import UsageError
+from nokvfs.cli.common import UsageError, add_json_option
 from nokvfs.cli.progress import Progress
 from nokvfs.cli.render import safe
 
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("status", help="the bucket's generation, epoch, checkpoint, increments and the lag")
     target(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(p, "print one JSON object")
     p.set_defaults(func=cmd_status)
 
     p = commands.add_parser("checkpoint", help="build and swap in a checkpoint now")

@@ -38,10 +38,6 @@ class PlacementStore:
             raw = txn.get(check_id16(root_id, "root id"), db=self._db)
         return None if raw is None else RootPlacement.decode(raw)
 
-    def roots(self) -> list[tuple[bytes, RootPlacement]]:
-        with self._env.begin() as txn:
-            return [(k, RootPlacement.decode(v)) for k, v in txn.cursor(self._db)]
-
     def create(self, root_id: bytes, logical_shard_id: bytes) -> RootPlacement:
         """Place a new root on a logical shard: Provisioning at generation 1."""
         check_id16(root_id, "root id")

@@ -44,12 +44,13 @@ _PREFIXES = {name: _tree_prefix(name) for name in family_keys.TREE_NAMES}
 
 
 def checksum(tree: str, key: bytes, value: bytes) -> bytes:
+    """The row's checksum: bound to its tree and key, so a value moved elsewhere does not verify."""
     return _hash(_PREFIXES[tree] + _U32.pack(len(key)) + key + value)
 
 
 def seal(tree: str, key: bytes, value: bytes) -> bytes:
     """The stored form of `value` at `key` in `tree`."""
-    return _VERSION + _hash(_PREFIXES[tree] + _U32.pack(len(key)) + key + value) + value
+    return _VERSION + checksum(tree, key, value) + value
 
 
 def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
@@ -63,7 +64,7 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
             why = f"{len(stored)} bytes, shorter than the row envelope"
         raise _corrupt(tree, key, why)
     value = stored[ENVELOPE_BYTES:]
-    if _hash(_PREFIXES[tree] + _U32.pack(len(key)) + key + value) != stored[1:ENVELOPE_BYTES]:
+    if checksum(tree, key, value) != stored[1:ENVELOPE_BYTES]:
         raise _corrupt(tree, key, "a checksum that does not match its tree, key and value")
     return value
 

@@ -40,7 +40,6 @@ BLKSIZE = 1 << 20
 FILE_MODE = 0o644
 LINK_MODE = 0o777
 DIRECTORY_MODE = 0o755
-READ_ONLY_FILE_MODE = 0o444
 READ_ONLY_DIRECTORY_MODE = 0o555
 
 # kind -> (entry_timeout, attr_timeout) in seconds

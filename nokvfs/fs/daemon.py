@@ -178,6 +178,7 @@ class MountOptions:
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL
     follow_lag_warning: float = DEFAULT_FOLLOW_LAG_WARNING
     maintenance_interval: float | None = None  # seconds between background passes (0: off; None: the data directory's)
+    metrics: tuple[str, int] | None = None  # (address, port) of the Prometheus listener
 
 
 def mount(options: MountOptions) -> int:
@@ -308,8 +309,11 @@ def serve(options: MountOptions, *, ready=None) -> int:
     from nokvfs.fs.operations import Operations
     from nokvfs.fs.prefetch import BlockFetcher
     from nokvfs.fs.replication import bootstrap_follower, bucket_link
+    from nokvfs.fs.status import MountStatus, StatusServer, socket_path
     from nokvfs.fs.threads import Workers
     from nokvfs.fs.views import LiveView
+    from nokvfs.meters import Meters
+    from nokvfs.objects.metered import MeteredStore
     from nokvfs.workspace.datadir import open_root
 
     started = time.monotonic()
@@ -317,7 +321,8 @@ def serve(options: MountOptions, *, ready=None) -> int:
     _tame_malloc()
     if o.follow:
         bootstrap_follower(o.follow, data_dir, endpoint_url=o.follow_endpoint_url)
-    root = open_root(data_dir, store=o.store, endpoint_url=o.endpoint_url)
+    store_meters = Meters()
+    root = open_root(data_dir, store=o.store, endpoint_url=o.endpoint_url, store_wrapper=lambda store: MeteredStore(store, store_meters))
     try:
         replication, read_only_why = bucket_link(
             data_dir, root, replicate=o.replicate, replicate_endpoint_url=o.replicate_endpoint_url, replicate_interval=o.replicate_interval,
@@ -329,6 +334,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     if read_only_why:
         log.info("mounting read-only: %s", read_only_why)
         read_only = True
+    listeners = []
     try:
         if root.blocks.cache is None:
             log.warning("the block cache of %s is held by another process: this mount reads uncached", data_dir)
@@ -352,6 +358,17 @@ def serve(options: MountOptions, *, ready=None) -> int:
         operations = Operations(fs)
         follower = ChangeFollower(root, fs.changes)
         maintenance = Maintenance.for_mount(root, data_dir, interval=o.maintenance_interval, read_only=read_only)
+        status = MountStatus(
+            data_dir=data_dir, mountpoint=mountpoint, root=root, fs=fs, workers=pool, fetcher=fetcher, follower=follower,
+            store_meters=store_meters, link=replication, read_only_why=read_only_why,
+        )
+        listeners.append(StatusServer(socket_path(data_dir, mountpoint), status.snapshot))
+        if o.metrics is not None:
+            from nokvfs.fs.metrics import MetricsServer
+
+            listeners.append(MetricsServer(*o.metrics, status.snapshot))
+        for listener in listeners:
+            listener.start()
 
         options = set(pyfuse3.default_options)
         options.add("subtype=nokvfs")
@@ -384,6 +401,8 @@ def serve(options: MountOptions, *, ready=None) -> int:
     finally:
         if maintenance is not None:
             maintenance.stop()
+        for listener in listeners:
+            listener.stop()
         if replication is not None:
             replication.stop_blocking()  # the kernel has let go: nothing more can be written
         _remove_pid_file(data_dir, mountpoint)

@@ -10,8 +10,9 @@ the directory's attribute marker, an ordinary artifact inside it (nokvfs.workspa
 What is refused, and with which errno: EPERM for the root's workbenches and a workbench's sections
 and views (never removed or renamed), and for attributes of `/` and `/<wb>/`; EEXIST for mkdir
 of an existing name; ENOTEMPTY for rmdir of a directory with entries; EXDEV for renaming a
-directory that holds published files (one rename per file is not one command, so like overlayfs
-the mount answers EXDEV and `mv` falls back to copy and remove); EINVAL for mkdir of a numeric
+directory that holds more published paths than one command moves (namespace.MAX_DIRECTORY_RENAME,
+1,000: like overlayfs the mount then answers EXDEV and `mv` falls back to copy and remove; a
+smaller tree moves in one atomic command); EINVAL for mkdir of a numeric
 name or an invalid alias in `.snapshots/`; EBUSY for rmdir of a snapshot a restore/fork consumes.
 """
 
@@ -21,7 +22,7 @@ import errno
 import logging
 import time
 
-from nokvfs.errors import NameInvalid
+from nokvfs.errors import AlreadyExists, CommandTooLarge, NameInvalid, NotADirectory
 from nokvfs.fs import names
 from nokvfs.fs import views as views_
 from nokvfs.fs.errors import refuse
@@ -122,27 +123,74 @@ class Directories:
             return tree.view.entry(v, node.incarnation, node.components + (attributes.DIRECTORY_MARKER,))
 
     async def rename_dir(self, source: Node, target: Node | None, dst: tuple) -> None:
+        """rename(2) of a directory. Its published paths move in one command (at most
+        namespace.MAX_DIRECTORY_RENAME of them: a bigger tree is EXDEV, and mv copies it); what
+        only this mount holds (empty directories, files not published yet, open spools) moves
+        in memory with it, and every inode below keeps its number, as on a local disk."""
         tree = self.tree
         incarnation = source.incarnation
+        src = source.components
+        limit = namespace.MAX_DIRECTORY_RENAME
         with tree.view.read() as v:
-            durable = tree.view.has_children(v, incarnation, source.components)
-        if durable or tree.overlay.has_children(incarnation, source.components):
-            raise refuse(errno.EXDEV, f"{source.describe()} holds files: a directory is moved by copying (mv does this on EXDEV)")
+            durable = namespace.paths_below(v, self.root, incarnation, src, limit + 1)
+        if len(durable) > limit:
+            raise refuse(errno.EXDEV, f"{source.describe()} holds more than {limit} files: a tree that big is moved by copying (mv does this on EXDEV)")
         if target is not None:
             if not target.kind.is_dir:
                 raise refuse(errno.ENOTDIR, f"{target.describe()} is not a directory")
             if self._has_entries(target) or tree.overlay.has_children(incarnation, dst):
                 raise refuse(errno.ENOTEMPTY, f"{target.describe()} is not empty")
-            if self._marker(target) is not None:
+            if not durable and self._marker(target) is not None:
                 await self.workers.bounded(
                     f"rename over {target.describe()}", self.workers.run,
                     namespace.remove_directory_attributes, self.root, target.workbench_id, target.path,
                 )
+        if durable:
+            paths = [c for _, _, c in durable] + [dst + c[len(src):] for _, _, c in durable]
+            tree.begin_change(incarnation, *paths)
+            try:
+                moved = await self.workers.bounded(
+                    f"rename of {source.describe()}", self.workers.run,
+                    lambda: namespace.rename_directory(self.root, source.workbench_id, source.path, "/".join(dst)),
+                )
+                for _, _, entry in moved:
+                    tree.own(ChangeEventKind.PathRenamed, entry.artifact_revision_id)
+            except CommandTooLarge:
+                raise refuse(errno.EXDEV, f"{source.describe()} holds more than {limit} files: mv copies it") from None
+            except AlreadyExists:
+                raise refuse(errno.ENOTEMPTY, f"{source.workbench_id}:{'/'.join(dst)} is not empty") from None
+            except NotADirectory as exc:
+                raise refuse(errno.ENOTDIR, str(exc)) from None
+            finally:
+                tree.end_change(incarnation, *paths)
+            entries = {new: entry for _, new, entry in moved}
+        else:
+            entries = {}
+        if target is not None:
             tree.overlay.remove_dir(incarnation, dst)
-        tree.overlay.remove_dir(incarnation, source.components)
-        tree.overlay.add_dir(incarnation, dst)
-        tree.overlay.add_dir(incarnation, source.components[:-1])  # the old parent stays
+            if target is not source:
+                tree.inodes.detach(target)
+        below = tree.inodes.below(source.view, incarnation, src)
+        tree.overlay.move_tree(incarnation, src, dst)
         tree.inodes.move(source, dst)
+        for node in below:
+            new = dst + node.components[len(src):]
+            tree.inodes.move(node, new)
+            entry = entries.get(new)
+            if entry is not None:
+                node.learn(entry)
+                if node.bound is not None:
+                    node.bound = entry
+            if node.spool is not None:
+                if entry is not None and node.spool.base is not None:
+                    node.spool.base = entry
+                node.spool.moved(new)
+        if not durable:
+            tree.overlay.add_dir(incarnation, dst)
+        tree.overlay.add_dir(incarnation, src[:-1])  # the old parent stays
+        now = time.time_ns()
+        tree.directory_changed(incarnation, src[:-1], now)
+        tree.directory_changed(incarnation, dst[:-1], now)
 
     # --- attributes ----------------------------------------------------------------------------
 

@@ -12,11 +12,11 @@ at flush (every close(2)) and fsync, so close(2) reports a publication's error: 
 something outside this mount changed the path since this mount last saw it (EEXIST when this
 mount was creating it), ENOSPC for a full store, EIO for a failing one. Publications expect the
 exact revision this mount last saw (or its absence), so nothing a single process does through one
-mount with ordinary calls conflicts with itself. One exception to "at flush": a file created and
-not written yet is published when its last descriptor is released -- the shell's `echo x > f`
-closes a dup of the new descriptor before it writes, and publishing an empty revision there
-would cost a second publication for nothing; every other open of the file meanwhile joins the
-same spool. A publication that fails keeps its spool (described by its sidecar) for
+mount with ordinary calls conflicts with itself. One exception to "at flush": a file created, or
+emptied by an O_TRUNC open, and not written since is published when its last descriptor is
+released -- the shell's `echo x > f` closes a dup of the new descriptor before it writes, and
+publishing an empty revision there would cost a second publication (and a revision in history)
+for nothing; every other open of the file meanwhile joins the same spool. A publication that fails keeps its spool (described by its sidecar) for
 `nokvfs spool retry|discard` once its last descriptor is closed.
 
 Attributes. chmod, chown and utime of a file with unpublished bytes (a new file, or a dirty
@@ -37,6 +37,7 @@ from nokvfs.fs.errors import refuse
 from nokvfs.fs.inodes import Kind, Node
 from nokvfs.fs.prefetch import Stream
 from nokvfs.fs.spools import Spool
+from nokvfs.meters import Meters
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.workspace import attributes, namespace
 
@@ -71,8 +72,8 @@ class Files:
         # (nokvfs.fs.replication.Replication.wait_shipped); None: a publication is done once it
         # is durable on this machine.
         self.ship = None
-        self.publications = 0
-        self.publication_failures = 0
+        # Counts and latencies of reads, writes and publications (`nokvfs status`, metrics).
+        self.meters = Meters()
 
     # --- opening -----------------------------------------------------------------------------------
 
@@ -169,6 +170,10 @@ class Files:
     # --- bytes ---------------------------------------------------------------------------------
 
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
+        with self.meters["read"].timing():
+            return await self._read(handle, offset, size)
+
+    async def _read(self, handle: FileHandle, offset: int, size: int) -> bytes:
         node = handle.node
         spool = node.spool
         if spool is not None:
@@ -197,6 +202,10 @@ class Files:
             return head + tail
 
     async def write(self, handle: FileHandle, offset: int, data) -> int:
+        with self.meters["write"].timing():
+            return await self._write(handle, offset, data)
+
+    async def _write(self, handle: FileHandle, offset: int, data) -> int:
         if not handle.writable:
             raise refuse(errno.EBADF, f"write on a descriptor of {handle.node.describe()} not opened for writing")
         spool = handle.node.spool
@@ -231,8 +240,8 @@ class Files:
                     await self._apply_attributes(node, spool.attributes)
                     spool.attributes = None
                 return
-            if closing and spool.base is None and not spool.written:
-                return  # an empty new file is published at release (see the module docstring)
+            if closing and (spool.truncated_only or (spool.base is None and not spool.written)):
+                return  # an empty new or O_TRUNC-emptied file is published at release (module docstring)
             await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why)
         if self.ship is not None:
             # --sync: close(2) returns once the increment holding the publication is in the
@@ -247,12 +256,13 @@ class Files:
         stored = self._attributes_to_publish(node, spool)
         appending = spool.append_only and spool.base is not None and spool.size > spool.base.logical_size
         tree.begin_change(spool.incarnation, components)
+        started = time.monotonic()
         try:
             entry = await self.workers.run(spool.publish_blocking, stored)
         except Exception as exc:
+            self.meters["publication"].record(time.monotonic() - started, exc)
             tree.end_change(spool.incarnation, components)
             spool.failed = exc
-            self.publication_failures += 1
             spool.describe_state("live", f"{type(exc).__name__}: {exc}")
             log.error(
                 "%s of %s failed (%s: %s); nothing is lost: the bytes are kept in %s (described in %s)",
@@ -266,7 +276,7 @@ class Files:
         kind = ChangeEventKind.PathAppended if appending else ChangeEventKind.PathPut
         tree.own(kind, entry.artifact_revision_id)
         tree.end_change(spool.incarnation, components)
-        self.publications += 1
+        self.meters["publication"].record(time.monotonic() - started)
         spool.published(entry)
         if node.components == components and not node.detached:
             # The inode's next revision: the kernel's pages of it are exactly the bytes published.

@@ -53,7 +53,8 @@ class HandleTable:
         return self._handles.pop(fh, None)
 
     def files(self):
-        return [h for h in self._handles.values() if isinstance(h, FileHandle)]
+        # list() copies in one step: `nokvfs status` asks from another thread.
+        return [h for h in list(self._handles.values()) if isinstance(h, FileHandle)]
 
     def __len__(self) -> int:
         return len(self._handles)

@@ -267,5 +267,13 @@ class InodeTable:
         """Every node a path still names (what the kernel may hold by name)."""
         return list(self._by_key.values())
 
+    def below(self, view: str, incarnation: bytes, components: tuple) -> list[Node]:
+        """The attached nodes strictly below a directory (a directory rename moves them all)."""
+        depth = len(components)
+        return [
+            node for (v, inc, path), node in list(self._by_key.items())
+            if v == view and inc == incarnation and len(path) > depth and path[:depth] == components
+        ]
+
     def of_workbench(self, workbench_id: str):
         return [node for node in list(self._by_ino.values()) if node.workbench_id == workbench_id]

@@ -76,3 +76,24 @@ def clear_stale(mountpoint: str) -> None:
         ok, message = kernel_unmount(mountpoint, lazy=True)
         if not ok or is_stale(mountpoint):
             raise RuntimeError(f"cannot clear the dead mount at {mountpoint}: {message}")
+
+
+def nokvfs_mounts() -> list[tuple[str, str | None]]:
+    """(mountpoint, data directory or None) of every nokvfs mount in this mount namespace. The
+    data directory is the mount's source, `nokvfs:<data_dir>` (None where the daemon could not
+    put it there: a path with a comma)."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if "-" not in fields:
+                    continue
+                dash = fields.index("-")
+                if len(fields) < dash + 3 or fields[dash + 1] != "fuse.nokvfs":
+                    continue
+                source = _unescape(fields[dash + 2])
+                found.append((_unescape(fields[4]), source[len("nokvfs:"):] if source.startswith("nokvfs:") else None))
+    except OSError:
+        return []
+    return found

@@ -71,6 +71,24 @@ class Overlay:
         for depth in range(2, len(components)):
             self.remove_dir(incarnation, components[:depth])
 
+    def move_tree(self, incarnation: bytes, source: tuple, target: tuple) -> None:
+        """A directory rename: what the overlay holds at or below `source` moves below `target`."""
+        depth = len(source)
+
+        def moved(key):
+            inc, components = key
+            if inc == incarnation and components[:depth] == source:
+                return (inc, target + components[depth:])
+            return key
+
+        self._dirs = {moved(key) for key in self._dirs}
+        self._pending = {moved(key): node for key, node in self._pending.items()}
+        self._children = {moved(key): names for key, names in self._children.items()}
+        if (incarnation, target) in self._dirs or (incarnation, target) in self._children:
+            self._dirs.add((incarnation, target))
+            self._link(incarnation, target, DIR)
+        self._unlink(incarnation, source)
+
     # --- listing --------------------------------------------------------------------------------
 
     def children(self, incarnation: bytes, components: tuple) -> list[tuple[str, str]]:
@@ -80,7 +98,3 @@ class Overlay:
     def has_children(self, incarnation: bytes, components: tuple) -> bool:
         return bool(self._children.get((incarnation, components)))
 
-    def forget_incarnation(self, incarnation: bytes) -> None:
-        self._dirs = {k for k in self._dirs if k[0] != incarnation}
-        self._pending = {k: v for k, v in self._pending.items() if k[0] != incarnation}
-        self._children = {k: v for k, v in self._children.items() if k[0] != incarnation}

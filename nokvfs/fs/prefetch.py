@@ -55,6 +55,11 @@ class BlockFetcher:
     def start(self, nursery) -> None:
         self._nursery = nursery
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of blocks kept in memory now."""
+        return self._held
+
     def rows(self, entry):
         """(row start offsets, manifest rows) of the entry's revision (cached; inline LMDB scan)."""
         return self.root.manifests.get(self.root, entry.artifact_revision_id)

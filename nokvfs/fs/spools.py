@@ -95,6 +95,7 @@ class Spool:
         self.size = 0 if base is None else base.logical_size
         self.dirty = base is None  # bytes (or the existence of a new file) not yet published
         self.written = False  # any write or size change since the spool was made
+        self.truncated_only = False  # emptied by an O_TRUNC open and not written since
         self.orphaned = False  # unlinked in this mount: its bytes go with the last descriptor
         self.failed: Exception | None = None  # the last publication's error, if it failed
         self.mtime_ns = time.time_ns()
@@ -211,6 +212,7 @@ class Spool:
         self.filled = True
         self.size = size
         self.dirty = self.written = True
+        self.truncated_only = False
         self.mtime_ns = time.time_ns()
 
     def publish_blocking(self, attributes=None):
@@ -251,16 +253,17 @@ class Spool:
             raise _storage_error(f"write the spool {self.path}", exc) from None
         self.size = max(self.size, offset + len(data))
         self.dirty = self.written = True
+        self.truncated_only = False
         self.mtime_ns = time.time_ns()
 
     def pread(self, offset: int, size: int) -> bytes:
         return os.pread(self.fd, min(size, max(0, self.size - offset)), offset)
 
     def truncated_on_open(self) -> None:
-        """O_TRUNC: the file is empty for everyone from now on."""
+        """O_TRUNC: the file is empty in this mount from now on (and for everyone once published)."""
         os.ftruncate(self.fd, 0)
         self.filled, self.size, self.append_only = True, 0, False
-        self.dirty = self.written = True
+        self.dirty = self.written = self.truncated_only = True
         self.mtime_ns = time.time_ns()
 
     def published(self, entry) -> None:

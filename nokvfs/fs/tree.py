@@ -402,5 +402,3 @@ class Tree:
             self._own[key] = count - 1
         return True
 
-    def root_attributes_changed(self) -> None:
-        self.refresh_workbenches()

@@ -64,7 +64,6 @@ class LiveView:
     def __init__(self, root, *, read_only: bool = False):
         self.root = root
         self.read_only = read_only
-        self._incarnations: dict[str, bytes] = {}
 
     def read(self):
         """A consistent read context (a ReadView at the current version)."""
@@ -73,19 +72,12 @@ class LiveView:
     # --- workbenches ----------------------------------------------------------------------------
 
     def workbenches(self, view) -> list[wb.Workbench]:
-        found = wb.list_visible(view, self.root.root_id)
-        for workbench in found:
-            self._incarnations[workbench.workbench_id] = workbench.incarnation_id
-        return found
+        return wb.list_visible(view, self.root.root_id)
 
     def workbench(self, view, workbench_id: str) -> wb.Workbench:
         """One WorkspaceCurrent point read: the Visible workbench, or NotFound."""
         _, workbench = wb.visible(view, self.root.root_id, workbench_id)
-        self._incarnations[workbench_id] = workbench.incarnation_id
         return workbench
-
-    def incarnation(self, workbench_id: str) -> bytes | None:
-        return self._incarnations.get(workbench_id)
 
     def require(self, view, workbench_id: str, incarnation: bytes) -> wb.Workbench:
         """The workbench, checked to still be the incarnation a node was made for."""

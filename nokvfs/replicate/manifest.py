@@ -196,9 +196,6 @@ class Manifest:
             pubs.update(i.publication for i in r.increments)
         return pubs
 
-    def checkpoint_ids(self) -> set[str]:
-        return {self.checkpoint.id, *(r.checkpoint.id for r in self.retained)}
-
     def next_generation(self) -> int:
         if self.generation >= U64_MAX:
             raise ManifestGenerationInvalid(f"generation {self.generation} cannot advance: it would overflow u64")

@@ -604,9 +604,6 @@ class Family:
     key_layout: type
     value_record: type | None
 
-    def decode_key(self, key: bytes):
-        return self.key_layout.decode(key)
-
     def decode_value(self, value: bytes, key: bytes | None = None):
         if self.value_record is not None:
             return self.value_record.decode(value)

@@ -204,7 +204,8 @@ def read_config(data_dir: str) -> dict:
     return config
 
 
-def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = False, recover: bool = True) -> Root:
+def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = False, recover: bool = True,
+              store_wrapper=None) -> Root:
     """Open the data directory's root; with recover, resume or clean the publishes, commit
     builds and restores whose owning process is gone.
 
@@ -248,6 +249,8 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
         object_store = open_store(store_url, endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"), **options)
         if read_only:
             object_store = replica.ReadOnlyStore(object_store, role)
+        if store_wrapper is not None:  # a mount times its store calls (nokvfs.objects.metered)
+            object_store = store_wrapper(object_store)
         try:
             cache = BlockCache(os.path.join(data_dir, "cache"), max_bytes=int(config.get("cache_bytes", DEFAULT_CACHE_BYTES)))
         except StoreError as exc:

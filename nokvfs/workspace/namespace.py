@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
-from nokvfs.errors import CorruptRecord, GenerationConflict, InvalidInput, IsADirectory, NotADirectory, NotFound
+from nokvfs.errors import AlreadyExists, CommandTooLarge, CorruptRecord, GenerationConflict, InvalidInput, IsADirectory, NotADirectory, NotFound
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind, ReferenceKind
 from nokvfs.schema.paths import join, normalize_path
@@ -202,6 +202,102 @@ def rename(root, workbench_id: str, source: str, target: str, *, replace: bool =
         )
 
     _, built = root.apply(build, digest=intent_digest("path.rename", workbench_id, join(src), join(dst)))
+    return built.value
+
+
+# Paths one directory rename moves in its one command: each is a PathRenamed event, and a
+# command carries at most nokvfs.engine.command.MAX_EVENTS (1,024) events.
+MAX_DIRECTORY_RENAME = 1000
+
+
+def paths_below(view, root, incarnation: bytes, components, limit: int) -> list[tuple[bytes, bytes, tuple]]:
+    """(key, raw PathEntry, components) of up to `limit` paths strictly below `components`, in
+    key order (a bounded ordered scan)."""
+    prefix = keys.path_subtree_prefix(root.root_id, incarnation, components)
+    found, probe = [], prefix
+    while len(found) < limit:
+        hit = view.seek("path_current", probe, within=prefix)
+        if hit is None:
+            break
+        key, raw = hit
+        found.append((key, raw, tuple(keys.PathCurrentKey.decode(key).path)))
+        probe = key + b"\x00"
+    return found
+
+
+def rename_directory(root, workbench_id: str, source: str, target: str, *, limit: int = MAX_DIRECTORY_RENAME) -> list[tuple[tuple, tuple, PathEntry]]:
+    """rename(2) of a directory: every path below `source` (files, links, attribute markers)
+    moves below `target` in ONE command, one PathRenamed event per path, so every other reader
+    sees the whole subtree move at once or not at all. Returns (old components, new components,
+    new PathEntry) of each path moved.
+
+    `target` must not exist or be an empty directory: its attribute marker, if any, is replaced
+    by the source's (or removed). NotFound if nothing durable is below `source`; NotADirectory if
+    either side is a file (or below one); AlreadyExists if `target` has entries; CommandTooLarge
+    beyond `limit` paths (a bigger tree is moved by copying, as `mv` does across devices)."""
+    src, dst = normalize_path(source), normalize_path(target)
+    publish.check_publishable(src)
+    publish.check_publishable(dst)
+    if dst[: len(src)] == src:
+        raise InvalidInput(f"cannot move {join(src)} into itself ({join(dst)})")
+
+    def build(view):
+        raw_wb, workbench = wb.visible(view, root.root_id, workbench_id)
+        inc = workbench.incarnation_id
+        for depth in range(2, max(len(src), len(dst)) + 1):
+            for side in (src, dst):
+                if depth <= len(side) and _entry(view, root, inc, side[:depth])[1] is not None:
+                    raise NotADirectory(f"{workbench_id}:{join(side[:depth])} is a file")
+        moving = paths_below(view, root, inc, src, limit + 1)
+        if not moving:
+            raise NotFound(f"{workbench_id}:{join(src)} holds no published path")
+        if len(moving) > limit:
+            raise CommandTooLarge(f"{workbench_id}:{join(src)} holds more than {limit} paths: one rename moves at most {limit}")
+        marker = dst + (attrs.DIRECTORY_MARKER,)
+        replaced = {}
+        for key, raw, components in paths_below(view, root, inc, dst, 2):
+            if components != marker:
+                raise AlreadyExists(f"{workbench_id}:{join(dst)} is not empty")
+            replaced[components] = (key, raw)
+        version = view.version + 1
+        refs = References(view, root.root_id)
+        predicates, mutations, events, done = [], [], [], []
+        for key, raw, components in moving:
+            new = dst + components[len(src):]
+            entry = PathEntry.decode(raw)
+            new_key = keys.path_current_key(root.root_id, inc, new)
+            old_key, old_raw = replaced.pop(new, (new_key, None))
+            old = None if old_raw is None else PathEntry.decode(old_raw)
+            refs.remove(ReferenceKind.Path, publish.path_owner(inc, components), entry.artifact_revision_id)
+            refs.add(ReferenceKind.Path, publish.path_owner(inc, new), entry.artifact_revision_id)
+            if old is not None:
+                refs.remove(ReferenceKind.Path, publish.path_owner(inc, new), old.artifact_revision_id)
+            moved = dataclasses.replace(
+                entry, generation=1 if old is None else old.generation + 1, created_version=version, modified_version=version,
+            )
+            predicates += [ValueEquals("path_current", key, raw), Absent("path_current", new_key) if old_raw is None else ValueEquals("path_current", new_key, old_raw)]
+            mutations += [Delete("path_current", key), Put("path_current", new_key, moved)]
+            mutations += publish.index_mutations(root.root_id, inc, components, entry, None)
+            mutations += publish.index_mutations(root.root_id, inc, new, old, moved)
+            events.append(wb.event(workbench, ChangeEventKind.PathRenamed, join(new), join(components).encode(), entry.artifact_revision_id))
+            done.append((components, new, moved))
+        for components, (key, raw) in replaced.items():  # the target's marker, not replaced by one
+            old = PathEntry.decode(raw)
+            refs.remove(ReferenceKind.Path, publish.path_owner(inc, components), old.artifact_revision_id)
+            predicates.append(ValueEquals("path_current", key, raw))
+            mutations.append(Delete("path_current", key))
+            mutations += publish.index_mutations(root.root_id, inc, components, old, None)
+            events.append(wb.event(workbench, ChangeEventKind.PathRemoved, join(components), old.artifact_revision_id, None))
+        ref_predicates, ref_mutations = refs.rows()
+        wb_predicate, wb_mutation = wb.advance_revision(root.root_id, workbench_id, raw_wb, version)
+        return Built(
+            predicates=ref_predicates + predicates + [wb_predicate],
+            mutations=ref_mutations + mutations + [wb_mutation],
+            events=events,
+            value=done,
+        )
+
+    _, built = root.apply(build, digest=intent_digest("path.rename_directory", workbench_id, join(src), join(dst)))
     return built.value
 
 
