@@ -4,8 +4,9 @@ LMDB never gives pages back to the file system: a shard that once held much more
 now keeps its size (pages are reused, not returned). `compact(path)` writes a compacting copy
 (`Shard.copy_to`: LMDB's compacting copy, live pages only, in key order) and swaps it in.
 
-Every process that opens a shard holds a shared flock on `.lock.<name>` beside its directory
-(`ShardLock`); compaction takes it exclusively (`ShardBusy` when another process has the shard
+Every process that opens a shard holds a shared flock on `compact.lock` in its directory
+(`ShardLock`; a lock taken on a file the swap has since replaced is taken again on the one in
+place); compaction takes it exclusively (`ShardBusy` when another process has the shard
 open -- a mount, a CLI command), so no writer can exist while it runs. The swap:
 
   1. copy into `<path>.compact-tmp`, with the files beside data.mdb (commit witness, outbox
@@ -17,8 +18,8 @@ open -- a mount, a CLI command), so no writer can exist while it runs. The swap:
 
 A crash anywhere leaves either the old shard at `<path>` (steps 1-2: the leftovers are
 removed) or no `<path>` and a complete `<path>.compact-new` (step 3: it is renamed into place),
-or both shards (step 4: the old one is removed). `recover` does this, under the exclusive lock,
-and `Shard.open` calls it whenever a leftover is there.
+or both shards (step 4: the old one is removed). `recover` does this (the leftovers are removed
+only under the exclusive lock), and `Shard.open` calls it whenever a leftover is there.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ CRASH_ENV = "NOKVFS_COMPACT_CRASH"  # tests: the step after which the process di
 SHARED_WAIT = 60.0  # seconds an opener waits for a running compaction
 
 
+LOCK_NAME = "compact.lock"
+
+
 def lock_path(path: str) -> str:
-    path = os.path.abspath(path)
-    return os.path.join(os.path.dirname(path), ".lock." + os.path.basename(path))
+    return os.path.join(path, LOCK_NAME)
 
 
 class ShardLock:
@@ -50,22 +53,34 @@ class ShardLock:
     while it is compacted."""
 
     def __init__(self, path: str):
-        filemodes.makedirs(os.path.dirname(os.path.abspath(path)))
-        self._fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.path = path
+        try:
+            self._fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE)
+        except FileNotFoundError:
+            raise NotFound(f"no shard at {path}") from None
+
+    def _still_in_place(self) -> bool:
+        """Whether the locked file is the one at the path now (a swap may have replaced it)."""
+        try:
+            return os.stat(lock_path(self.path)).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
 
     @classmethod
     def shared(cls, path: str, *, wait: float = SHARED_WAIT) -> "ShardLock":
-        lock = cls(path)
         deadline = time.monotonic() + wait
         while True:
+            lock = cls(path)
             try:
                 fcntl.flock(lock._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return lock
+                if lock._still_in_place():
+                    return lock
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    lock.release()
-                    raise ShardBusy(f"{path} is being compacted (waited {wait:g} s)") from None
-                time.sleep(0.05)
+                pass
+            lock.release()
+            if time.monotonic() > deadline:
+                raise ShardBusy(f"{path} is being compacted (waited {wait:g} s)")
+            time.sleep(0.05)
 
     @classmethod
     def exclusive(cls, path: str) -> "ShardLock | None":
@@ -74,6 +89,9 @@ class ShardLock:
         try:
             fcntl.flock(lock._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            lock.release()
+            return None
+        if not lock._still_in_place():
             lock.release()
             return None
         return lock
@@ -89,8 +107,12 @@ def has_leftovers(path: str) -> bool:
 
 
 def recover(path: str) -> None:
-    """Finish or undo an interrupted compaction (the module docstring's cases). Needs the
-    exclusive lock; without it (the shard is open elsewhere, so it is in place) nothing is done."""
+    """Finish or undo an interrupted compaction (the module docstring's cases). A missing shard
+    is put back in place at once (nothing can have it open); the leftovers are removed only
+    under the exclusive lock (without it the shard is open elsewhere, or being compacted)."""
+    _put_back(path)
+    if not os.path.exists(path):
+        return
     lock = ShardLock.exclusive(path)
     if lock is None:
         return
@@ -100,14 +122,21 @@ def recover(path: str) -> None:
         lock.release()
 
 
+def _put_back(path: str) -> None:
+    if os.path.exists(path):
+        return
+    for candidate in (path + ".compact-new", path + ".compact-old"):  # the complete copy first
+        try:
+            os.rename(candidate, path)
+        except (FileNotFoundError, FileExistsError, IsADirectoryError, OSError):
+            continue  # absent, or another process put one back first
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        return
+
+
 def _recover_locked(path: str) -> None:
     new, old, tmp = path + ".compact-new", path + ".compact-old", path + ".compact-tmp"
-    if not os.path.exists(path):
-        if os.path.exists(new):
-            os.rename(new, path)  # step 3 was done: the complete copy goes into place
-        elif os.path.exists(old):
-            os.rename(old, path)
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    _put_back(path)
     for leftover in (tmp, new, old):
         if os.path.lexists(leftover):
             shutil.rmtree(leftover)
@@ -150,6 +179,9 @@ def compact(path: str) -> CompactReport:
     from nokvfs.engine.shard import Shard
 
     path = os.path.abspath(path)
+    _put_back(path)
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        raise NotFound(f"no shard at {path}")
     lock = ShardLock.exclusive(path)
     if lock is None:
         raise ShardBusy(f"{path} is open in another process (a mount, a command): stop it to compact")
@@ -178,8 +210,9 @@ def compact(path: str) -> CompactReport:
                 raise ShardCorrupt(f"the compacted copy of {path} does not end where the shard does")
         finally:
             copy.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(tmp, "lock.mdb"))  # LMDB makes a fresh one at the next open
+        for name in ("lock.mdb", LOCK_NAME):  # made afresh at the next open
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(tmp, name))
         _crash("copied")
         parent = os.path.dirname(path)
         os.rename(tmp, path + ".compact-new")

@@ -276,6 +276,8 @@ class Shard:
             return cls._open(path, verify, None, **options)
         if compact.has_leftovers(path):
             compact.recover(path)  # a compaction was interrupted: finish or undo it first
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise NotFound(f"no shard at {path}")
         lock = compact.ShardLock.shared(path)
         try:
             return cls._open(path, verify, lock, **options)
