@@ -494,6 +494,11 @@ def test_tar_x_and_rsync_of_a_few_thousand_files_then_diff_and_fsck(tmp_path):
         for copy in (os.path.join(outputs, "source"), os.path.join(inputs, "tree")):
             compared = subprocess.run(["diff", "-r", "--no-dereference", str(source), copy], capture_output=True, text=True, timeout=600)
             assert compared.returncode == 0, compared.stdout[:2000]
+        # Tree walkers see every file: a directory's st_nlink stays 2 whatever it holds (README).
+        found = subprocess.run(["find", os.path.join(outputs, "source"), "-type", "f"], capture_output=True, text=True, timeout=600)
+        assert found.returncode == 0 and len(found.stdout.split()) == 2500
+        counted = subprocess.run(["du", "-a", os.path.join(inputs, "tree")], capture_output=True, text=True, timeout=600)
+        assert counted.returncode == 0 and len(counted.stdout.splitlines()) == 2500 + 1 + 50 * 4 + 1  # files, link, dirs, top
         again = subprocess.run(["rsync", "-a", "-i", f"{source}/", f"{inputs}/tree/"], capture_output=True, text=True, timeout=900)
         assert again.returncode == 0 and again.stdout == ""  # nothing differs: nothing itemized
         assert subprocess.run(["tar", "-df", str(archive), "-C", outputs], capture_output=True).returncode == 0
