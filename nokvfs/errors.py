@@ -117,6 +117,11 @@ class RequestMismatch(CommandRejected):
     """A request id was reused with different inputs."""
 
 
+class RequestExpired(RequestMismatch):
+    """An exact replay of a request older than the replay retention window: its stored result
+    is gone, so it is refused rather than executed again."""
+
+
 class PredicateFailed(CommandRejected):
     """A command predicate did not hold; nothing was applied."""
 
@@ -135,6 +140,22 @@ class CommandTooLarge(CommandRejected):
 
 class HistoryNotRetained(NokvError):
     """A read asked for a version older than the retained history floor."""
+
+
+class CursorExpired(HistoryNotRetained):
+    """A change-feed position older than the ChangeEvent retention floor: the events after it
+    may be gone, so the consumer must resynchronise (read the current state, then follow from
+    `current`, the version that state was read at)."""
+
+    def __init__(self, message: str, *, position: int, floor: int, current: int):
+        super().__init__(message)
+        self.position = position
+        self.floor = floor
+        self.current = current
+
+
+class ShardBusy(PredicateFailed):
+    """The shard's exclusive lock is needed (compaction) but another process has it open."""
 
 
 # --- namespace ------------------------------------------------------------------------------

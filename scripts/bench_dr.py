@@ -15,7 +15,8 @@ replication prefix alike), in a temporary work directory removed at the end. Fig
                written and closed on the owner at --rate per second; for each, the time from the
                return of close(2) to the name being listed by the follower's mount (median, p99),
                against the polling floor (half of each interval, the expected wait of two pollers)
-  sync         publish latency through the facade with and without `Replicator.wait_shipped`
+  sync         publish latency through the facade with and without `Replicator.wait_shipped`,
+               and close(2) latency on a replicating mount without and with `--sync`
                (what a `--sync` close adds; the mount does not call it yet)
   cold reads   both mounts remounted with empty block caches and (as root) dropped page caches:
                `ls -lR` of --tree-files files and a sequential read of a --big-mib file on the
@@ -212,7 +213,7 @@ def bench_sync(work: str, endpoint: str, count: int) -> None:
             replicator.bucket.store.close()
     (m0, p0), (m1, p1) = figures["without"], figures["with"]
     print(
-        f"publish latency (the --sync primitive, not wired into close yet), {count} x 4 KiB: without wait_shipped median "
+        f"publish latency through the facade (the --sync primitive), {count} x 4 KiB: without wait_shipped median "
         f"{m0 * 1000:.0f} ms, p99 {p0 * 1000:.0f} ms; with it median {m1 * 1000:.0f} ms, p99 {p1 * 1000:.0f} ms ({m1 / m0:.1f}x)",
         flush=True,
     )
@@ -379,6 +380,37 @@ def bench_mounts(work: str, endpoint: str, args) -> None:
             unmount(proc, mountpoint)
 
 
+def bench_close_sync(work: str, endpoint: str, count: int) -> None:
+    """close(2) latency of a 4 KiB file written through a mount replicating to the bucket, without
+    and with `--sync` (close returns once the bucket holds the write)."""
+    figures = {}
+    for mode, extra in (("without", ()), ("with", ("--sync",))):
+        bucket = new_bucket(endpoint)
+        url = f"s3://{bucket}/close-{mode}"
+        owner = owner_dir(os.path.join(work, f"close-{mode}"), bucket, endpoint)
+        mnt = os.path.join(work, f"close-{mode}-mnt")
+        args = ("--replicate", url, "--replicate-endpoint-url", endpoint, "--replicate-interval", "5", *extra)
+        proc = daemon(owner, mnt, os.path.join(work, f"close-{mode}.log"), *args)
+        try:
+            times = []
+            body = b"x" * 4096
+            for n in range(count):
+                fd = os.open(os.path.join(mnt, "wb", "outputs", f"c{n:04d}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, body)
+                start = time.perf_counter()
+                os.close(fd)
+                times.append(time.perf_counter() - start)
+            figures[mode] = (statistics.median(times), percentile(times, 0.99))
+        finally:
+            unmount(proc, mnt)
+    (m0, p0), (m1, p1) = figures["without"], figures["with"]
+    print(
+        f"close(2) of a 4 KiB file on a mount replicating to loopback S3, {count} files: without --sync median "
+        f"{m0 * 1000:.1f} ms, p99 {p0 * 1000:.1f} ms; with --sync median {m1 * 1000:.1f} ms, p99 {p1 * 1000:.1f} ms ({m1 / m0:.1f}x)",
+        flush=True,
+    )
+
+
 def fuse_available() -> bool:
     return os.path.exists("/dev/fuse") and (shutil.which("fusermount3") is not None or os.geteuid() == 0)
 
@@ -406,6 +438,7 @@ def main() -> int:
         if args.no_mounts or not fuse_available():
             bench_lag_facade(work, endpoint, args)
         else:
+            bench_close_sync(work, endpoint, args.sync_publishes)
             bench_mounts(work, endpoint, args)
         return 0
     finally:

@@ -13,7 +13,7 @@ import pytest
 
 from nokvfs.engine import records as E
 from nokvfs.errors import CorruptRecord, UnknownDiscriminant, UnknownVersion
-from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind
+from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind, RetainedFamily
 
 A16 = b"\xa1" * 16
 B16 = b"\xb2" * 16
@@ -49,6 +49,23 @@ GOLDEN = {
         (1,),
     ),
     E.OutboxChunk: (E.OutboxChunk(b"k"), "01" + K_HEX, ()),
+    E.OutboxDeflatedChunk: (E.OutboxDeflatedChunk(b"k"), "02" + K_HEX, ()),
+    E.RetentionFloors: (
+        E.RetentionFloors(3, C32, 2, 9, 1_700_000_000_000, 8),
+        "01" "0000000000000003" + "c3" * 32 + "0000000000000002" "0000000000000009" "0000018bcfe56800" "0000000000000008",
+        (),
+    ),
+    E.OutboxTruncateRecord: (
+        E.OutboxTruncateRecord(owner_epoch=2, through_lsn=5, through_chain_digest=C32, through_commit_version=4, removed_records=5),
+        "01" "0000000000000002" "0000000000000005" + "c3" * 32 + "0000000000000004" "0000000000000005",
+        (),
+    ),
+    E.RetentionPruneRecord: (
+        E.RetentionPruneRecord(owner_epoch=2, family=RetainedFamily.CommandDedupe, floor_version=17,
+                               horizon_ms=1_700_000_000_000, start_key=b"", end_key=None, pruned_rows=3, pruned_digest=C32),
+        "01" "0000000000000002" "02" "0000000000000011" "0000018bcfe56800" "00000000" "00" "0000000000000003" + "c3" * 32,
+        (9,),
+    ),
     E.CommandRecord: (
         E.CommandRecord(
             schema_id="x", root_id=A16, logical_shard_id=B16, placement_generation=1, owner_epoch=2,

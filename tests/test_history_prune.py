@@ -279,7 +279,8 @@ def test_a_prune_record_that_does_not_match_the_replica_does_not_replay(shard_en
         bad = {
             "rows": dict(pruned_rows=record.pruned_rows + 1),
             "digest": dict(pruned_digest=b"\x00" * 32),
-            "end": dict(end_key=pkey(1)),
+            # A range that ends inside the pruned rows (History keys are tag | u32 len | key | version).
+            "end": dict(end_key=bytes([PATH_TAG]) + len(pkey(1)).to_bytes(4, "big") + pkey(1)),
             "floor": dict(floor_version=record.floor_version + 1),
         }[tamper]
         import dataclasses

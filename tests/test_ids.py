@@ -236,3 +236,29 @@ def test_creation_time_is_read_only_from_real_uuid7_ids():
     assert is_uuid7(far_future) and creation_unix_ms(far_future) == 0
     stamped = uuid7_from(made[:6], b"\xff" * 10)
     assert is_uuid7(stamped) and uuid7_unix_ms(stamped) == uuid7_unix_ms(made)
+
+
+def test_derived_ids_are_uuid8_never_uuid7():
+    """A derived request id carries no time: replay retention must never judge it by one."""
+    import hashlib
+
+    from nokvfs.schema.ids import derived_id16, is_uuid7
+
+    for n in range(2000):
+        value = derived_id16(hashlib.sha256(n.to_bytes(4, "big")).digest())
+        assert len(value) == 16 and not is_uuid7(value)
+        assert value[6] >> 4 == 0x8 and value[8] >> 6 == 0b10
+    assert derived_id16(b"\xff" * 32).hex() == "ffffffffffff8fffbfffffffffffffff"
+    with pytest.raises(ids.IdInvalid):
+        derived_id16(b"\x00" * 15)
+
+
+def test_the_request_ids_nokvfs_derives_are_not_uuid7():
+    from nokvfs.schema.ids import is_uuid7
+    from nokvfs.workspace.commit.identity import publish_request_id
+    from nokvfs.workspace.restore import _request_id
+
+    for n in range(500):
+        op = n.to_bytes(16, "big")
+        assert not is_uuid7(publish_request_id(op))
+        assert not is_uuid7(_request_id(op, b"prepare")) and not is_uuid7(_request_id(op, b"complete"))

@@ -121,6 +121,9 @@ def _register_init(subparsers) -> None:
     p.add_argument("--cache-size", metavar="SIZE", type=_size_arg, help="block cache bound (default 512MiB)")
     p.add_argument("--history-retention", metavar="N", type=count_arg("version count"),
                    help="commit versions of History that gc keeps beyond the holds, for diagnostics (default 0)")
+    from nokvfs.cli.maintenance_commands import add_retention_options
+
+    add_retention_options(p)
     add_json_option(p)
     p.set_defaults(func=cmd_init)
 
@@ -135,6 +138,10 @@ def cmd_init(args) -> int:
         options["cache_bytes"] = args.cache_size
     if args.history_retention is not None:
         options["history_retention"] = args.history_retention
+    from nokvfs.cli.maintenance_commands import retention_changes
+    from nokvfs.workspace.retention import RetentionSettings
+
+    options["retention"] = RetentionSettings(**retention_changes(args))
     config = datadir.init(
         args.data_dir,
         store=args.store,

@@ -141,10 +141,23 @@ def cmd_changes(args) -> int:
 
     from nokvfs.workspace import changes
 
+    from nokvfs.cli.main import EXIT_NOT_FOUND
+    from nokvfs.errors import CursorExpired
+
     with open_root(args, write=False) as root:
         cursor, after = None, args.after
         while True:
-            page = changes.read_changes(root, workbench_id=args.workbench, cursor=cursor, after_commit_version=after, limit=1000)
+            try:
+                page = changes.read_changes(root, workbench_id=args.workbench, cursor=cursor, after_commit_version=after, limit=1000)
+            except CursorExpired as exc:
+                # Events this feed had not printed yet were removed by retention: say how to resync.
+                print(
+                    f"nokvfs: changes after version {exc.position} are no longer kept (retention keeps those after "
+                    f"version {exc.floor}). Resynchronise: read the current state (version {exc.current}, e.g. "
+                    f"`nokvfs ls -R`), then run `nokvfs changes --after {exc.current} --follow`.",
+                    file=sys.stderr,
+                )
+                return EXIT_NOT_FOUND  # the code of HistoryNotRetained, which CursorExpired is
             after = None
             for c in page.changes:
                 if args.json:

@@ -1,6 +1,10 @@
-"""`nokvfs gc`, `nokvfs fsck` and `nokvfs search`.
+"""`nokvfs gc`, `nokvfs retention`, `nokvfs fsck` and `nokvfs search`.
 
-    nokvfs gc [--dry-run] [--keep-versions N] [--json]
+    nokvfs gc [--dry-run] [--keep-versions N] [--json]   also runs the retention pass
+    nokvfs retention [--retain-versions N] [--retain-request-seconds S] [--retain-outbox-records N] [--json]
+                     shows the data directory's retention settings, or changes the ones given
+    nokvfs compact [--json]                           rewrite the shard without its free pages
+                                                      (no process may have it open: ShardBusy)
     nokvfs fsck [--repair] [--no-blocks] [--json]       exit 0 clean, 5 when anything was found
     nokvfs search WB FIELD=VALUE | FIELD>VALUE | FIELD>=VALUE | FIELD<VALUE | FIELD<=VALUE
                      | 'FIELD in [A,B)' [--limit N] [--json]
@@ -34,6 +38,13 @@ def register(subparsers) -> None:
                    help="keep N commit versions of History beyond the holds (default: the data directory's history retention)")
     add_json_option(p)
     p.set_defaults(func=cmd_gc)
+    p = subparsers.add_parser("retention", help="show or change how much of the change feed, replay dedupe and recovery outbox is kept")
+    add_retention_options(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_retention)
+    p = subparsers.add_parser("compact", help="rewrite the shard without its free pages (nothing may have it open)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compact)
     p = subparsers.add_parser("fsck", help="check metadata against itself and the object store")
     p.add_argument("--repair", action="store_true", help="remove orphan objects (only with GC's proofs)")
     p.add_argument("--no-blocks", action="store_true", help="skip reading every block")
@@ -47,23 +58,84 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_search)
 
 
+RETENTION_OPTIONS = {
+    "retain_versions": "versions",
+    "retain_request_seconds": "request_seconds",
+    "retain_outbox_records": "outbox_records",
+}
+
+
+def add_retention_options(parser) -> None:
+    """The retention settings (nokvfs.workspace.retention), for `init` and `retention`."""
+    from nokvfs.workspace import retention
+
+    parser.add_argument("--retain-versions", metavar="N", type=count_arg("version count"),
+                        help=f"commit versions of change events and replay dedupe kept (default {retention.DEFAULT_VERSIONS:,})")
+    parser.add_argument("--retain-request-seconds", metavar="S", type=count_arg("seconds"),
+                        help=f"seconds an exact replay of a request stays answerable (default {retention.DEFAULT_REQUEST_SECONDS:,})")
+    parser.add_argument("--retain-outbox-records", metavar="N", type=count_arg("record count"),
+                        help="recovery-outbox records kept by a shard that is not replicated "
+                             f"(default {retention.DEFAULT_OUTBOX_RECORDS:,}; a replicated one keeps what its bucket lacks)")
+
+
+def retention_changes(args) -> dict:
+    return {field: getattr(args, option) for option, field in RETENTION_OPTIONS.items() if getattr(args, option) is not None}
+
+
+def cmd_retention(args) -> int:
+    from nokvfs.workspace import datadir
+
+    changes = retention_changes(args)
+    settings = datadir.set_retention(args.data_dir, **changes) if changes else datadir.retention_settings(args.data_dir)
+    if args.json:
+        print_json(settings.to_config())
+    else:
+        print(f"change events and replay dedupe: {settings.versions:,} versions; exact replays: "
+              f"{settings.request_seconds:,} s; unreplicated recovery outbox: {settings.outbox_records:,} records")
+    return 0
+
+
+def cmd_compact(args) -> int:
+    import os
+
+    from nokvfs.engine import compact
+    from nokvfs.workspace.datadir import read_config
+
+    read_config(args.data_dir)  # a data directory (NotFound otherwise)
+    report = compact.compact(os.path.join(os.path.abspath(args.data_dir), "shard"))
+    if args.json:
+        print_json(vars(report))
+    else:
+        print(f"compacted the shard: {human_size(report.before_bytes)} -> {human_size(report.after_bytes)} (through LSN {report.applied_lsn})")
+    return 0
+
+
 def cmd_gc(args) -> int:
     from nokvfs.workspace import gc
 
     progress = Progress.for_args(args, "gc", units={"collect": "revisions freed", "prune History": "History rows pruned"})
+    kept = None
     with open_root(args, write=True) as root, progress:
+        if not args.dry_run:
+            # First: History below the ChangeEvent floor no longer has events to interpret.
+            from nokvfs.workspace import retention
+
+            kept = retention.run(root)
         report = gc.collect(root, dry_run=args.dry_run, progress=progress.report, keep_versions=args.keep_versions)
         if args.dry_run:
             progress.finish(f"would free {len(report.freed):,} revisions ({human_size(report.freed_bytes)}), prune {report.history_pruned:,} History rows")
         else:
             progress.finish(f"freed {report.freed_revisions:,} revisions ({human_size(report.freed_bytes)}), pruned {report.history_pruned:,} History rows")
     if args.json:
-        print_json({k: v for k, v in vars(report).items()} | {"dry_run": args.dry_run})
+        print_json({k: v for k, v in vars(report).items()} | {"dry_run": args.dry_run, "retention": None if kept is None else vars(kept)})
     else:
         verb = "would free" if args.dry_run else "freed"
         count = len(report.freed) if args.dry_run else report.freed_revisions
         print(f"{verb} {count} revision(s), {human_size(report.freed_bytes)} ({report.freed_bytes} bytes)")
         print(f"{'would prune' if args.dry_run else 'pruned'} {report.history_pruned} History row(s) below version {report.history_floor}")
+        if kept is not None:
+            print(f"retention: removed {kept.events_removed} change event(s), {kept.requests_removed} replay dedupe row(s), "
+                  f"{kept.outbox_removed} recovery-outbox record(s)")
         if report.held:
             print(f"{report.held} revision(s) kept by history holds")
         if report.reconciled:

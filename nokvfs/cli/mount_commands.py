@@ -95,6 +95,7 @@ def mount_options(args) -> MountOptions:
         follow_endpoint_url=_follow_endpoint(args),
         follow_interval=args.follow_interval,
         follow_lag_warning=args.follow_lag_warning,
+        maintenance_interval=args.maintenance_interval,
         metrics=args.metrics,
     )
 
@@ -133,6 +134,9 @@ def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", default=None, help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)")
     parser.add_argument("--follow-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)")
     parser.add_argument("--follow-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_INTERVAL, help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})")
+    parser.add_argument("--maintenance-interval", metavar="SECONDS", type=_maintenance_seconds, default=None,
+                        help="seconds between background GC/retention passes (0: off; default: the data directory's "
+                             "`maintenance` setting, else 300)")
     parser.add_argument("--metrics", metavar="[ADDRESS:]PORT", type=_listen, default=None, help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to 127.0.0.1)")
     parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
 
@@ -154,6 +158,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < 86400 * 365:
         raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def _maintenance_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < 86400 * 365:
+        raise argparse.ArgumentTypeError(f"{text} must be 0 (off) or a positive number of seconds")
     return value
 
 

@@ -6,9 +6,9 @@ earliest change after V, so a row at commit version C serves only reads at versi
 no read below the floor F can happen (`ReadView.at` refuses them), every row with C <= F is dead.
 
 One exception comes from the seed: the change feed interprets each ChangeEvent by its workbench's
-visibility (incarnation and state) at the event's own version, and the format does not truncate
-ChangeEvent "or the visibility History needed to interpret it". So WorkspaceCurrent history below
-the floor is compacted rather than dropped: a row goes only when the projection (incarnation,
+visibility (incarnation and state) at the event's own version, so WorkspaceCurrent history below
+the floor and above the ChangeEvent retention floor (nokvfs.engine.retention) is compacted rather
+than dropped: a row goes only when the projection (incarnation,
 state) before its change equals the projection after it. Every surviving row still changes the
 projection, so a visibility read at any version -- `ReadView.at(v, visibility=True)` -- returns a
 row with the exact incarnation and state of version v (its other fields may be a later version's).
@@ -46,6 +46,11 @@ def _visibility(raw: bytes | None):
     return marker.workspace_incarnation_id, marker.state
 
 
+# The state machines' working rows (operations and their staged-object ledgers) are read at the
+# current version only: a read at any other version is refused, so their changes write no
+# History (most of a publish's History bytes were these rows' phase changes).
+CURRENT_ONLY_TREES = frozenset({"operation", "staged_object"})
+
 # Families whose History keeps, below the floor, every row that changes this projection.
 RETAINED_PROJECTIONS = {family_keys.FAMILY_BY_NAME["workspace_current"].tag: _visibility}
 RETAINED_TREES = frozenset(family_keys.FAMILY_BY_TAG[tag].name for tag in RETAINED_PROJECTIONS)
@@ -65,8 +70,11 @@ class Plan:
 
 
 def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, end: bytes | None = None,
-         max_rows: int | None = MAX_PRUNED_ROWS, max_visits: int | None = MAX_VISITED_ROWS) -> Plan:
+         max_rows: int | None = MAX_PRUNED_ROWS, max_visits: int | None = MAX_VISITED_ROWS, event_floor: int = 0) -> Plan:
     """The History rows in [start, end) that go at `floor` (end None: to the end of the tree).
+
+    Below the ChangeEvent retention floor (`event_floor`) no event is left to interpret, so the
+    visibility rows kept for the change feed go there like any other row.
 
     The range also stops after `max_rows` deletions or `max_visits` visited rows; end_key is then
     the first row not visited. A replica replays a recorded range with both limits None.
@@ -99,7 +107,7 @@ def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, 
                     user = (tag, user_key)
                     after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, user_key))
                 before = project(HistoryValue.decode(value).previous)
-                if version <= floor and before == after:
+                if version <= floor and (before == after or version <= event_floor):
                     deletions.append((key, value))
                 after = before
         except FormatError as exc:

@@ -18,6 +18,12 @@ History below the floor is pruned (nokvfs.engine.history), so reads below it are
 visibility reads: `at(v, visibility=True)` may go below the floor for the trees whose History
 keeps every change of a projection (WorkspaceCurrent's incarnation and state), and only point
 reads of those trees.
+
+ChangeEvent and CommandDedupe rows are written once and carry their commit version (in the key,
+in the value): they have no History, and a read at an older version takes the current row only
+if it was written at or before that version (nokvfs.engine.retention.SELF_VERSIONED). Operation
+and StagedObject rows have no History either: they are read at the current version only
+(nokvfs.engine.history.CURRENT_ONLY_TREES).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from __future__ import annotations
 import struct
 
 from nokvfs.engine import rows
-from nokvfs.engine.history import RETAINED_TREES
+from nokvfs.engine.history import CURRENT_ONLY_TREES, RETAINED_TREES
+from nokvfs.engine.retention import SELF_VERSIONED, row_version
 from nokvfs.engine.records import HistoryValue
 from nokvfs.engine.rows import lmdb_errors_translated
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
@@ -45,9 +52,12 @@ class ReadView:
     """One consistent LMDB read transaction, read at `version`. Not thread-safe; cheap to open."""
 
     def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int, floor: int = 0,
-                 *, visibility_only: bool = False):
+                 *, visibility_only: bool = False, event_floor: int = 0):
         self._txn = txn
         self.floor = floor
+        # ChangeEvent rows at or below this version may be gone (nokvfs.engine.retention): a
+        # change-feed position below it is CursorExpired.
+        self.event_floor = event_floor
         self._visibility_only = visibility_only
         self._dbs = dbs
         self._tags = tags
@@ -71,7 +81,8 @@ class ReadView:
         below = version < self.floor
         if below and not visibility:
             raise HistoryNotRetained(f"version {version} is older than the history floor {self.floor}")
-        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor, visibility_only=below)
+        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor,
+                        visibility_only=below, event_floor=self.event_floor)
 
     def _below_floor(self) -> HistoryNotRetained:
         return HistoryNotRetained(f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain")
@@ -94,6 +105,10 @@ class ReadView:
         self.ops += 1
         if self._visibility_only and tree not in RETAINED_TREES:
             raise self._below_floor()
+        if not self.is_current and tree in SELF_VERSIONED:
+            return self._self_versioned(tree, key, self._txn.get(key, db=self._dbs[tree]))
+        if not self.is_current and tree in CURRENT_ONLY_TREES:
+            raise self._current_only(tree)
         if not self.is_current:
             changed, previous = self._previous_after(self._tags[tree], key)
             if changed:
@@ -104,6 +119,17 @@ class ReadView:
             rows.verify_neighbours(self._cursor(tree), tree, key)
             return None
         return rows.unseal(tree, key, raw)
+
+    def _current_only(self, tree: str) -> HistoryNotRetained:
+        return HistoryNotRetained(f"{tree} rows are read at the current version only, not at version {self.version}")
+
+    def _self_versioned(self, tree: str, key: bytes, raw: bytes | None) -> bytes | None:
+        if raw is None:
+            self.ops += 2
+            rows.verify_neighbours(self._cursor(tree), tree, key)
+            return None
+        value = rows.unseal(tree, key, raw)
+        return value if row_version(tree, key, value) <= self.version else None
 
     def _previous_after(self, tag: int, key: bytes):
         """(True, value-before) for the earliest change of key after self.version, else (False, None)."""
@@ -149,6 +175,27 @@ class ReadView:
                 return None
             return found, value
         probe = key
+        if tree in CURRENT_ONLY_TREES:
+            raise self._current_only(tree)
+        if tree in SELF_VERSIONED:
+            while True:
+                self.ops += 1
+                if not cursor.set_range(probe):
+                    return None
+                found = cursor.key()
+                if not found.startswith(within):
+                    return None
+                value = rows.unseal(tree, found, cursor.value())
+                if row_version(tree, found, value) <= self.version:
+                    return found, value
+                # ChangeEvent keys of one root sort by version: the rest of this root is newer.
+                following = int.from_bytes(found[:16], "big") + 1 if tree == "change_event" else None
+                if following is not None and following < 1 << 128:
+                    probe = following.to_bytes(16, "big")
+                elif following is not None:
+                    return None
+                else:
+                    probe = found + b"\x00"
         while True:
             candidates = []
             self.ops += 1

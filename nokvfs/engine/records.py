@@ -20,7 +20,7 @@ from nokvfs.schema.codec import (
     Struct,
     record,
 )
-from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind
+from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind, RetainedFamily
 
 # --- System tree keys ------------------------------------------------------------------------
 
@@ -33,6 +33,10 @@ SYS_OWNER = b"owner"
 SYS_LEASE_CLOCK = b"lease_clock"
 SYS_HISTORY_FLOOR = b"history_floor"
 SYS_STATE_DIGEST = b"state_digest"
+# Written by the first retention step (outbox truncation, ChangeEvent or CommandDedupe
+# retention); absent means nothing was ever removed, so stores made before it open unchanged.
+SYS_RETENTION = b"retention"
+OPTIONAL_SYSTEM_KEYS = frozenset({SYS_RETENTION})
 
 SYSTEM_KEYS = frozenset(
     {
@@ -100,6 +104,29 @@ class HistoryFloor:
     floor_version: U64
 
 
+@record(version=1)
+class RetentionFloors:
+    """What retention has removed (the System row `retention`; absent: nothing, all zero).
+
+    outbox_floor_lsn: outbox records at or below it are truncated; the chain is verified from
+    outbox_floor_digest (the chain digest of record outbox_floor_lsn; the genesis digest at 0),
+    and outbox_floor_commit_version is that record's commit version.
+    event_floor_version: ChangeEvent rows of commit versions at or below it may be gone; a feed
+    position below it is CursorExpired.
+    request_horizon_ms / request_floor_version: CommandDedupe rows whose request id is a UUIDv7
+    older than request_horizon_ms (Unix ms) and whose commit version is at or below
+    request_floor_version may be gone; a command with such a request id and no dedupe row is
+    RequestExpired, never applied.
+    """
+
+    outbox_floor_lsn: U64
+    outbox_floor_digest: Id32
+    outbox_floor_commit_version: U64
+    event_floor_version: U64
+    request_horizon_ms: U64
+    request_floor_version: U64
+
+
 @record(version=None)
 class TreeDigest:
     name: Str
@@ -142,6 +169,15 @@ class OutboxHeader:
 
 @record(version=1)
 class OutboxChunk:
+    data: Bytes
+
+
+@record(version=2)
+class OutboxDeflatedChunk:
+    """A piece of the record's payload compressed as one zlib stream (RFC 1950): the record's
+    chunks, in index order, concatenate to that stream. The header's payload length and
+    SHA-256 are of the payload itself, so the chain and the shipped packs are unchanged."""
+
     data: Bytes
 
 
@@ -204,5 +240,35 @@ class HistoryPruneRecord:
     floor_version: U64
     start_key: Bytes
     end_key: Opt(Bytes)  # None: to the end of the History tree
+    pruned_rows: U64
+    pruned_digest: Id32
+
+
+@record(version=1)
+class OutboxTruncateRecord:
+    """One truncation of the recovery outbox (Shard.truncate_outbox): the records at or below
+    through_lsn were removed; the chain continues from through_chain_digest, the chain digest of
+    record through_lsn (its commit version through_commit_version)."""
+
+    owner_epoch: U64
+    through_lsn: U64
+    through_chain_digest: Id32
+    through_commit_version: U64
+    removed_records: U64
+
+
+@record(version=1)
+class RetentionPruneRecord:
+    """One batch of ChangeEvent or CommandDedupe retention (Shard.prune_retained): the rows of
+    `family` in [start_key, end_key) that the rule of nokvfs.engine.retention removes at
+    (floor_version, horizon_ms). A replica replays the range and must remove exactly
+    pruned_rows rows with this digest of their keys."""
+
+    owner_epoch: U64
+    family: Enum(RetainedFamily)
+    floor_version: U64
+    horizon_ms: U64
+    start_key: Bytes
+    end_key: Opt(Bytes)  # None: to the end of the tree
     pruned_rows: U64
     pruned_digest: Id32

@@ -94,8 +94,10 @@ def verify_neighbours(cursor, tree: str, key: bytes) -> None:
         unseal(tree, cursor.key(), cursor.value())
 
 
-def put(txn, db, tree: str, key: bytes, value: bytes, *, overwrite: bool = True) -> bool:
-    return txn.put(key, seal(tree, key, value), db=db, overwrite=overwrite)
+def put(txn, db, tree: str, key: bytes, value: bytes, *, overwrite: bool = True, append: bool = False) -> bool:
+    """Store `value` sealed. `append`: the key sorts after every key of the tree (LMDB then
+    fills pages instead of splitting them in half); False is returned if it does not."""
+    return txn.put(key, seal(tree, key, value), db=db, overwrite=overwrite, append=append)
 
 
 def iterate(cursor, tree: str, start: bytes | None = None):

@@ -95,9 +95,9 @@ def scan_prefix(view, tree: str, prefix: bytes, *, start_after: bytes | None = N
     return Page(tuple(items), view.version, next_marker, view.ops - ops_before)
 
 
-def iter_prefix(view, tree: str, prefix: bytes):
-    """Every (key, value) under `prefix`, in key order, fetched in bounded pages."""
-    marker = None
+def iter_prefix(view, tree: str, prefix: bytes, *, start_after: bytes | None = None):
+    """Every (key, value) under `prefix` (after `start_after`), in key order, fetched in bounded pages."""
+    marker = start_after
     while True:
         page = scan_prefix(view, tree, prefix, start_after=marker)
         yield from page.items

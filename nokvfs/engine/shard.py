@@ -25,7 +25,7 @@ import blake3
 import lmdb
 
 from nokvfs import filemodes
-from nokvfs.engine import fences, history, outbox, rows
+from nokvfs.engine import compact, fences, history, outbox, retention, rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
 from nokvfs.engine.rows import lmdb_errors_translated, translate_lmdb_error
@@ -51,10 +51,12 @@ from nokvfs.engine.records import (
     SYS_LEASE_CLOCK,
     SYS_OWNER,
     SYS_RECOVERY,
+    SYS_RETENTION,
     SYS_SCHEMA,
     SYS_SHARD,
     SYS_STATE_DIGEST,
     SYS_TREES,
+    OPTIONAL_SYSTEM_KEYS,
     SYSTEM_KEYS,
     CommandRecord,
     CommitClock,
@@ -64,12 +66,14 @@ from nokvfs.engine.records import (
     LeaseClock,
     LeaseClockRecord,
     MutationRow,
-    OutboxChunk,
     OutboxHeader,
+    OutboxTruncateRecord,
     OwnerEpochRecord,
     OwnerRecord,
     PredicateRow,
     RecoveryTail,
+    RetentionFloors,
+    RetentionPruneRecord,
     SchemaMarker,
     ShardIdentity,
     StateDigest,
@@ -81,6 +85,7 @@ from nokvfs.errors import (
     FenceError,
     FormatError,
     GenerationConflict,
+    HistoryNotRetained,
     IntegrityError,
     InvalidInput,
     KeyTooLong,
@@ -90,6 +95,7 @@ from nokvfs.errors import (
     OwnerFenced,
     PredicateFailed,
     ReadVersionStale,
+    RequestExpired,
     RequestMismatch,
     RowCorrupt,
     SchemaMismatch,
@@ -103,6 +109,7 @@ from nokvfs.schema.enums import (
     MutationKind,
     OutboxRecordKind,
     PredicateKind,
+    RetainedFamily,
     RootActivationState,
 )
 from nokvfs.schema.ids import check_id16
@@ -113,6 +120,11 @@ OUTBOX_TREE = "recovery_outbox"
 RESERVED_TREES = (SYSTEM_TREE, HISTORY_TREE, OUTBOX_TREE)
 
 HISTORY_KEY_OVERHEAD = 1 + 4 + 8  # tag | u32 length | inverted commit version
+# Opening verifies this many of the newest outbox records (and the truncation point, and the
+# tail against System): a bounded cost however long the shard has lived. The whole chain is
+# `verify=True`'s and fsck's.
+RECENT_RECORDS_VERIFIED = 64
+MAX_TRUNCATED_RECORDS = 4096  # outbox records one truncation transaction removes at most
 DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as it is used
 _DIGEST_MOD = 1 << 256
 _TREE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -198,8 +210,9 @@ def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
 class Shard:
     """The LMDB environment of one logical shard. One instance per process and path."""
 
-    def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True):
+    def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True, lock=None):
         self.path = path
+        self._lock = lock  # the shared ShardLock (nokvfs.engine.compact), released at close
         self._env = env
         self._dbs = dbs
         self._alarm = IntegrityAlarm(path)
@@ -224,6 +237,15 @@ class Shard:
         """Initialise an empty store at `path` (created if missing). Refuses a non-empty store."""
         check_id16(logical_shard_id, "logical shard id")
         filemodes.makedirs(path)
+        lock = compact.ShardLock.shared(path)
+        try:
+            return cls._create(path, logical_shard_id, lock, **options)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _create(cls, path: str, logical_shard_id: bytes, lock, **options) -> "Shard":
         env = cls._open_env(path, **options)
         try:
             with env.begin() as txn:
@@ -236,7 +258,7 @@ class Shard:
         except BaseException:
             env.close()
             raise
-        return cls(path, env, dbs, witnessed=options.get("sync", True))
+        return cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
 
     @classmethod
     def open(cls, path: str, *, verify: bool = False, **options) -> "Shard":
@@ -246,7 +268,25 @@ class Shard:
         System tail; every row is verified when it is read, so that is all a safe open needs.
         `verify=True` also reads every row of every tree and recomputes the state digests
         (what `fsck` does): O(shard size), for when the whole shard must be proven intact now.
+
+        The process holds the shard's shared lock until `close` (nokvfs.engine.compact: a
+        compaction waits for every holder to go); `locked=True` is the compactor's own open.
         """
+        if options.pop("locked", False):
+            return cls._open(path, verify, None, **options)
+        if compact.has_leftovers(path):
+            compact.recover(path)  # a compaction was interrupted: finish or undo it first
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise NotFound(f"no shard at {path}")
+        lock = compact.ShardLock.shared(path)
+        try:
+            return cls._open(path, verify, lock, **options)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open(cls, path: str, verify: bool, lock, **options) -> "Shard":
         if not os.path.exists(os.path.join(path, "data.mdb")):
             raise NotFound(f"no shard at {path}")
         try:
@@ -257,7 +297,7 @@ class Shard:
         env = cls._open_env(path, **options)
         try:
             dbs = cls._gate(env, path)
-            shard = cls(path, env, dbs, witnessed=options.get("sync", True))
+            shard = cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
         except ShardCorrupt as exc:
             env.close()
             IntegrityAlarm(path).record(exc)
@@ -380,7 +420,7 @@ class Shard:
                 if rows.get(txn, system, SYSTEM_TREE, key) is None:
                     raise SchemaMismatch(f"{path}: System row {key.decode()} is missing")
             for key, stored in txn.cursor(system):
-                if key not in SYSTEM_KEYS:
+                if key not in SYSTEM_KEYS and key not in OPTIONAL_SYSTEM_KEYS:
                     # A row sealed under this key was written so (another format); one that is
                     # not is a damaged row.
                     rows.unseal(SYSTEM_TREE, key, stored)
@@ -415,10 +455,32 @@ class Shard:
             except FormatError as exc:
                 raise SchemaMismatch(f"{self.path}: a System record is malformed: {exc}") from None
             try:
-                summary = outbox.verify(txn, self._dbs[OUTBOX_TREE], self._genesis)
+                floors = self._floors(txn)
+            except FormatError as exc:
+                raise ShardCorrupt(f"{self.path}: the System retention row is malformed: {exc}") from None
+            db = self._dbs[OUTBOX_TREE]
+            try:
+                if floors.outbox_floor_lsn > tail.applied_lsn:
+                    raise OutboxCorrupt(
+                        f"the outbox truncation point {floors.outbox_floor_lsn} is beyond the recovery tail {tail.applied_lsn}"
+                    )
+                if full:
+                    summary = outbox.verify(
+                        txn, db, floors.outbox_floor_digest, floor_lsn=floors.outbox_floor_lsn,
+                        floor_commit_version=floors.outbox_floor_commit_version,
+                    )
+                else:
+                    summary = outbox.verify_recent(
+                        txn, db, floors.outbox_floor_digest, floor_lsn=floors.outbox_floor_lsn,
+                        tail_lsn=tail.applied_lsn, records=RECENT_RECORDS_VERIFIED,
+                    )
+                    if summary is not None and summary.records == 0:
+                        summary = dataclasses.replace(summary, last_commit_version=floors.outbox_floor_commit_version)
             except (OutboxCorrupt, RowCorrupt) as exc:
                 problems.append(exc)
                 summary = None
+            if summary is None and not problems:
+                problems.append(ShardCorrupt(f"{self.path}: the recovery outbox does not reach the System tail {tail.applied_lsn}"))
             if summary is not None:
                 if summary.last_lsn != tail.applied_lsn or summary.chain_digest != tail.chain_digest:
                     problems.append(ShardCorrupt(
@@ -491,6 +553,9 @@ class Shard:
     def close(self) -> None:
         self._witness.close()
         self._env.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @_lmdb_errors
     def sync(self) -> None:
@@ -515,6 +580,13 @@ class Shard:
 
     def _put_system(self, txn, key: bytes, value) -> None:
         rows.put(txn, self._dbs[SYSTEM_TREE], SYSTEM_TREE, key, value.encode())
+
+    def _floors(self, txn) -> RetentionFloors:
+        """What retention has removed (nothing, until the first retention step writes the row)."""
+        raw = rows.get(txn, self._dbs[SYSTEM_TREE], SYSTEM_TREE, SYS_RETENTION)
+        if raw is None:
+            return RetentionFloors(0, self._genesis, 0, 0, 0, 0)
+        return RetentionFloors.decode(raw)
 
     def _get(self, txn, tree: str, key: bytes) -> bytes | None:
         return rows.get(txn, self._dbs[tree], tree, key)
@@ -544,6 +616,12 @@ class Shard:
         with self._env.begin() as txn:
             return self._system(txn, SYS_RECOVERY, RecoveryTail)
 
+    @property
+    def retention_floors(self) -> RetentionFloors:
+        """The retention floors in force (README "Retention")."""
+        with self._env.begin() as txn:
+            return self._floors(txn)
+
     # --- reads -----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -566,7 +644,8 @@ class Shard:
                     fences.require_active(installed, fence.root_id, self.logical_shard_id, fence.placement_generation)
                     if fence.owner_epoch is not None:
                         fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
-                view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor)
+                view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor,
+                                event_floor=self._floors(txn).event_floor_version)
                 yield view if version is None else view.at(version)
         except ShardCorrupt as exc:
             self._alarm.record(exc)
@@ -578,9 +657,10 @@ class Shard:
             raise error from None
 
     def outbox_entries(self):
-        """Every verified recovery-outbox entry in LSN order (for replication and tests)."""
+        """Every verified recovery-outbox entry kept (after the truncation point) in LSN order."""
         with self._env.begin() as txn:
-            yield from outbox.iterate(txn, self._dbs[OUTBOX_TREE], self._genesis)
+            floors = self._floors(txn)
+            yield from outbox.iterate(txn, self._dbs[OUTBOX_TREE], floors.outbox_floor_digest, after_lsn=floors.outbox_floor_lsn)
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -612,6 +692,13 @@ class Shard:
                     f"request id {command.request_id.hex()} was used for a different command"
                 )
             return CommandOutcome(dedupe.commit_version, dedupe.recovery_lsn, dedupe.result, replayed=True)
+        horizon = self._floors(txn).request_horizon_ms
+        if retention.request_expired(command.request_id, horizon):
+            # Its dedupe row may have been removed by retention: applying it could run it twice.
+            raise RequestExpired(
+                f"request {command.request_id.hex()} is older than the replay retention horizon "
+                f"({horizon} ms since the epoch): its result is no longer kept, so it is not applied again"
+            )
         clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
         if command.read_version != clock:
             raise ReadVersionStale(
@@ -639,7 +726,9 @@ class Shard:
             db = self._family_dbs[tree]
             old = rows.get(txn, db, tree, key)
             history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-            if history_key not in written_history:
+            if tree in retention.SELF_VERSIONED or tree in history.CURRENT_ONLY_TREES:
+                pass  # read at the current version only, or immutable rows that carry their version
+            elif history_key not in written_history:
                 # The first write of a key in a command records the value before the command.
                 written_history.add(history_key)
                 hvalue = HistoryValue(old).encode()
@@ -649,7 +738,9 @@ class Shard:
             if value is None:
                 if old is not None:
                     txn.delete(key, db=db)
-            else:
+            elif old is not None or not rows.put(txn, db, tree, key, value, append=True):
+                # A new key that sorts last (ChangeEvent, CommandDedupe of UUIDv7 requests, new
+                # operations) is appended, which fills its page instead of splitting it in half.
                 rows.put(txn, db, tree, key, value)
             digests.change(tree, key, old, value)
             mutated.append((tree, key))
@@ -657,6 +748,8 @@ class Shard:
         for mutation in command.mutations:
             if mutation.tree not in self._family_dbs:
                 raise InvalidInput(f"no metadata family tree {mutation.tree!r}")
+            if mutation.tree in retention.SELF_VERSIONED:
+                raise InvalidInput(f"{mutation.tree} rows are written by the engine only (a command's events and dedupe row)")
             write(mutation.tree, mutation.key, mutation.value if isinstance(mutation, Put) else None)
         for sequence, event in enumerate(command.events):
             key = family_keys.change_event_key(command.root_id, commit_version, sequence)
@@ -676,7 +769,12 @@ class Shard:
         framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
         db = self._dbs[OUTBOX_TREE]
         for key, value in framed:
-            if not rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False):
+            # Chunk keys (0x01 | lsn | index) are the greatest of the tree: appended, so their
+            # pages fill up (sequential keys put normally leave every page half empty).
+            chunk = key[:1] == outbox.OUTBOX_CHUNK_PREFIX
+            if not (chunk and rows.put(txn, db, OUTBOX_TREE, key, value, append=True)) and not (
+                rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False)
+            ):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
         self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
         return chain
@@ -782,7 +880,8 @@ class Shard:
         """(the floor prune_history would reach now, how many History rows would go at it): a read-only estimate."""
         with self._env.begin() as txn:
             floor = self._prune_floor(txn, floor_version)
-            planned = history.plan(txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, b"", max_rows=None, max_visits=None)
+            planned = history.plan(txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, b"", max_rows=None, max_visits=None,
+                                   event_floor=self._floors(txn).event_floor_version)
             return floor, len(planned.deletions)
 
     def _prune_floor(self, txn, floor_version: int) -> int:
@@ -803,6 +902,7 @@ class Shard:
         planned = history.plan(
             txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, start_key,
             end=None if recorded is None else recorded.end_key, max_rows=limits[0], max_visits=limits[1],
+            event_floor=self._floors(txn).event_floor_version,
         )
         if recorded is None and not planned.deletions and floor == old:
             return PruneOutcome(floor, 0, planned.end_key, None)
@@ -822,6 +922,151 @@ class Shard:
         lsn = tail.applied_lsn + 1
         self._append_outbox(txn, lsn, OutboxRecordKind.HistoryPrune, clock, record.encode(), tail)
         self._put_system(txn, SYS_HISTORY_FLOOR, HistoryFloor(floor))
+        self._put_system(txn, SYS_STATE_DIGEST, digests.record())
+        return PruneOutcome(floor, len(planned.deletions), planned.end_key, lsn)
+
+    # --- retention (nokvfs.engine.retention; README "Retention") --------------------------------
+
+    @_lmdb_errors
+    def truncate_outbox(self, *, owner_epoch: int, through_lsn: int, max_records: int = MAX_TRUNCATED_RECORDS) -> "TruncateOutcome":
+        """Remove the recovery-outbox records at or below `through_lsn` (clamped to the tail), at
+        most `max_records` of them in this transaction; the outcome says how far it got.
+
+        The chain digest and commit version of the last removed record become the truncation
+        point (System `retention`), from which the chain is verified from then on. The caller
+        chooses a durable horizon (README "Retention": the bucket's checkpoint when the shard is
+        replicated, else the local horizon); the engine only never moves the point back. One write
+        transaction with one OutboxTruncate record, so replicas truncate exactly the same records.
+        """
+        self._alarm.refuse_writes()
+        with self._env.begin(write=True) as txn:
+            outcome = self._truncate(txn, owner_epoch, through_lsn, max_records)
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
+
+    @_lmdb_errors
+    def replay_outbox_truncate(self, record: OutboxTruncateRecord) -> "TruncateOutcome":
+        """Apply a recorded truncation: the same point, the same chain digest and record count, or
+        IntegrityError and nothing applied."""
+        self._alarm.refuse_writes()
+        with self._env.begin(write=True) as txn:
+            outcome = self._truncate(txn, record.owner_epoch, record.through_lsn, None, recorded=record)
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
+
+    def _truncate(self, txn, owner_epoch: int, through_lsn: int, max_records: int | None, *,
+                  recorded: OutboxTruncateRecord | None = None) -> "TruncateOutcome":
+        fences.require_owner(owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
+        tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+        floors = self._floors(txn)
+        old = floors.outbox_floor_lsn
+        target = min(through_lsn, tail.applied_lsn)
+        if max_records is not None:
+            target = min(target, old + max_records)
+        if recorded is not None and target != recorded.through_lsn:
+            raise IntegrityError(f"the recorded outbox truncation through LSN {recorded.through_lsn} is not reachable here")
+        if target <= old:
+            if recorded is not None:
+                raise IntegrityError(f"the outbox is truncated through LSN {old} already, not before {recorded.through_lsn}")
+            return TruncateOutcome(old, 0, None)
+        db = self._dbs[OUTBOX_TREE]
+        raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(target))
+        if raw is None:
+            raise OutboxCorrupt(f"outbox record {target} is missing")
+        header = self._outbox_header(raw, target)
+        cursor = txn.cursor(db)
+        for prefix, first, last in (
+            (outbox.OUTBOX_HEADER_PREFIX, outbox.header_key(old + 1), outbox.header_key(target + 1)),
+            (outbox.OUTBOX_CHUNK_PREFIX, outbox.chunk_key(old + 1, 0), outbox.chunk_key(target + 1, 0)),
+        ):
+            found = cursor.set_range(first)
+            while found and first <= cursor.key() < last:
+                found = cursor.delete()  # moves to the next row
+        record = OutboxTruncateRecord(owner_epoch, target, header.chain_digest, header.commit_version, target - old)
+        if recorded is not None and record != recorded:
+            raise IntegrityError(f"the recorded outbox truncation differs from the chain here: {recorded} != {record}")
+        self._put_system(txn, SYS_RETENTION, dataclasses.replace(
+            floors, outbox_floor_lsn=target, outbox_floor_digest=header.chain_digest,
+            outbox_floor_commit_version=header.commit_version,
+        ))
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        lsn = tail.applied_lsn + 1
+        self._append_outbox(txn, lsn, OutboxRecordKind.OutboxTruncate, clock, record.encode(), tail)
+        return TruncateOutcome(target, target - old, lsn)
+
+    @_lmdb_errors
+    def prune_retained(self, *, owner_epoch: int, family: RetainedFamily, floor_version: int, horizon_ms: int = 0,
+                       start_key: bytes = b"", max_rows: int = retention.MAX_PRUNED_ROWS,
+                       max_visits: int = retention.MAX_VISITED_ROWS) -> "PruneOutcome":
+        """Advance a retention floor of ChangeEvent or CommandDedupe and remove one bounded batch
+        of the rows it lets go, from `start_key`; the outcome's next_key is where the next starts.
+
+        ChangeEvent: the event floor moves to `floor_version` (clamped to the commit clock).
+        CommandDedupe: the request horizon moves to `horizon_ms` (clamped to the persisted lease
+        clock) and the dedupe floor to `floor_version`. Floors never move back. Which rows go is
+        nokvfs.engine.retention's rule. A batch that changes something is one write transaction
+        with one RetentionPrune record, so replicas remove exactly the same rows.
+        """
+        self._alarm.refuse_writes()
+        with self._env.begin(write=True) as txn:
+            outcome = self._prune_retained(txn, owner_epoch, family, floor_version, horizon_ms, start_key,
+                                           limits=(max_rows, max_visits))
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
+
+    @_lmdb_errors
+    def replay_retention_prune(self, record: RetentionPruneRecord) -> "PruneOutcome":
+        """Apply a recorded retention batch: the same floors, range and rows, or IntegrityError."""
+        self._alarm.refuse_writes()
+        with self._env.begin(write=True) as txn:
+            outcome = self._prune_retained(txn, record.owner_epoch, record.family, record.floor_version, record.horizon_ms,
+                                           record.start_key, recorded=record)
+        self._witness_commit(outcome.recovery_lsn)
+        return outcome
+
+    def _prune_retained(self, txn, owner_epoch: int, family: RetainedFamily, floor_version: int, horizon_ms: int,
+                        start_key: bytes, *, limits=(None, None), recorded: RetentionPruneRecord | None = None) -> "PruneOutcome":
+        fences.require_owner(owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
+        family = RetainedFamily(family)
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        floors = self._floors(txn)
+        if family == RetainedFamily.ChangeEvent:
+            floor = max(floors.event_floor_version, min(floor_version, clock))
+            horizon = 0
+            updated = dataclasses.replace(floors, event_floor_version=floor)
+        else:
+            lease = self._system(txn, SYS_LEASE_CLOCK, LeaseClock).high_water_unix_ms
+            floor = max(floors.request_floor_version, min(floor_version, clock))
+            horizon = max(floors.request_horizon_ms, min(horizon_ms, lease))
+            updated = dataclasses.replace(floors, request_floor_version=floor, request_horizon_ms=horizon)
+        if recorded is not None and (floor, horizon) != (recorded.floor_version, recorded.horizon_ms):
+            raise IntegrityError(
+                f"the recorded {family.name} retention floor ({recorded.floor_version}, {recorded.horizon_ms}) is not "
+                f"reachable here ({floor}, {horizon})"
+            )
+        tree = retention.TREES[family]
+        db = self._dbs[tree]
+        planned = retention.plan(
+            txn, db, family, floor, horizon, start_key, end=None if recorded is None else recorded.end_key,
+            max_rows=limits[0], max_visits=limits[1],
+        )
+        if recorded is None and not planned.deletions and updated == floors:
+            return PruneOutcome(floor, 0, planned.end_key, None)
+        digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
+        for key, value in planned.deletions:
+            txn.delete(key, db=db)
+            digests.change(tree, key, value, None)
+        record = RetentionPruneRecord(owner_epoch, family, floor, horizon, start_key, planned.end_key,
+                                      len(planned.deletions), planned.digest())
+        if recorded is not None and record != recorded:
+            raise IntegrityError(
+                f"the recorded {family.name} retention removed {recorded.pruned_rows} rows; replayed here it removes "
+                f"{record.pruned_rows}" + ("" if record.pruned_rows != recorded.pruned_rows else " other ones")
+            )
+        tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
+        lsn = tail.applied_lsn + 1
+        self._append_outbox(txn, lsn, OutboxRecordKind.RetentionPrune, clock, record.encode(), tail)
+        self._put_system(txn, SYS_RETENTION, updated)
         self._put_system(txn, SYS_STATE_DIGEST, digests.record())
         return PruneOutcome(floor, len(planned.deletions), planned.end_key, lsn)
 
@@ -852,16 +1097,23 @@ class Shard:
                      max_bytes: int | None = None):
         """(chain digest after record `lsn`, the verified entries after it), in one read txn.
 
-        The digest is the genesis digest for `lsn` 0 and None when `lsn` is beyond the tail (then
-        there are no entries). Entries stop at `through_lsn`, after `max_records`, or once their
+        The digest is the genesis digest for `lsn` 0, the kept chain digest for the truncation
+        point, and None when `lsn` is beyond the tail (then there are no entries); an `lsn` below
+        the truncation point is HistoryNotRetained. Entries stop at `through_lsn`, after `max_records`, or once their
         payloads exceed `max_bytes` (at least one entry is returned when there is one). Each entry
         is verified like `outbox.iterate` does: framing, payload length and SHA-256, and the chain
         from the digest at `lsn`; a failure is OutboxCorrupt.
         """
         db = self._dbs[OUTBOX_TREE]
         with self._env.begin() as txn:
-            if lsn == 0:
-                previous = self._genesis
+            floors = self._floors(txn)
+            if lsn < floors.outbox_floor_lsn:
+                raise HistoryNotRetained(
+                    f"the recovery outbox was truncated through LSN {floors.outbox_floor_lsn}: the records after "
+                    f"LSN {lsn} are no longer kept"
+                )
+            if lsn == floors.outbox_floor_lsn:
+                previous = floors.outbox_floor_digest
             else:
                 raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(lsn))
                 if raw is None:
@@ -883,11 +1135,8 @@ class Shard:
                     chunk = rows.get(txn, db, OUTBOX_TREE, outbox.chunk_key(current, index))
                     if chunk is None:
                         raise OutboxCorrupt(f"outbox record {current} is missing chunk {index}")
-                    try:
-                        parts.append(OutboxChunk.decode(chunk).data)
-                    except FormatError as exc:
-                        raise OutboxCorrupt(f"outbox chunk {current}/{index} does not decode: {exc}") from None
-                payload = b"".join(parts)
+                    parts.append(outbox.decode_chunk(chunk, current, index))
+                payload = outbox.join_chunks(parts, header, current)
                 previous = verify_outbox_record(current, header, payload, previous)
                 entries.append(outbox.OutboxEntry(current, header, payload))
                 size += len(payload)
@@ -914,6 +1163,16 @@ class PruneOutcome:
     floor_version: int
     pruned_rows: int
     next_key: bytes | None
+    recovery_lsn: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncateOutcome:
+    """One truncate_outbox step: the truncation point now, the records removed, and the outbox
+    record (None: nothing changed)."""
+
+    floor_lsn: int
+    removed_records: int
     recovery_lsn: int | None
 
 

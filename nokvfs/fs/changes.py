@@ -77,6 +77,30 @@ class Changes:
             else:
                 self._path_changed(incarnation, components, gone, event.after)
 
+    def resync(self) -> None:
+        """The feed expired under this mount (retention removed events it had not read): every
+        live path it may cache is compared with the current state, as if each had changed, and
+        every directory's cached listing and the workbench list are dropped."""
+        tree = self.tree
+        tree.refresh_workbenches()
+        tree.invalidator.inode(ROOT_INODE)
+        for node in tree.inodes.attached():
+            if node.view != LIVE or node.kind in (Kind.ROOT, Kind.VIEW, Kind.HISTORY) or not node.components:
+                if node.kind is not Kind.ROOT:
+                    tree.invalidator.inode(node.ino)
+                continue
+            if node.kind.is_dir:
+                node.dir_ctime_ns = None
+                tree.invalidator.inode(node.ino)  # its cached listing too
+                continue
+            if node.spool is not None:
+                continue  # a file this mount is writing: its publication answers any conflict
+            entry = tree.current_entry(node)
+            if entry is None:
+                self._path_changed(node.incarnation, node.components, True, None)
+            elif not node.shows(entry):
+                self._path_changed(node.incarnation, node.components, False, entry.artifact_revision_id)
+
     def _attributes_changed(self, incarnation: bytes, components: tuple) -> None:
         """Only attributes changed (the revision, hence the kernel's pages, stay right)."""
         tree = self.tree

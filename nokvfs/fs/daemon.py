@@ -178,6 +178,7 @@ class MountOptions:
     follow_endpoint_url: str | None = None
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL
     follow_lag_warning: float = DEFAULT_FOLLOW_LAG_WARNING
+    maintenance_interval: float | None = None  # seconds between background passes (0: off; None: the data directory's)
     metrics: tuple[str, int] | None = None  # (address, port) of the Prometheus listener
 
 
@@ -305,6 +306,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     from nokvfs.fs import spools, writeback
     from nokvfs.fs.filesystem import FileSystem
     from nokvfs.fs.freshness import ChangeFollower, Invalidator
+    from nokvfs.fs.maintenance import Maintenance
     from nokvfs.fs.operations import Operations
     from nokvfs.fs.prefetch import BlockFetcher
     from nokvfs.fs.replication import bootstrap_follower, bucket_link
@@ -316,6 +318,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     from nokvfs.workspace.datadir import open_root
 
     started = time.monotonic()
+    maintenance = None
     _tame_malloc()
     if o.follow:
         bootstrap_follower(o.follow, data_dir, endpoint_url=o.follow_endpoint_url)
@@ -366,6 +369,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
             # WRITEs; the file's pages stay cached); it writes them back before FLUSH and FSYNC.
             operations.enable_writeback_cache = True
         follower = ChangeFollower(root, fs.changes)
+        maintenance = Maintenance.for_mount(root, data_dir, interval=o.maintenance_interval, read_only=read_only)
         status = MountStatus(
             data_dir=data_dir, mountpoint=mountpoint, root=root, fs=fs, workers=pool, fetcher=fetcher, follower=follower,
             store_meters=store_meters, link=replication, read_only_why=read_only_why,
@@ -389,6 +393,8 @@ def serve(options: MountOptions, *, ready=None) -> int:
             options.add("debug")
         pyfuse3.init(operations, mountpoint, options)
         unmounted = False
+        if maintenance is not None:
+            maintenance.start()
         try:
             trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, o.read_ahead_kb, replication, publisher)
         except BaseException:
@@ -405,6 +411,8 @@ def serve(options: MountOptions, *, ready=None) -> int:
         )
         return 0
     finally:
+        if maintenance is not None:
+            maintenance.stop()
         for listener in listeners:
             listener.stop()
         if replication is not None:

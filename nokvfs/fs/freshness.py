@@ -23,7 +23,7 @@ import math
 import pyfuse3
 import trio
 
-from nokvfs.errors import NokvError
+from nokvfs.errors import CursorExpired, NokvError
 from nokvfs.workspace import changes as feed
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class ChangeFollower:
         self.interval = interval
         self.last_version = root.shard.commit_version
         self.events_seen = 0
+        self.resyncs = 0
 
     async def run(self) -> None:
         while True:
@@ -91,9 +92,16 @@ class ChangeFollower:
             return 0
         count = 0
         with self.root.read() as view:
-            for version, event in feed.events_after(view, self.root, self.last_version):
-                self.changes.changed(version, event)
-                count += 1
+            try:
+                for version, event in feed.events_after(view, self.root, self.last_version):
+                    self.changes.changed(version, event)
+                    count += 1
+            except CursorExpired as exc:
+                # Retention removed events this mount had not read: everything it may cache is
+                # checked against the state at view.version, and the feed goes on from there.
+                log.warning("change feed: %s; resynchronising the mount's caches", exc)
+                self.resyncs += 1
+                self.changes.resync()
             self.last_version = view.version
         self.events_seen += count
         return count

@@ -267,6 +267,10 @@ class InodeTable:
         node.detached = False
         self._by_key[node.key] = node
 
+    def attached(self) -> list[Node]:
+        """Every node a path still names (what the kernel may hold by name)."""
+        return list(self._by_key.values())
+
     def below(self, view: str, incarnation: bytes, components: tuple) -> list[Node]:
         """The attached nodes strictly below a directory (a directory rename moves them all)."""
         depth = len(components)

@@ -8,6 +8,7 @@ epoch is older than the manifest's is nokvfs.errors.OwnerFenced (7), raised as i
 
 from __future__ import annotations
 
+from nokvfs.engine import replay as _engine_replay
 from nokvfs.errors import FormatError, IntegrityError, StoreError
 
 
@@ -46,8 +47,9 @@ class PackConflict(IntegrityError):
     """A pack key already holds bytes whose recorded SHA-256 or size differ from ours."""
 
 
-class ReplayFailed(IntegrityError):
-    """A record of an increment did not replay to the chain digest it carries."""
+# A record of an increment that did not replay to the chain digest it carries (defined where
+# replay is: nokvfs.engine.replay).
+ReplayFailed = _engine_replay.ReplayFailed
 
 
 class ReplicaDiverged(IntegrityError):

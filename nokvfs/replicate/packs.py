@@ -4,8 +4,8 @@ All integers are unsigned big-endian. Packs are immutable once uploaded; the man
 (SHA-256 and size of the whole pack) is authoritative and is checked before a pack is used. The
 framing adds its own checks so that a pack is also self-describing and closed.
 
-Checkpoint pack (restorable alone: the data file holds every tree, the outbox from LSN 1 and the
-System rows)::
+Checkpoint pack (restorable alone: the data file holds every tree, the outbox after its
+truncation point and the System rows)::
 
     b"NOKVCKP1" | logical_shard_id[16] | through_lsn u64 | commit_version u64
     | chain_digest[32] | owner_epoch u64 | data_length u64 | data_sha256[32]

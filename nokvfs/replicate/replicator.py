@@ -8,7 +8,9 @@ checkpoint_once  builds a checkpoint of the stable prefix (a compacted LMDB copy
                  read transaction, so writers are never blocked), makes sure an increment ends
                  exactly at the copy's LSN, uploads the pack, and swaps it in for that prefix by
                  the same compare-and-swap, keeping every later increment and retaining the
-                 replaced generation(s). Only after that write succeeded does cleanup run.
+                 replaced generation(s). Only after that write succeeded does cleanup run, and
+                 the checkpoint's through point is recorded as the shard's durable horizon
+                 (nokvfs.engine.horizon): retention truncates the local outbox behind it.
 run_forever      push_once every `interval` seconds (at once again while a push left lag), until
                  stop() or until the owner is fenced; `start()` runs it in a daemon thread, as the
                  mount daemon's `--replicate s3://...` does. `status()` reports the lag.
@@ -55,10 +57,12 @@ import time
 from dataclasses import dataclass
 
 from nokvfs import filemodes
+from nokvfs.engine import horizon
 from nokvfs.engine.records import OwnerEpochRecord
 from nokvfs.errors import (
     CanonicalJsonError,
     FormatError,
+    HistoryNotRetained,
     OwnerFenced,
     PreconditionFailed,
 )
@@ -298,7 +302,10 @@ class Replicator:
         for lsn, digest in sorted(points, reverse=True):
             if lsn > tail:
                 continue
-            local, _ = self.shard.outbox_after(lsn, max_records=0)
+            try:
+                local, _ = self.shard.outbox_after(lsn, max_records=0)
+            except HistoryNotRetained:
+                break  # truncated behind this point: older points cannot be compared either
             if local == digest:
                 return None if lsn == tail else (lsn + 1, tail)
         return None if tail == 0 else (0, tail)
@@ -421,7 +428,17 @@ class Replicator:
             checkpoint=checkpoint,
         )
         accepted, _ = self.bucket.publish(proposal, None)
+        self._record_horizon(point)
         return accepted
+
+    def _record_horizon(self, point) -> None:
+        """The checkpoint `current` now names holds everything up to its through point: the
+        local recovery outbox may be truncated behind it (nokvfs.engine.horizon). Best effort:
+        a horizon not recorded only keeps records longer."""
+        try:
+            horizon.record(self.shard.path, self.shard.logical_shard_id, point.applied_lsn, point.chain_digest)
+        except OSError as exc:
+            log.warning("the durable horizon of %s (LSN %d) was not recorded: %s", self.shard.path, point.applied_lsn, exc)
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -463,6 +480,7 @@ class Replicator:
         if swapped is None:
             return None
         accepted, compacted = swapped
+        self._record_horizon(point)
         report = self._cleanup_quietly(cutoff.generation)
         return CheckpointResult(accepted.generation, cutoff.generation, point.applied_lsn, checkpoint.key, compacted, report)
 

@@ -6,11 +6,10 @@
    engine's full verification (schema gate, outbox chain, every tree's state digest) and check
    its recovery tail and commit clock are the checkpoint's.
 3. For each increment: download, verify size and SHA-256, parse and verify its chain, and replay
-   every record through the shard's own write entrypoints -- `Shard.apply(command_from_record(
-   CommandRecord.decode(payload)))`, `observe_lease_clock`, `advance_owner_epoch`,
-   `replay_history_prune` (which removes exactly the recorded History rows) -- checking after
-   each that the shard appended exactly that record (same LSN, same chain digest). There is no
-   second apply path.
+   every record through the shard's own write entrypoints (nokvfs.engine.replay: `Shard.apply`
+   of the exact command, `observe_lease_clock`, `advance_owner_epoch`, and the retention
+   entrypoints, which remove exactly the recorded rows) -- checking after each that the shard
+   appended exactly that record (same LSN, same chain digest). There is no second apply path.
 4. Check the chain end to end: the restored recovery tail is the manifest's head.
 5. Rename the temporary directory into place. Any failure removes it: a corrupt or truncated
    pack is an IntegrityError and materialises nothing.
@@ -39,21 +38,16 @@ import tempfile
 from dataclasses import dataclass
 
 from nokvfs import filemodes
-from nokvfs.engine.records import (
-    CommandRecord,
-    HistoryPruneRecord,
-    LeaseClockRecord,
-    OwnerEpochRecord,
-    RecoveryTail,
-)
-from nokvfs.engine.shard import Shard, command_from_record
+from nokvfs.engine import replay as engine_replay
+from nokvfs.engine.records import RecoveryTail
+from nokvfs.engine.shard import Shard
 from nokvfs.errors import AlreadyExists, IntegrityError, NokvError, NotFound
 from nokvfs.replicate.errors import PackCorrupt, PackMissing, ReplayFailed
 from nokvfs.replicate.manifest import CURRENT, IncrementDescriptor, Manifest
 from nokvfs.replicate.packs import CheckpointSink, IncrementPack, parse_increment
 from nokvfs.replicate.datadir_record import DATADIR, DataDirRecord
 from nokvfs.replicate.remote import ShardBucket, open_remote
-from nokvfs.schema.enums import OutboxRecordKind, RootActivationState
+from nokvfs.schema.enums import RootActivationState
 from nokvfs.schema.keys import RootFenceKey
 from nokvfs.schema.records import RootFence
 
@@ -313,30 +307,9 @@ def fetch_increment(bucket: ShardBucket, increment: IncrementDescriptor) -> Incr
     return pack
 
 
-def replay(shard: Shard, entry) -> None:
-    """Replay one outbox entry through the shard's own entrypoint; it must append exactly it."""
-    header = entry.header
-    tail = shard.recovery_tail
-    if tail.applied_lsn + 1 != entry.lsn or tail.chain_digest != header.previous_chain_digest:
-        raise ReplayFailed(f"record {entry.lsn} does not follow the shard's tail at LSN {tail.applied_lsn}")
-    kind = header.record_kind
-    try:
-        if kind == OutboxRecordKind.MetadataCommand:
-            outcome = shard.apply(command_from_record(CommandRecord.decode(entry.payload)))
-        elif kind == OutboxRecordKind.LeaseClockObservation:
-            shard.observe_lease_clock(LeaseClockRecord.decode(entry.payload).observed_unix_ms)
-        elif kind == OutboxRecordKind.HistoryPrune:
-            shard.replay_history_prune(HistoryPruneRecord.decode(entry.payload))
-        else:  # OwnerEpochAdvance: the enum codec refuses unknown kinds
-            shard.advance_owner_epoch(OwnerEpochRecord.decode(entry.payload).owner_epoch)
-    except NokvError as exc:
-        raise ReplayFailed(f"record {entry.lsn} ({kind.name}) does not replay: {type(exc).__name__}: {exc}") from exc
-    if kind == OutboxRecordKind.MetadataCommand and (
-        outcome.replayed or outcome.recovery_lsn != entry.lsn or outcome.commit_version != header.commit_version
-    ):
-        raise ReplayFailed(f"record {entry.lsn} replayed as LSN {outcome.recovery_lsn} at version {outcome.commit_version}")
-    if shard.recovery_tail != RecoveryTail(entry.lsn, header.chain_digest):
-        raise ReplayFailed(f"record {entry.lsn} ({kind.name}) replayed to another chain digest")
+# Every record replays through the shard's own entrypoints (one function for restore, the
+# follower and a compaction's catch-up).
+replay = engine_replay.replay
 
 
 def _install(work: str, target: str) -> None:

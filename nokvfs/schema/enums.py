@@ -205,13 +205,23 @@ class ChangeEventKind(IntEnum):
 
 
 class OutboxRecordKind(IntEnum):
-    """The shard-local write entrypoints the recovery outbox covers: the seed's three, and
-    History pruning (a nokvfs extension: replicas must prune exactly the same rows)."""
+    """The shard-local write entrypoints the recovery outbox covers: the seed's three, and the
+    nokvfs retention entrypoints (replicas must remove exactly the same rows): History pruning,
+    outbox truncation, and ChangeEvent / CommandDedupe retention."""
 
     MetadataCommand = 1
     LeaseClockObservation = 2
     OwnerEpochAdvance = 3
     HistoryPrune = 4
+    OutboxTruncate = 5
+    RetentionPrune = 6
+
+
+class RetainedFamily(IntEnum):
+    """The engine-written families a RetentionPrune record removes rows of."""
+
+    ChangeEvent = 1
+    CommandDedupe = 2
 
 
 class PredicateKind(IntEnum):
@@ -233,6 +243,7 @@ class MutationKind(IntEnum):
 EXTENSIONS: tuple[type[IntEnum], ...] = (
     ChangeEventKind,
     OutboxRecordKind,
+    RetainedFamily,
     PredicateKind,
     MutationKind,
 )

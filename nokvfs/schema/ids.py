@@ -135,6 +135,19 @@ def creation_unix_ms(value: bytes, *, fallback: int = 0) -> int:
     return ms if ms <= time.time_ns() // 1_000_000 + 86_400_000 else fallback
 
 
+def derived_id16(digest: bytes) -> bytes:
+    """A 16-byte id derived from a digest, shaped as a UUIDv8 (RFC 9562: version 8, variant 10),
+    so it can never be taken for a UUIDv7 and the time one carries. Request ids nokvfs derives
+    are made so: the engine's replay retention judges a UUIDv7 request id by its time
+    (nokvfs.engine.retention), and a derived id has none."""
+    if len(digest) < 16:
+        raise IdInvalid("derived_id16 needs at least 16 bytes of digest")
+    value = bytearray(digest[:16])
+    value[6] = 0x80 | (value[6] & 0x0F)
+    value[8] = 0x80 | (value[8] & 0x3F)
+    return bytes(value)
+
+
 def uuid7_from(timestamp: bytes, randomness: bytes) -> bytes:
     """A UUIDv7 with the given 6-byte millisecond timestamp and bits taken from `randomness`."""
     if len(timestamp) != 6 or len(randomness) < 10:

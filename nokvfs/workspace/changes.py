@@ -7,6 +7,11 @@ filters on the event's stable workbench id. Visibility is re-evaluated at each e
 version (one WorkspaceCurrent point read per workbench and commit, shared by that commit's
 events), so a Staging incarnation never leaks. An after_commit_version newer than the root fails
 closed.
+
+Retention (README "Retention") removes ChangeEvent rows at or below the shard's event floor: a
+position before the end of the floor's commit is CursorExpired (the consumer resynchronises:
+reads the current state, then follows from the version it read it at); a feed read without a
+position starts after the floor.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import struct
 from dataclasses import dataclass
 
 from nokvfs.engine.scan import MAX_ITEMS_PER_CALL, scan_prefix
-from nokvfs.errors import InvalidInput, ReadVersionStale
+from nokvfs.errors import CursorExpired, InvalidInput, ReadVersionStale
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind, WorkspaceState
 from nokvfs.schema.names import check_workbench_id
@@ -90,8 +95,13 @@ def read_changes(root, *, workbench_id: str | None = None, cursor: str | None = 
             # Version-only: exclude every sequence of that commit.
             version, sequence = after_commit_version, 0xFFFFFFFF
             start_after = keys.change_event_key(root.root_id, version, sequence)
+        elif view.event_floor:
+            version, sequence = view.event_floor, 0xFFFFFFFF
+            start_after = keys.change_event_key(root.root_id, version, sequence)
         else:
             version, sequence, start_after = 0, 0, None
+        if view.event_floor and start_after is not None and (version, sequence) < (view.event_floor, 0xFFFFFFFF):
+            raise _expired(view, version)
         if version > view.version:
             raise ReadVersionStale(
                 f"the cursor is at version {version}, newer than the root's {view.version}",
@@ -138,10 +148,21 @@ def _visible_at(view, root, cache: dict, event: ChangeEvent, commit_version: int
     return marker.state == WorkspaceState.Visible and marker.workspace_incarnation_id == event.workspace_incarnation_id
 
 
+def _expired(view, position: int) -> CursorExpired:
+    return CursorExpired(
+        f"the change-feed position (version {position}) is older than the retained events (the feed keeps "
+        f"those after version {view.event_floor}): resynchronise -- read the current state (version "
+        f"{view.version}), then follow from it (`nokvfs changes --after {view.version} --follow`)",
+        position=position, floor=view.event_floor, current=view.version,
+    )
+
+
 def events_after(view, root, version: int):
     """Every (commit version, ChangeEvent) of the root committed after `version`, read in `view`
     in log order (bounded pages): the raw feed a follower applies, Staging incarnations included
-    (the follower judges them itself)."""
+    (the follower judges them itself). CursorExpired when events after `version` may be gone."""
+    if version < view.event_floor:
+        raise _expired(view, version)
     prefix = keys.change_event_prefix(root.root_id)
     marker = keys.change_event_key(root.root_id, version, 0xFFFFFFFF)
     while True:

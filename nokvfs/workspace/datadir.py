@@ -2,6 +2,7 @@
 
     <data_dir>/nokvfs.json   root id, logical shard id, object store URL, block size, cache size,
                              history retention (versions of History GC keeps beyond the holds),
+                             log retention ("retention": nokvfs.workspace.retention),
                              and for an S3 store its call deadlines ("store_options":
                              connect_timeout, read_timeout, max_attempts, deadline; absent: the
                              defaults, so that every store call returns within 30 s)
@@ -20,6 +21,7 @@ metadata of every artifact are for the owner only, whatever the caller's umask.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,6 +35,8 @@ from nokvfs.schema.records import RootPlacement
 from nokvfs.schema.ids import id16_from_hex, new_id16
 from nokvfs.workspace import replica
 from nokvfs.workspace.body import DEFAULT_BLOCK_SIZE
+from nokvfs.workspace.retention import CONFIG_KEY as RETENTION_KEY
+from nokvfs.workspace.retention import RetentionSettings
 from nokvfs.workspace.root import Root
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,7 @@ def _config_path(data_dir: str) -> str:
 
 def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
          cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION,
-         store_options: dict | None = None) -> dict:
+         store_options: dict | None = None, retention: RetentionSettings | None = None) -> dict:
     """Create a data directory: a shard, a placed and fenced root, and the store configuration."""
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(_config_path(data_dir)):
@@ -94,8 +98,24 @@ def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = 
     }
     if store_options:
         config["store_options"] = store_options
+    if retention is not None:
+        config[RETENTION_KEY] = retention.to_config()
     _write_config(data_dir, config)
     return config
+
+
+def set_retention(data_dir: str, **changes) -> RetentionSettings:
+    """Change some retention settings of a data directory (the others stay); the new settings.
+    They take effect at the next retention pass (`nokvfs gc`, a mount's maintenance)."""
+    data_dir = os.path.abspath(data_dir)
+    config = read_config(data_dir)
+    settings = dataclasses.replace(RetentionSettings.from_config(config), **changes)
+    _write_config(data_dir, {**config, RETENTION_KEY: settings.to_config()})
+    return settings
+
+
+def retention_settings(data_dir: str) -> RetentionSettings:
+    return RetentionSettings.from_config(read_config(data_dir))
 
 
 def _write_config(data_dir: str, config: dict) -> None:

@@ -23,6 +23,11 @@ Each run also reconciles the other Quarantined state machines -- publishes, comm
 restores -- by the same rule (probe, then an explicit transition, then the cleanup again); see
 README "Reconciliation" and each machine's `reconcile`.
 
+Claims and finishes are batched: one command claims up to GC_BATCH revisions (each exactly as
+alone; one that stopped being collectable is left out), their objects are deleted, and one
+command finishes those whose deletes were confirmed (a failed one is quarantined alone). The
+configured history retention holds GC like a HistoryHold: those versions stay readable.
+
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
 
@@ -82,6 +87,7 @@ class GcReport:
     history_floor: int = 0
     history_pruned: int = 0  # History rows removed (with dry_run: that would be)
     temp_files_removed: int = 0  # temporary files of writers that are gone, swept from the store
+    records_pruned: int = 0  # finished collections whose rows went (prune_finished)
 
 
 def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
@@ -90,8 +96,9 @@ def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
 
 def history_floor(view, root, *, quiescent: int | None = None) -> int:
     """The oldest read version any HistoryHold of the root keeps; with none, `quiescent`
-    (default: the view's version, which the barrier command has just advanced)."""
-    floor = view.version if quiescent is None else quiescent
+    (default: the view's version, which the barrier command has just advanced) less the root's
+    configured history retention, whose versions stay readable."""
+    floor = (view.version if quiescent is None else quiescent) - getattr(root, "history_retention", 0)
     prefix = root.root_id  # HistoryHold keys are root | kind | hold id
     marker = None
     while True:
@@ -131,7 +138,8 @@ def _advance_barrier(root) -> None:
 MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at most 8
 
 
-def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None) -> GcReport:
+def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None,
+            history_batch: int | None = None) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
     configured history retention), and sweep the object store's temporary files that writers
@@ -151,9 +159,12 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
         _pass(root, report, dry_run=dry_run, progress=progress)
         if dry_run or report.freed_revisions == freed:
             break
+    if not dry_run:
+        report.records_pruned = prune_finished(root, audit_versions=_audit_versions(root))
     keep = root.history_retention if keep_versions is None else keep_versions
     batch_done = None if progress is None else (lambda pruned: progress("prune History", pruned, None, None, None))
-    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done)
+    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done,
+                                                                max_rows=history_batch)
     if not dry_run:
         try:
             report.temp_files_removed = root.store.remove_stale_temp_files(everywhere=True)
@@ -162,7 +173,77 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
     return report
 
 
-def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None) -> tuple[int, int]:
+# Finished collections one command removes the rows of (each up to 3 rows plus any manifest
+# rows left): one bounded write transaction.
+PRUNE_BATCH = 128
+
+
+def _audit_versions(root) -> int:
+    """The audit window of finished collections: the data directory's retention versions."""
+    from nokvfs.workspace.datadir import retention_settings
+
+    try:
+        return retention_settings(root.data_dir).versions
+    except NokvError as exc:
+        log.warning("retention settings unreadable (%s): finished collections are kept", exc)
+        return 1 << 62
+
+
+def prune_finished(root, *, audit_versions: int) -> int:
+    """Remove the rows of finished collections -- the GcOperation, the Deleted ArtifactRevision,
+    the Complete GcCandidate, any manifest row left -- once their claim is `audit_versions`
+    versions old (the seed: "its manifest/candidate rows may be pruned according to audit
+    retention"; the window is nokvfs's, README "Retention"). Their History then goes with the
+    next History pruning. Quarantined collections are never pruned. Returns how many went."""
+    from nokvfs.schema.ids import new_id16
+
+    class Nothing(Exception):
+        pass
+
+    prefix = keys.operation_prefix(root.root_id, OperationKind.Gc)
+    marker = None  # operation keys are visited once, in order, over the batches
+
+    def build(view):
+        floor = view.version - audit_versions
+        predicates, mutations, last, count = [], [], None, 0
+        for key, value in iter_prefix(view, "operation", prefix, start_after=marker):
+            last = key
+            operation = GcOperation.decode(value)
+            if operation.phase != GcPhase.Deleted or operation.created_version > floor:
+                continue
+            predicates.append(ValueEquals("operation", key, value))
+            mutations.append(Delete("operation", key))
+            revision_key = _revision_key(root, operation.artifact_revision_id)
+            raw = view.get("artifact_revision", revision_key)
+            if raw is not None and ArtifactRevision.decode(raw).state == RevisionState.Deleted:
+                predicates.append(ValueEquals("artifact_revision", revision_key, raw))
+                mutations.append(Delete("artifact_revision", revision_key))
+            candidate_key = keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode()
+            raw = view.get("gc_candidate", candidate_key)
+            if raw is not None and GcCandidate.decode(raw).claim_state == GcClaimState.Complete:
+                predicates.append(ValueEquals("gc_candidate", candidate_key, raw))
+                mutations.append(Delete("gc_candidate", candidate_key))
+            manifests = keys.artifact_manifest_prefix(root.root_id, operation.artifact_revision_id)
+            mutations += [Delete("artifact_manifest", k) for k, _ in iter_prefix(view, "artifact_manifest", manifests)]
+            count += 1
+            if count == PRUNE_BATCH:
+                break
+        if not count:
+            raise Nothing
+        return Built(predicates=predicates, mutations=mutations, value=(count, last))
+
+    pruned = 0
+    while True:
+        try:
+            _, built = root.apply(build, digest=intent_digest("gc.prune-finished", new_id16()))
+        except Nothing:
+            return pruned
+        count, marker = built.value
+        pruned += count
+
+
+def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None,
+                  max_rows: int | None = None) -> tuple[int, int]:
     """(history floor, History rows pruned): advance the floor as far as the holds and
     `keep_versions` allow and prune below it, batch after batch (each one atomic; `progress`
     is called with the rows pruned so far after each)."""
@@ -173,7 +254,8 @@ def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progre
         return root.shard.prunable_history(target)
     pruned, start = 0, b""
     while True:
-        outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start)
+        limits = {} if max_rows is None else {"max_rows": max_rows, "max_visits": max_rows * 8}
+        outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start, **limits)
         pruned += outcome.pruned_rows
         if progress is not None:
             progress(pruned)
@@ -226,81 +308,133 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
                     continue
                 report.collectable += 1
                 own = _own_objects(view, root, decoded.artifact_revision_id)
-                work.append((decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own)))
+                work.append((decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own), len(own)))
             if page.next_marker is None:
                 break
             marker = page.next_marker
     freed_before = report.freed_revisions
-    for revision_id, epoch, size in work:
-        if dry_run:
+    if dry_run:
+        for revision_id, _, size, _ in work:
             report.freed.append(revision_id.hex())
             report.freed_bytes += size
-            continue
-        op_id = operation_id(root.root_id, revision_id, epoch)
-        lock = OperationLock(root.run_dir, op_id)
-        if not lock.try_acquire():
-            continue  # another collector drives it
+        return
+    for batch in _batches(work):
+        locks, items = [], []
+        for revision_id, epoch, _, _ in batch:
+            lock = OperationLock(root.run_dir, operation_id(root.root_id, revision_id, epoch))
+            if lock.try_acquire():
+                locks.append(lock)
+                items.append((revision_id, epoch))
+            # else another collector drives it
         try:
-            try:
-                _claim(root, revision_id, epoch)
-            except PredicateFailed:
-                continue  # a reference came back, or another collector claimed it
-            _drive(root, op_id, report)
+            claimed = _claim_many(root, items) if items else []
+            _drive_many(root, [operation_id(root.root_id, r, e) for r, e in claimed], report)
         finally:
-            lock.release(remove=True)
+            for lock in locks:
+                lock.release(remove=True)
         if progress is not None:
             progress("collect", report.freed_revisions, freed_before + len(work), report.freed_bytes, None)
 
 
-def _claim(root, revision_id: bytes, epoch: int) -> None:
+# Revisions one claim command and one finish command cover (bounded by their objects too, so a
+# finish that deletes every manifest row stays a bounded command).
+GC_BATCH = 64
+GC_BATCH_OBJECTS = 1024
+
+
+def _batches(work):
+    batch, objects = [], 0
+    for item in work:
+        if batch and (len(batch) == GC_BATCH or objects + item[3] > GC_BATCH_OBJECTS):
+            yield batch
+            batch, objects = [], 0
+        batch.append(item)
+        objects += item[3]
+    if batch:
+        yield batch
+
+
+def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
+    """(predicates, mutations) claiming one revision, or PredicateFailed when it is not collectable."""
     op_id = operation_id(root.root_id, revision_id, epoch)
     op_key = ROWS.key(root, op_id)
     candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
     revision_key = _revision_key(root, revision_id)
+    raw_candidate = view.get("gc_candidate", candidate_key)
+    raw_revision = view.get("artifact_revision", revision_key)
+    if raw_candidate is None or raw_revision is None:
+        raise PredicateFailed("the candidate or its revision is gone")
+    candidate = GcCandidate.decode(raw_candidate)
+    revision = ArtifactRevision.decode(raw_revision)
+    if (
+        candidate.claim_state != GcClaimState.Candidate
+        or revision.state != RevisionState.Available
+        or revision.strong_reference_count != 0
+        or revision.reference_epoch != epoch
+    ):
+        raise PredicateFailed(f"revision {revision_id.hex()} is no longer collectable")
+    if not floor > candidate.last_zero_ref_version:
+        raise PredicateFailed(f"revision {revision_id.hex()} is still visible to a history hold")
+    own = _own_objects(view, root, revision_id)
+    operation = GcOperation(
+        artifact_revision_id=revision_id,
+        reference_epoch=epoch,
+        phase=GcPhase.Deleting,
+        object_count=len(own),
+        object_cursor=b"",
+        deleted_object_count=0,
+        dependency_cursor=b"",
+        result=None,
+        terminal_error=None,
+        created_version=view.version + 1,
+    )
+    return (
+        [
+            ValueEquals("gc_candidate", candidate_key, raw_candidate),
+            ValueEquals("artifact_revision", revision_key, raw_revision),
+            Absent("operation", op_key),
+        ],
+        [
+            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
+            Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)),
+            Put("operation", op_key, operation),
+        ],
+    )
+
+
+def _claim(root, revision_id: bytes, epoch: int) -> None:
+    op_id = operation_id(root.root_id, revision_id, epoch)
 
     def build(view):
-        raw_candidate = view.get("gc_candidate", candidate_key)
-        raw_revision = view.get("artifact_revision", revision_key)
-        if raw_candidate is None or raw_revision is None:
-            raise PredicateFailed("the candidate or its revision is gone")
-        candidate = GcCandidate.decode(raw_candidate)
-        revision = ArtifactRevision.decode(raw_revision)
-        if (
-            candidate.claim_state != GcClaimState.Candidate
-            or revision.state != RevisionState.Available
-            or revision.strong_reference_count != 0
-            or revision.reference_epoch != epoch
-        ):
-            raise PredicateFailed(f"revision {revision_id.hex()} is no longer collectable")
-        if not history_floor(view, root) > candidate.last_zero_ref_version:
-            raise PredicateFailed(f"revision {revision_id.hex()} is still visible to a history hold")
-        own = _own_objects(view, root, revision_id)
-        operation = GcOperation(
-            artifact_revision_id=revision_id,
-            reference_epoch=epoch,
-            phase=GcPhase.Deleting,
-            object_count=len(own),
-            object_cursor=b"",
-            deleted_object_count=0,
-            dependency_cursor=b"",
-            result=None,
-            terminal_error=None,
-            created_version=view.version + 1,
-        )
-        return Built(
-            predicates=[
-                ValueEquals("gc_candidate", candidate_key, raw_candidate),
-                ValueEquals("artifact_revision", revision_key, raw_revision),
-                Absent("operation", op_key),
-            ],
-            mutations=[
-                Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
-                Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)),
-                Put("operation", op_key, operation),
-            ],
-        )
+        predicates, mutations = _claim_rows(view, root, revision_id, epoch, history_floor(view, root))
+        return Built(predicates=predicates, mutations=mutations)
 
     root.apply(build, digest=intent_digest("gc.claim", op_id))
+
+
+def _claim_many(root, items) -> list:
+    """One command claiming every (revision, epoch) of `items` that is still collectable (each
+    claim exactly as `_claim`'s); the ones claimed."""
+
+    def build(view):
+        floor = history_floor(view, root)
+        predicates, mutations, claimed = [], [], []
+        for revision_id, epoch in items:
+            try:
+                more_predicates, more_mutations = _claim_rows(view, root, revision_id, epoch, floor)
+            except PredicateFailed:
+                continue  # a reference came back, or another collector claimed it
+            predicates += more_predicates
+            mutations += more_mutations
+            claimed.append((revision_id, epoch))
+        return Built(predicates=predicates, mutations=mutations, value=claimed)
+
+    with root.read() as view:
+        if not build(view).value:
+            return []
+    ids = [operation_id(root.root_id, revision_id, epoch) for revision_id, epoch in items]
+    _, built = root.apply(build, digest=intent_digest("gc.claim-batch", *ids))
+    return built.value
 
 
 def _resume(root, report: GcReport) -> None:
@@ -398,67 +532,91 @@ def _with_candidate(view, root, operation: GcOperation, predicates, mutations, *
     return predicates, mutations + [Put("gc_candidate", key, dataclasses.replace(GcCandidate.decode(raw), **changes))]
 
 
-def _drive(root, op_id: bytes, report: GcReport) -> None:
-    with root.read() as view:
-        _, operation = ROWS.read(view, root, op_id)
-        own = _own_objects(view, root, operation.artifact_revision_id)
-    failure = None
+def _delete_objects(root, own) -> tuple[int, str | None]:
+    """(objects deleted, why not all): each deleted, then confirmed absent."""
     deleted = 0
     for row in own:
         try:
             root.store.delete(row.object_key)
             if root.store.head(row.object_key) is not None:
-                failure = f"{row.object_key} is still present after delete"
-                break
+                return deleted, f"{row.object_key} is still present after delete"
             deleted += 1
         except AmbiguousResult as exc:
-            failure = f"ambiguous delete of {row.object_key}: {exc}"
-            break
+            return deleted, f"ambiguous delete of {row.object_key}: {exc}"
         except StoreError as exc:
-            failure = f"delete of {row.object_key} failed: {exc}"
-            break
-    if failure is not None:
-        log.warning("gc of %s quarantined: %s", operation.artifact_revision_id.hex(), failure)
-        _quarantine(root, op_id, operation, failure)
-        report.quarantined += 1
+            return deleted, f"delete of {row.object_key} failed: {exc}"
+    return deleted, None
+
+
+def _drive(root, op_id: bytes, report: GcReport) -> None:
+    _drive_many(root, [op_id], report)
+
+
+def _drive_many(root, op_ids: list, report: GcReport) -> None:
+    """Delete the objects of each Deleting collection; quarantine those whose delete failed and
+    finish the others in one command."""
+    if not op_ids:
         return
-    _finish(root, op_id, operation, own)
-    report.freed_revisions += 1
-    report.deleted_objects += deleted
-    report.freed_bytes += sum(r.length for r in own)
-    report.freed.append(operation.artifact_revision_id.hex())
+    with root.read() as view:
+        driven = []
+        for op_id in op_ids:
+            _, operation = ROWS.read(view, root, op_id)
+            driven.append((op_id, operation, _own_objects(view, root, operation.artifact_revision_id)))
+    finished = []
+    for op_id, operation, own in driven:
+        deleted, failure = _delete_objects(root, own)
+        if failure is not None:
+            log.warning("gc of %s quarantined: %s", operation.artifact_revision_id.hex(), failure)
+            _quarantine(root, op_id, operation, failure)
+            report.quarantined += 1
+            continue
+        finished.append((op_id, operation, own, deleted))
+    if not finished:
+        return
+    _finish_many(root, [(op_id, operation, own) for op_id, operation, own, _ in finished])
+    for _, operation, own, deleted in finished:
+        report.freed_revisions += 1
+        report.deleted_objects += deleted
+        report.freed_bytes += sum(r.length for r in own)
+        report.freed.append(operation.artifact_revision_id.hex())
 
 
 def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
-    revision_id = operation.artifact_revision_id
-    revision_key = _revision_key(root, revision_id)
+    _finish_many(root, [(op_id, operation, own)])
 
-    def change(view, current):
-        if current.phase != GcPhase.Deleting:
-            raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
-        raw_revision = view.get("artifact_revision", revision_key)
-        revision = ArtifactRevision.decode(raw_revision)
-        # The child's own objects are gone: now, and only now, release its dependency set.
+
+def _finish_many(root, finished: list) -> None:
+    """One command: each revision Deleting -> Deleted, its candidate Complete, its manifest rows
+    pruned, and only then its RevisionDependency references released (which may make bases
+    candidates), its operation Deleted."""
+
+    def build(view):
         refs = References(view, root.root_id)
-        dependency_prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id))
-        for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
-            refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
-        predicates, mutations = refs.rows()
-        predicates.append(ValueEquals("artifact_revision", revision_key, raw_revision))
-        mutations.append(Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)))
-        predicates, mutations = _with_candidate(view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete)
-        manifest_prefix = keys.artifact_manifest_prefix(root.root_id, revision_id)
-        marker = None
-        while True:
-            page = scan_prefix(view, "artifact_manifest", manifest_prefix, start_after=marker)
-            mutations += [Delete("artifact_manifest", k) for k, _ in page.items]
-            if page.next_marker is None:
-                break
-            marker = page.next_marker
-        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))
+        predicates, mutations = [], []
+        for op_id, _, own in finished:
+            raw_op, current = ROWS.read(view, root, op_id)
+            if current.phase != GcPhase.Deleting:
+                raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
+            revision_id = current.artifact_revision_id
+            revision_key = _revision_key(root, revision_id)
+            raw_revision = view.get("artifact_revision", revision_key)
+            revision = ArtifactRevision.decode(raw_revision)
+            # The child's own objects are gone: now, and only now, release its dependency set.
+            dependency_prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id))
+            for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+                refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
+            predicates += [ValueEquals("operation", ROWS.key(root, op_id), raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
+            mutations.append(Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)))
+            predicates, mutations = _with_candidate(view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete)
+            mutations += [Delete("artifact_manifest", k) for k, _ in iter_prefix(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, revision_id))]
+            mutations.append(Put("operation", ROWS.key(root, op_id), dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))))
+        ref_predicates, ref_mutations = refs.rows()
+        return Built(predicates=ref_predicates + predicates, mutations=ref_mutations + mutations)
 
-    ROWS.step(root, op_id, "gc.finish", change, digest=intent_digest("gc.finish", op_id))
-    root.manifests.forget(revision_id)
+    ids = [op_id for op_id, _, _ in finished]
+    root.apply(build, digest=intent_digest("gc.finish", *ids))
+    for _, operation, _ in finished:
+        root.manifests.forget(operation.artifact_revision_id)
 
 
 def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> None:

@@ -181,6 +181,7 @@ class ReplicaShard:
         raise self.role.refusal()
 
     apply = observe_lease_clock = advance_owner_epoch = prune_history = replay_history_prune = _refuse
+    truncate_outbox = replay_outbox_truncate = prune_retained = replay_retention_prune = _refuse
 
     def __enter__(self):
         return self

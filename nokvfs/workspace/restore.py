@@ -115,7 +115,7 @@ from nokvfs.schema.enums import (
     SnapshotState,
     WorkspaceState,
 )
-from nokvfs.schema.ids import check_commit_id, check_id16, check_snapshot_id, new_id16, uuid7_from
+from nokvfs.schema.ids import check_commit_id, check_id16, check_snapshot_id, derived_id16, new_id16, uuid7_from
 from nokvfs.schema.names import check_workbench_id
 from nokvfs.schema.paths import join, normalize_path, unordered_path
 from nokvfs.schema.records import (
@@ -250,7 +250,8 @@ def manifest_publish_id(op_id: bytes, attempt: int) -> bytes:
 
 
 def _request_id(op_id: bytes, step: bytes) -> bytes:
-    return hashlib.sha256(b"nokv.restore.request.v1\0" + op_id + step).digest()[:16]
+    # UUIDv8-shaped: a derived request id carries no time the replay retention could judge.
+    return derived_id16(hashlib.sha256(b"nokv.restore.request.v1\0" + op_id + step).digest())
 
 
 def manifest_bytes(op_id: bytes, request: RestoreRequest) -> bytes:

@@ -34,7 +34,7 @@ import struct
 from dataclasses import dataclass
 
 from nokvfs.schema import canonical_json
-from nokvfs.schema.ids import check_commit_id
+from nokvfs.schema.ids import check_commit_id, derived_id16
 from nokvfs.schema.paths import join
 from nokvfs.schema.records import BuildCommitOperation, CommitMember
 from nokvfs.workspace import publish
@@ -68,7 +68,8 @@ def staged_publish_id(operation: bytes, attempt: int) -> bytes:
 
 
 def publish_request_id(operation: bytes) -> bytes:
-    return _derived_id(b"nokv.build-commit.publish-request.v1\0", operation)
+    # UUIDv8-shaped: a derived request id carries no time the replay retention could judge.
+    return derived_id16(hashlib.sha256(b"nokv.build-commit.publish-request.v1\0" + operation).digest())
 
 
 def commit_identity(root_id: bytes, incarnation: bytes, read_version: int, committed_at: int, request_id: bytes, parents) -> bytes:

@@ -1,0 +1,130 @@
+"""Background maintenance of a mounted data directory: retention, GC and History pruning in
+bounded slices, so a mount that runs for months stays small without `nokvfs gc`.
+
+Every `interval` seconds a pass runs on its own thread: the retention pass
+(nokvfs.workspace.retention, one bounded write transaction per step), then GC
+(nokvfs.workspace.gc: each revision a few short commands, History in small batches). Between two
+steps the thread sleeps `pause` seconds, so FUSE requests -- which need the same single LMDB
+writer and the process's command lock -- wait at most for one small step, never for a pass.
+`nokvfs gc` stays for manual runs.
+
+Settings: `maintenance` in nokvfs.json ({"interval_seconds": S}, 0 = off; absent: every
+DEFAULT_INTERVAL seconds), overridden by `nokvfs mount --maintenance-interval S`. A read-only
+mount (a follower, a fenced owner, `--read-only`) never maintains: its shard is the owner's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from nokvfs.errors import InvalidInput, NokvError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 300.0
+CONFIG_KEY = "maintenance"
+PAUSE = 0.002  # seconds between two steps: a request waiting for the writer gets in
+# Rows or records one step removes at most (one write transaction each).
+SLICE_ROWS = 256
+
+
+class Stopped(Exception):
+    """The mount is going away: the pass stops after its current step."""
+
+
+def configured_interval(data_dir: str, override: float | None) -> float:
+    """The interval in force: the command line's, else the data directory's, else the default."""
+    if override is not None:
+        return _check(override)
+    from nokvfs.workspace.datadir import read_config
+
+    raw = read_config(data_dir).get(CONFIG_KEY)
+    if raw is None:
+        return DEFAULT_INTERVAL
+    if not isinstance(raw, dict) or set(raw) - {"interval_seconds"}:
+        raise InvalidInput(f"nokvfs.json {CONFIG_KEY!r} must be {{\"interval_seconds\": S}}, not {raw!r}")
+    return _check(raw.get("interval_seconds", DEFAULT_INTERVAL))
+
+
+def _check(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise InvalidInput(f"a maintenance interval is a number of seconds >= 0 (0: off), not {value!r}")
+    return float(value)
+
+
+class Maintenance:
+    def __init__(self, root, *, interval: float, pause: float = PAUSE, slice_rows: int = SLICE_ROWS):
+        self.root = root
+        self.interval = interval
+        self.pause = pause
+        self.slice_rows = slice_rows
+        self.passes = 0
+        self.steps = 0
+        self.freed_revisions = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_mount(cls, root, data_dir: str, *, interval: float | None, read_only: bool) -> "Maintenance | None":
+        """The mount's maintenance, or None when it is off or the mount cannot write."""
+        every = configured_interval(data_dir, interval)
+        if read_only or every == 0:
+            log.info("background maintenance is off%s", " (read-only mount)" if read_only and every else "")
+            return None
+        return cls(root, interval=every)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="nokvfs-maintenance", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            started = time.monotonic()
+            try:
+                report = self.run_pass()
+            except Stopped:
+                return
+            except NokvError as exc:
+                log.warning("maintenance pass failed (the next one retries): %s: %s", type(exc).__name__, exc)
+                continue
+            except Exception:  # noqa: BLE001 - maintenance must never take the mount down
+                log.exception("maintenance pass failed unexpectedly")
+                continue
+            log.info(
+                "maintenance: %d step(s) in %.2f s; freed %d revision(s); removed %d change event(s), %d dedupe row(s), "
+                "%d operation row(s), %d outbox record(s), %d History row(s)",
+                report["steps"], time.monotonic() - started, report["freed"], report["events"], report["requests"],
+                report["operations"], report["outbox"], report["history"],
+            )
+
+    def _step(self, *_) -> None:
+        """Between two steps: stop if asked, else let the requests in."""
+        self.steps += 1
+        if self._stop.is_set():
+            raise Stopped
+        time.sleep(self.pause)
+
+    def run_pass(self) -> dict:
+        """One pass, step by step (also callable directly)."""
+        from nokvfs.workspace import gc, retention
+        from nokvfs.workspace.datadir import retention_settings
+
+        settings = retention_settings(self.root.data_dir)
+        kept = retention.RetentionReport()
+        for _ in retention.slices(self.root, settings, kept, max_rows=self.slice_rows, max_records=self.slice_rows):
+            self._step()
+        collected = gc.collect(self.root, progress=self._step, history_batch=self.slice_rows)
+        self.passes += 1
+        self.freed_revisions += collected.freed_revisions
+        return {
+            "steps": kept.steps, "freed": collected.freed_revisions, "events": kept.events_removed,
+            "requests": kept.requests_removed, "operations": kept.operations_removed, "outbox": kept.outbox_removed,
+            "history": collected.history_pruned,
+        }
