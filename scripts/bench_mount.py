@@ -1,31 +1,40 @@
 #!/usr/bin/env python3
-"""Benchmark the nokvfs mount against a plain local directory and a minimal pyfuse3 passthrough.
+"""Benchmark the nokvfs mount against pyfuse3's passthrough example: prints figures, asserts
+nothing about time.
 
-    python3 scripts/bench_mount.py [--files 2000] [--file-size 4096] [--seq-mib 256]
-                                   [--big-dir 100000] [--workdir DIR] [--keep]
+    python3 scripts/bench_mount.py [--files 2000] [--dirs 20] [--file-size 4096] [--seq-mib 256]
+                                   [--tar-files 4000] [--big-dir 20000] [--modes durable,write-back]
+                                   [--s3] [--s3-seq-mib 64] [--workdir DIR] [--keep]
 
-The same work runs on three targets in one run:
+The same work runs on every target in one run, phase by phase (targets interleaved, so a busy
+machine weighs on all of them alike):
 
-    local        a plain directory on the local disk
-    passthrough  a minimal pyfuse3 passthrough (below, after pyfuse3's examples/passthroughfs.py:
-                 writeback cache on, inode = the source's inode) mounted over a local directory;
-                 the baseline the targets refer to
-    nokvfs       `python3 -m nokvfs.cli.main mount DATA MNT --foreground`, working in bench/outputs/
+    local         a plain directory on the local disk (for scale)
+    passthrough   pyfuse3's examples/passthroughfs.py (below, the same operations: writeback
+                  cache on, inode = the source's inode) over a local directory: the reference
+    nokvfs        `python3 -m nokvfs.cli.main mount DATA MNT --foreground`, durable at close (default)
+    nokvfs-wb     the same with `--write-back` (close returns once the bytes are durable locally)
+    nokvfs-s3, nokvfs-s3-wb   with --s3: the same two over a loopback moto S3 server this script
+                  starts itself (127.0.0.1 only)
 
-Phases: create+write+close of N small files (in 10 directories), stat of all, `ls -lR`, cat of all
-(open+read+close each), a sequential write of S MiB (close included: for nokvfs that is the
-publication) and a sequential read of it (page cache dropped first, when running as root), and the
-listing of one directory of M entries, populated beside the mount: on the local disk for local and
-passthrough, through the facade in batched commands for nokvfs (not through the mount).
+Phases, in order: create+write+close of N small files in D directories; for write-back targets
+the wait until every accepted file is published (an fsync(2) of the last one: publication is in
+order); first read of the files just written (open+read+close each); stat of all; `ls -lR`;
+`tar x` of a tree of T small files (a tar made locally first), with its publication wait; a
+sequential write of S MiB (close included); a warm sequential read of it; every FUSE target
+unmounted and mounted again (write-back targets drain at unmount); a sequential read after the
+remount (page cache of the mount gone, the host's kept), the same with the host's caches dropped
+(root only); the listing of a directory of M entries populated beside the mount.
 
-Targets: metadata phases within 3x of the passthrough; sequential read at least 60% of its
-throughput. The script prints its figures, unmounts everything it mounted and exits.
+Every figure is printed as a rate and as a ratio to the passthrough's in the same run (above 1:
+faster). The nokvfs daemons' resident memory is printed after every phase and at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import io
 import os
 import shutil
 import subprocess
@@ -215,6 +224,8 @@ def serve_passthrough(source: str, mountpoint: str) -> None:
 
 # --- the harness ------------------------------------------------------------------------------
 
+MiB = 1 << 20
+
 
 def unmount(mountpoint: str) -> None:
     for argv in (["fusermount3", "-u", mountpoint], ["fusermount3", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
@@ -224,7 +235,7 @@ def unmount(mountpoint: str) -> None:
 
 
 def wait_mounted(mountpoint: str, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if os.path.ismount(mountpoint):
             try:
@@ -239,10 +250,13 @@ def wait_mounted(mountpoint: str, proc: subprocess.Popen, what: str) -> None:
 
 
 def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     return 0
 
 
@@ -256,29 +270,101 @@ def drop_caches() -> bool:
         return False
 
 
-class Timer:
-    def __init__(self):
-        self.results: dict[tuple[str, str], float] = {}
+class Target:
+    """One place the phases run: a directory, and for a mount the daemon serving it."""
 
-    def run(self, phase: str, target: str, fn, *args):
-        start = time.perf_counter()
-        fn(*args)
-        elapsed = time.perf_counter() - start
-        self.results[(phase, target)] = elapsed
-        print(f"  {phase:<28} {target:<12} {elapsed:8.3f} s", flush=True)
-        return elapsed
+    def __init__(self, name: str, base: str, *, argv=None, mountpoint=None, env=None, log=None, publishes_later=False):
+        self.name = name
+        self.base = base  # where the phases work
+        self.argv = argv  # the daemon's command line (None: a plain directory)
+        self.mountpoint = mountpoint
+        self.env = env
+        self.log = log
+        self.publishes_later = publishes_later
+        self.proc = None
+        self.peak_rss_kib = 0
+
+    @property
+    def nokvfs(self) -> bool:
+        return self.name.startswith("nokvfs")
+
+    def start(self) -> None:
+        if self.argv is None:
+            return
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log, env=self.env, cwd=REPO)
+        wait_mounted(self.mountpoint, self.proc, self.name)
+
+    def stop(self) -> None:
+        """Unmount and wait for the daemon to exit (a write-back daemon drains first)."""
+        if self.proc is None:
+            return
+        self.rss()
+        unmount(self.mountpoint)
+        try:
+            self.proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def rss(self) -> int:
+        kib = rss_kib(self.proc.pid) if self.proc is not None else 0
+        self.peak_rss_kib = max(self.peak_rss_kib, kib)
+        return kib
 
 
-def small_paths(base: str, count: int) -> list[str]:
-    return [os.path.join(base, "small", f"d{i % 10}", f"file{i:05d}") for i in range(count)]
+def small_paths(base: str, count: int, dirs: int) -> list[str]:
+    return [os.path.join(base, "small", f"d{i % dirs:02d}", f"file{i:05d}") for i in range(count)]
+
+
+def make_tree_tar(path: str, count: int) -> int:
+    """A tar of `count` small files (sizes 0..16 KiB) in nested directories, like a source tree."""
+    import random
+    import tarfile
+
+    rng = random.Random(7)
+    total = 0
+    with tarfile.open(path, "w") as tar:
+        for i in range(count):
+            size = rng.choice((0, 100, 700, 1500, 4096, 9000, 16384))
+            info = tarfile.TarInfo(f"tree/m{i % 7}/p{i % 41:02d}/f{i:05d}.txt")
+            info.size = size
+            info.mode = 0o644
+            info.mtime = 1_700_000_000
+            tar.addfile(info, io.BytesIO(rng.randbytes(size)))
+            total += size
+    return total
+
+
+def start_moto():
+    """A loopback moto S3 server (serialised like the tests' one) and its endpoint URL."""
+    os.environ.update({
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true",
+        "NO_PROXY": "127.0.0.1,localhost",
+    })
+    import logging
+
+    from tests.s3_fixtures import _serialised_moto_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = _serialised_moto_server()
+    server.start()
+    host, port = server.get_host_and_port()
+    return server, f"http://{host}:{port}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--dirs", type=int, default=20)
     parser.add_argument("--file-size", type=int, default=4096)
     parser.add_argument("--seq-mib", type=int, default=256)
-    parser.add_argument("--big-dir", type=int, default=100_000)
+    parser.add_argument("--tar-files", type=int, default=4000)
+    parser.add_argument("--big-dir", type=int, default=20_000)
+    parser.add_argument("--modes", default="durable,write-back", help="nokvfs modes to run: durable, write-back or both")
+    parser.add_argument("--s3", action="store_true", help="also run nokvfs over a loopback moto S3 server")
+    parser.add_argument("--s3-seq-mib", type=int, default=64, help="sequential size on S3 targets (moto holds objects in memory)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--serve-passthrough", nargs=2, metavar=("SOURCE", "MOUNTPOINT"), help=argparse.SUPPRESS)
@@ -286,147 +372,246 @@ def main() -> int:
     if args.serve_passthrough:
         serve_passthrough(*args.serve_passthrough)
         return 0
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
 
     work = args.workdir or tempfile.mkdtemp(prefix="nokvfs-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
     os.makedirs(work, exist_ok=True)
-    local = os.path.join(work, "local")
-    pt_source, pt_mount = os.path.join(work, "pt-source"), os.path.join(work, "pt-mount")
-    data, nk_mount = os.path.join(work, "nk-data"), os.path.join(work, "nk-mount")
-    for path in (local, pt_source, pt_mount, nk_mount):
-        os.makedirs(path, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("NOTIFY_SOCKET", None)
-    procs = []
-    timer = Timer()
+    targets: list[Target] = []
+    moto = None
+    log = open(os.path.join(work, "daemons.log"), "ab")
     try:
-        print(f"work directory {work}")
-        print(f"populating the {args.big_dir}-entry directories beside the mounts ...", flush=True)
+        print(f"work directory {work}", flush=True)
         from nokvfs.workspace import datadir, workbench
         from tests.mount_fixtures import populate_many
 
-        datadir.init(data)
-        root = datadir.open_root(data, verify=False)
-        try:
-            workbench.create(root, "bench")
-            started = time.perf_counter()
-            populate_many(root, "bench", "outputs/big", args.big_dir)
-            print(f"  nokvfs: {args.big_dir} paths through the facade in {time.perf_counter() - started:.1f} s")
-        finally:
-            if root.blocks.cache is not None:
-                root.blocks.cache.close()
-            root.close()
+        local = os.path.join(work, "local")
+        pt_source, pt_mount = os.path.join(work, "pt-source"), os.path.join(work, "pt-mount")
+        for path in (local, pt_source, pt_mount):
+            os.makedirs(path, exist_ok=True)
+        targets.append(Target("local", local))
+        targets.append(Target("passthrough", pt_mount, argv=[sys.executable, os.path.abspath(__file__), "--serve-passthrough", pt_source, pt_mount], mountpoint=pt_mount, env=env, log=log))
+        stores = [("nokvfs", None, None)]
+        if args.s3:
+            moto, endpoint = start_moto()
+            import boto3
+
+            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="nokvfs-bench")
+            env.update({k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED", "NO_PROXY")})
+            stores.append(("nokvfs-s3", "s3://nokvfs-bench/{name}", endpoint))
+        for prefix, store, endpoint in stores:
+            for mode in modes:
+                name = prefix + ("-wb" if mode == "write-back" else "")
+                data, mnt = os.path.join(work, name + "-data"), os.path.join(work, name + "-mnt")
+                os.makedirs(mnt, exist_ok=True)
+                datadir.init(data, store=None if store is None else store.format(name=name), endpoint_url=endpoint)
+                root = datadir.open_root(data, verify=False)
+                try:
+                    workbench.create(root, "bench")
+                    if args.big_dir:
+                        started = time.perf_counter()
+                        populate_many(root, "bench", "outputs/big", args.big_dir)
+                        print(f"  {name}: {args.big_dir} paths through the facade in {time.perf_counter() - started:.1f} s", flush=True)
+                finally:
+                    if root.blocks.cache is not None:
+                        root.blocks.cache.close()
+                    root.close()
+                argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
+                if mode == "write-back":
+                    argv.append("--write-back")
+                targets.append(Target(name, os.path.join(mnt, "bench", "outputs"), argv=argv, mountpoint=mnt, env=env, log=log, publishes_later=mode == "write-back"))
         for base in (local, pt_source):
             os.makedirs(os.path.join(base, "big"))
             for i in range(args.big_dir):
                 os.close(os.open(os.path.join(base, "big", f"f{i:06d}"), os.O_WRONLY | os.O_CREAT, 0o644))
+        tar_path = os.path.join(work, "tree.tar")
+        tar_bytes = make_tree_tar(tar_path, args.tar_files) if args.tar_files else 0
 
-        log = open(os.path.join(work, "daemons.log"), "ab")
-        pt = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-passthrough", pt_source, pt_mount], stdout=log, stderr=log, env=env)
-        procs.append((pt, pt_mount))
-        wait_mounted(pt_mount, pt, "the passthrough")
-        nk = subprocess.Popen([sys.executable, "-m", "nokvfs.cli.main", "mount", data, nk_mount, "--foreground"], stdout=log, stderr=log, env=env, cwd=REPO)
-        procs.append((nk, nk_mount))
-        wait_mounted(nk_mount, nk, "the nokvfs daemon")
-        targets = {"local": local, "passthrough": pt_mount, "nokvfs": os.path.join(nk_mount, "bench", "outputs")}
+        for target in targets:
+            target.start()
+            for d in range(args.dirs):
+                os.makedirs(os.path.join(target.base, "small", f"d{d:02d}"), exist_ok=True)
 
         payload = os.urandom(args.file_size)
-        for base in targets.values():
-            for d in range(10):
-                os.makedirs(os.path.join(base, "small", f"d{d}"), exist_ok=True)
+        chunk = os.urandom(MiB)
 
-        def create_all(base):
-            for path in small_paths(base, args.files):
+        def seq_mib(target):
+            return args.s3_seq_mib if "-s3" in target.name else args.seq_mib
+
+        def create_all(target):
+            for path in small_paths(target.base, args.files, args.dirs):
                 with open(path, "wb") as f:
                     f.write(payload)
 
-        def stat_all(base):
-            for path in small_paths(base, args.files):
-                os.stat(path)
+        def published(target, path):
+            # fsync(2) waits for the file's publication; publication is in order, so for the
+            # last file written it waits for everything accepted before it.
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
-        def ls_lr(base):
-            subprocess.run(["ls", "-lR", os.path.join(base, "small")], stdout=subprocess.DEVNULL, check=True)
+        def drain_small(target):
+            published(target, small_paths(target.base, args.files, args.dirs)[-1])
 
-        def cat_all(base):
-            for path in small_paths(base, args.files):
+        def cat_all(target):
+            for path in small_paths(target.base, args.files, args.dirs):
                 with open(path, "rb") as f:
                     if len(f.read()) != args.file_size:
                         raise SystemExit(f"short read of {path}")
 
-        chunk = os.urandom(1 << 20)
+        def stat_all(target):
+            for path in small_paths(target.base, args.files, args.dirs):
+                os.stat(path)
 
-        def seq_write(base):
-            with open(os.path.join(base, "seq.bin"), "wb") as f:
-                for _ in range(args.seq_mib):
+        def xattrs_of_ls(target):
+            # The two getxattr(2) calls `ls -l` makes per file (the kernel caches no answer).
+            for path in small_paths(target.base, args.files, args.dirs):
+                for name in ("security.selinux", "system.posix_acl_access"):
+                    try:
+                        os.getxattr(path, name, follow_symlinks=False)
+                    except OSError:
+                        pass
+
+        def ls_lr(target):
+            subprocess.run(["ls", "-lR", os.path.join(target.base, "small")], stdout=subprocess.DEVNULL, check=True)
+
+        def tar_x(target):
+            os.makedirs(os.path.join(target.base, "untar"), exist_ok=True)
+            subprocess.run(["tar", "xf", tar_path, "-C", os.path.join(target.base, "untar")], check=True)
+
+        last_tar_file = None
+        if args.tar_files:
+            i = args.tar_files - 1
+            last_tar_file = os.path.join("untar", "tree", f"m{i % 7}", f"p{i % 41:02d}", f"f{i:05d}.txt")
+
+        def drain_tar(target):
+            published(target, os.path.join(target.base, last_tar_file))
+
+        def seq_write(target):
+            with open(os.path.join(target.base, "seq.bin"), "wb") as f:
+                for _ in range(seq_mib(target)):
                     f.write(chunk)
 
-        def seq_read(base):
+        def drain_seq(target):
+            published(target, os.path.join(target.base, "seq.bin"))
+
+        def seq_read(target):
             total = 0
-            with open(os.path.join(base, "seq.bin"), "rb", buffering=0) as f:
+            with open(os.path.join(target.base, "seq.bin"), "rb", buffering=0) as f:
                 while True:
-                    data_ = f.read(1 << 20)
+                    data_ = f.read(MiB)
                     if not data_:
                         break
                     total += len(data_)
-            if total != args.seq_mib << 20:
-                raise SystemExit(f"read {total} bytes of seq.bin")
+            if total != seq_mib(target) * MiB:
+                raise SystemExit(f"read {total} bytes of seq.bin on {target.name}")
 
-        def list_big(base):
-            count = sum(1 for _ in os.scandir(os.path.join(base, "big")))
+        def remount(target):
+            target.stop()
+            target.start()
+
+        def list_big(target):
+            count = sum(1 for _ in os.scandir(os.path.join(target.base, "big")))
             if count != args.big_dir:
-                raise SystemExit(f"listed {count} entries in {base}/big")
+                raise SystemExit(f"listed {count} entries in {target.base}/big")
 
+        # (phase, function, unit, amount(target) or None for seconds, which targets)
+        files_phase = (lambda t: args.files)
         phases = [
-            (f"create+write+close {args.files}", create_all),
-            (f"stat {args.files}", stat_all),
-            ("ls -lR", ls_lr),
-            (f"cat {args.files}", cat_all),
-            (f"seq write {args.seq_mib} MiB", seq_write),
-            (f"seq read {args.seq_mib} MiB (cold)", seq_read),
-            (f"seq read {args.seq_mib} MiB (warm)", seq_read),
-            (f"list {args.big_dir} entries", list_big),
+            (f"create+write+close {args.files}", create_all, "files/s", files_phase, None),
+            ("  write-back: published", drain_small, "s", None, "later"),
+            (f"first read of the {args.files}", cat_all, "files/s", files_phase, None),
+            (f"stat {args.files}", stat_all, "files/s", files_phase, None),
+            (f"getxattr x2 of the {args.files} (as ls -l)", xattrs_of_ls, "files/s", files_phase, None),
+            ("ls -lR", ls_lr, "s", None, None),
         ]
-        dropped = None
-        rss = {}
-        for phase, fn in phases:
-            for name, base in targets.items():
-                if "(cold)" in phase:
-                    dropped = drop_caches()
-                if phase.startswith("list"):
-                    drop_caches()
-                    before = rss_kib(nk.pid)
-                timer.run(phase, name, fn, base)
-                if phase.startswith("list") and name == "nokvfs":
-                    rss["list"] = (before, rss_kib(nk.pid))
-                if name == "nokvfs":
-                    rss.setdefault("phases", []).append((phase, rss_kib(nk.pid)))
+        if args.tar_files:
+            phases += [
+                (f"tar x {args.tar_files} files", tar_x, "s", None, None),
+                ("  write-back: published", drain_tar, "s", None, "later"),
+            ]
+        phases += [
+            ("sequential write", seq_write, "MB/s", seq_mib, None),
+            ("  write-back: published", drain_seq, "s", None, "later"),
+            ("sequential read, warm", seq_read, "MB/s", seq_mib, None),
+            ("unmount + mount", remount, "s", None, "mounts"),
+            ("sequential read after remount", seq_read, "MB/s", seq_mib, None),
+            ("sequential read, caches dropped", seq_read, "MB/s", seq_mib, "drop"),
+        ]
+        if args.big_dir:
+            phases.append((f"list {args.big_dir} entries", list_big, "s", None, None))
 
+        results: dict[tuple[int, str], float] = {}
+        rss_after: dict[str, list] = {t.name: [] for t in targets if t.nokvfs}
+        dropped = None
+        for index, (phase, fn, unit, amount, which) in enumerate(phases):
+            for target in targets:
+                if which == "later" and not target.publishes_later:
+                    continue
+                if which == "mounts" and target.argv is None:
+                    continue
+                if which == "drop":
+                    dropped = drop_caches()
+                started = time.perf_counter()
+                fn(target)
+                elapsed = time.perf_counter() - started
+                results[(index, target.name)] = elapsed
+                extra = ""
+                if target.nokvfs:
+                    kib = target.rss()
+                    rss_after[target.name].append(kib)
+                    extra = f"   RSS {kib / 1024:.0f} MiB"
+                print(f"  {phase:<34} {target.name:<14} {elapsed:8.3f} s{extra}", flush=True)
+
+        names = [t.name for t in targets]
         print()
-        print(f"{'phase':<32}{'local':>10}{'passthru':>10}{'nokvfs':>10}{'nokvfs/passthru':>17}{'nokvfs/local':>14}")
-        for phase, _ in phases:
-            l, p, n = (timer.results[(phase, t)] for t in ("local", "passthrough", "nokvfs"))
-            if phase.startswith("seq"):
-                mib = args.seq_mib
-                print(f"{phase:<32}{mib / l:>7.0f}MB/s{mib / p:>6.0f}MB/s{mib / n:>6.0f}MB/s{p / n * 100:>15.0f}% of{'':>1}{l / n * 100:>10.0f}% of")
-            else:
-                print(f"{phase:<32}{l:>9.3f}s{p:>9.3f}s{n:>9.3f}s{n / p:>16.2f}x{n / l:>13.2f}x")
+        print("rates (ratio to passthrough in this run; above 1 is faster)")
+        print(f"{'phase':<34}" + "".join(f"{n:>22}" for n in names))
+        for index, (phase, fn, unit, amount, which) in enumerate(phases):
+            row = f"{phase:<34}"
+            reference = results.get((index, "passthrough"))
+            for target in targets:
+                elapsed = results.get((index, target.name))
+                if elapsed is None:
+                    row += f"{'':>22}"
+                    continue
+                if unit == "s":
+                    text = f"{elapsed:.3f} s"
+                    ratio = reference / elapsed if reference and elapsed else None
+                else:
+                    rate = amount(target) / elapsed if elapsed else float("inf")
+                    text = f"{rate:,.0f} {unit}"
+                    ratio = None
+                    if reference:
+                        pt = next(t for t in targets if t.name == "passthrough")
+                        ratio = (amount(target) / elapsed) / (amount(pt) / reference)
+                cell = text + (f" {ratio:5.2f}x" if ratio is not None and target.name != "passthrough" else "")
+                row += f"{cell:>22}"
+            print(row)
         if dropped is False:
             print("(not root: the page cache was not dropped before the cold read)")
-        print("nokvfs daemon RSS after each phase: " + ", ".join(f"{p.split(' ')[0]} {kib / 1024:.0f} MiB" for p, kib in rss.get("phases", [])))
-        if "list" in rss:
-            before, after = rss["list"]
-            print(f"nokvfs daemon RSS around the {args.big_dir}-entry listing: {before / 1024:.0f} MiB -> {after / 1024:.0f} MiB")
+        print()
+        for target in targets:
+            if target.nokvfs:
+                now = target.rss()
+                print(f"{target.name} daemon RSS: end {now / 1024:.0f} MiB, peak seen {target.peak_rss_kib / 1024:.0f} MiB "
+                      f"(after each phase: {', '.join(f'{k / 1024:.0f}' for k in rss_after[target.name])} MiB)")
         return 0
     finally:
-        for proc, mountpoint in reversed(procs):
-            unmount(mountpoint)
+        for target in reversed(targets):
             try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        left = [m for _, m in procs if os.path.ismount(m)]
+                target.stop()
+            except Exception as exc:  # noqa: BLE001 - keep unmounting the others
+                print(f"stopping {target.name}: {exc}", file=sys.stderr)
+        left = [t.mountpoint for t in targets if t.mountpoint and os.path.ismount(t.mountpoint)]
         if left:
             print(f"still mounted: {left}", file=sys.stderr)
+        if moto is not None:
+            moto.stop()
+        log.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 

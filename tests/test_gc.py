@@ -348,7 +348,7 @@ def test_gc_sweeps_the_temp_files_of_writers_that_are_gone(root):
             f.write(b"half a block")
         past = time.time() - 3 * 86400
         os.utime(path, (past, past))
-    live_fd, live, _, _ = root.store._write_temp([b"a write in progress"], {})
+    live_fd, live, _, _ = root.store._write_temp([b"a write in progress"], {}, named=True)
     try:
         os.utime(live, (time.time() - 3 * 86400,) * 2)
         assert gc.collect(root, dry_run=True).temp_files_removed == 0 and os.path.exists(dead)

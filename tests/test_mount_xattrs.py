@@ -70,6 +70,9 @@ def test_index_fields_are_listed_and_read_as_textual_xattrs(mount):
     assert len(os.getxattr(path, "user.nokvfs.revision")) == 32
     assert errno_of(os.getxattr, path, "user.nokv.missing") == errno.ENODATA
     assert errno_of(os.getxattr, path, "user.nokvfs.missing") == errno.ENODATA
+    for name in ("security.selinux", "system.posix_acl_access", "trusted.x"):  # what ls -l asks
+        assert errno_of(os.getxattr, path, name) == errno.ENODATA
+        assert errno_of(os.getxattr, os.path.dirname(path), name) == errno.ENODATA
     # Read-only: nothing is stored through the mount.
     assert errno_of(os.setxattr, path, "user.nokv.count", b"1") == errno.ENOTSUP
     assert errno_of(os.setxattr, path, "user.other", b"1") == errno.ENOTSUP

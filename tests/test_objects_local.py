@@ -16,6 +16,7 @@ from nokvfs.errors import (
     IntegrityError,
     InvalidInput,
     ObjectMissing,
+    PreconditionFailed,
     StoreError,
     StoreFull,
 )
@@ -122,6 +123,7 @@ def test_list_never_shows_temp_or_internal_files(store):
 
 
 def test_temp_file_never_renamed_leaves_no_object_at_the_key(store):
+    store = LocalStore(store.root, unnamed_temps=False)  # a filesystem without O_TMPFILE: named temps
     fd, tmp, _, _ = store._write_temp([b"half of a block"], {})  # the write, never committed
     assert os.path.exists(tmp)
     with pytest.raises(ObjectMissing):
@@ -134,13 +136,34 @@ def test_temp_file_never_renamed_leaves_no_object_at_the_key(store):
     assert _temp_files(store.root) == []
 
 
-def _crash_during_put(root, key, data):
-    """Run a put in a child process that dies the instant before the temp file is published."""
+def test_unnamed_temp_file_never_linked_leaves_nothing(store):
+    fd, tmp, _, _ = store._write_temp([b"half of a block"], {})  # O_TMPFILE: no name at all
+    assert tmp is None and _temp_files(store.root) == []
+    with pytest.raises(ObjectMissing):
+        store.get("t/obj")
+    assert list(store.list("")) == []
+    os.close(fd)  # the writer is gone: the inode goes with its last descriptor
+    assert store.remove_stale_temp_files(grace_seconds=0) == 0
+    assert _temp_files(store.root) == [] and list(store.list("")) == []
+
+
+def test_put_many_stores_each_object_and_reports_each_refusal(store):
+    store.put("m/taken", b"first")
+    results = store.put_many([("m/a", b"alpha"), ("m/taken", b"second"), ("m/b/c", b"gamma")], if_none_match=True)
+    assert isinstance(results[0], str) and isinstance(results[2], str)
+    assert isinstance(results[1], PreconditionFailed)
+    assert store.get("m/a") == b"alpha" and store.get("m/taken") == b"first" and store.get("m/b/c") == b"gamma"
+    assert _temp_files(store.root) == []
+
+
+def _crash_during_put(root, key, data, *, unnamed=False):
+    """Run a put in a child process that dies the instant before the temp file is published
+    (named temps unless `unnamed`: those are the ones a crash can leave behind)."""
     code = f"""
 import os, sys
 sys.path.insert(0, {REPO!r})
 from nokvfs.objects.local import LocalStore
-store = LocalStore({str(root)!r})
+store = LocalStore({str(root)!r}, unnamed_temps={unnamed!r})
 real_replace = os.replace
 def crash_on_publish(src, dst, *args, **kwargs):
     if os.path.basename(src).startswith(".nokv-tmp-"):
@@ -166,6 +189,17 @@ def test_crash_before_rename_keeps_the_old_object_whole(store):
     assert _crash_during_put(store.root, "crash/old", b"new version" * 1000) == 17
     assert store.get("crash/old") == b"old version"
     assert [i.key for i in store.list("")] == ["crash/old"]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "replace"])
+def test_crash_before_linking_an_unnamed_temp_leaves_nothing_and_the_old_object_whole(store, existing):
+    if existing:
+        store.put("crash/obj", b"old version")
+    assert _crash_during_put(store.root, "crash/obj", b"new version" * 1000, unnamed=True) == 17
+    assert _temp_files(store.root) == []  # the unnamed temp died with its writer
+    assert [i.key for i in store.list("")] == (["crash/obj"] if existing else [])
+    if existing:
+        assert store.get("crash/obj") == b"old version"
 
 
 # --- disk failures ----------------------------------------------------------------------------
@@ -382,6 +416,7 @@ def _age(path, seconds):
 
 def test_a_dead_writers_temp_is_swept_at_open_and_a_live_ones_is_kept(store):
     """Issue 13: temporary files older than any live writer are swept at open and by gc."""
+    store = LocalStore(store.root, unnamed_temps=False)  # named temps: the ones a crash leaves
     assert _crash_during_put(store.root, "crash/new", b"z" * 100_000) == 17
     [dead] = [os.path.join(store.root, f) for f in _temp_files(store.root)]
     live_fd, live, _, _ = store._write_temp([b"a write still in progress"], {})

@@ -1,6 +1,6 @@
 """`nokvfs mount` and `nokvfs umount`: the FUSE mount of a data directory's workbenches.
 
-    nokvfs mount DATA_DIR MOUNTPOINT [--foreground] [--read-only] [--allow-other]
+    nokvfs mount DATA_DIR MOUNTPOINT [--foreground] [--read-only] [--allow-other] [--write-back]
                  [--replicate s3://bucket/prefix [--replicate-endpoint-url URL]
                   [--replicate-interval SECONDS]] [--metrics [ADDRESS:]PORT]
     nokvfs --data-dir DATA_DIR mount MOUNTPOINT
@@ -90,6 +90,7 @@ def mount_options(args) -> MountOptions:
         replicate_endpoint_url=args.replicate_endpoint_url,
         replicate_interval=args.replicate_interval,
         sync=args.sync,
+        write_back=args.write_back,
         follow=args.follow,
         follow_endpoint_url=_follow_endpoint(args),
         follow_interval=args.follow_interval,
@@ -102,7 +103,12 @@ def mount_options(args) -> MountOptions:
 def umount(args) -> int:
     from nokvfs.fs import daemon
 
-    data_dirs = [os.path.abspath(args.data_dir)] + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
+    from nokvfs.fs.mountinfo import mount_data_dir
+
+    # The mount names its data directory (its source), so the daemon is found and waited for
+    # (a write-back daemon publishes before it exits) without --data-dir.
+    served = mount_data_dir(args.mountpoint)
+    data_dirs = ([served] if served else []) + [os.path.abspath(args.data_dir)] + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
     return daemon.umount(args.mountpoint, data_dirs=data_dirs, lazy=args.lazy, timeout=args.timeout)
 
 
@@ -119,6 +125,7 @@ def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-cache-mb", type=int, default=DEFAULT_MEMORY_MB, help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})")
     parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
     parser.add_argument("--syscall-timeout", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_SYSCALL_TIMEOUT, help=f"longest a syscall on the mount waits for the store or a publication before it fails with EIO (default {DEFAULT_SYSCALL_TIMEOUT:g})")
+    parser.add_argument("--write-back", action="store_true", help="close(2) returns once the bytes are durable on this machine; they are published in the background, in order (fsync(2) waits for the publication; `nokvfs umount` drains; a crash is replayed at the next mount)")
     parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
     parser.add_argument("--sync", action="store_true", help="with --replicate: close(2) and fsync(2) return only once the bucket holds the write (no accepted write is lost with the machine)")
     parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")

@@ -173,6 +173,7 @@ class MountOptions:
     replicate_endpoint_url: str | None = None
     replicate_interval: float = DEFAULT_REPLICATE_INTERVAL
     sync: bool = False  # with replicate: close(2) waits for the bucket
+    write_back: bool = False  # close(2) returns once the bytes are durable here (nokvfs.fs.writeback)
     follow: str | None = None  # mount this bucket's root read-only, following it
     follow_endpoint_url: str | None = None
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL
@@ -302,7 +303,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     import pyfuse3
     import trio
 
-    from nokvfs.fs import spools
+    from nokvfs.fs import spools, writeback
     from nokvfs.fs.filesystem import FileSystem
     from nokvfs.fs.freshness import ChangeFollower, Invalidator
     from nokvfs.fs.maintenance import Maintenance
@@ -338,6 +339,10 @@ def serve(options: MountOptions, *, ready=None) -> int:
     try:
         if root.blocks.cache is None:
             log.warning("the block cache of %s is held by another process: this mount reads uncached", data_dir)
+        if not read_only:
+            published, kept = writeback.replay(root, data_dir)
+            if published or kept:
+                log.info("write-back: %d file(s) accepted before the last daemon ended published, %d kept", published, kept)
         for kept in spools.adopt_orphans(data_dir, os.getpid()):
             record = kept.record
             log.warning(
@@ -355,7 +360,14 @@ def serve(options: MountOptions, *, ready=None) -> int:
             replication.on_fenced = lambda why: _turn_read_only(fs.tree, why)
             if o.sync and hasattr(replication, "wait_shipped"):
                 fs.files.ship = replication.wait_shipped
+        publisher = None
+        if o.write_back and not read_only:
+            publisher = fs.files.writeback = writeback.Publisher(fs.files)
         operations = Operations(fs)
+        if publisher is not None:
+            # close(2) does not publish here, so the kernel may cache writes too (fewer, larger
+            # WRITEs; the file's pages stay cached); it writes them back before FLUSH and FSYNC.
+            operations.enable_writeback_cache = True
         follower = ChangeFollower(root, fs.changes)
         maintenance = Maintenance.for_mount(root, data_dir, interval=o.maintenance_interval, read_only=read_only)
         status = MountStatus(
@@ -384,7 +396,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if maintenance is not None:
             maintenance.start()
         try:
-            trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, o.read_ahead_kb, replication)
+            trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, o.read_ahead_kb, replication, publisher)
         except BaseException:
             pyfuse3.close(unmount=True)
             unmounted = True
@@ -436,7 +448,7 @@ def _tame_malloc() -> None:
         pass
 
 
-async def _main(mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication=None) -> None:
+async def _main(mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication=None, publisher=None) -> None:
     import pyfuse3
     import trio
 
@@ -447,7 +459,11 @@ async def _main(mountpoint, data_dir, pool, fetcher, follower, invalidator, read
         nursery.start_soon(follower.run)
         nursery.start_soon(_signals)
         nursery.start_soon(_announce, mountpoint, data_dir, ready, started, read_ahead_kb, replication)
+        if publisher is not None:
+            nursery.start_soon(publisher.run)
         await pyfuse3.main()
+        if publisher is not None:
+            await publisher.drain()  # `nokvfs umount` returns once the daemon exits: after this
         nursery.cancel_scope.cancel()
 
 

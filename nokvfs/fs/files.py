@@ -74,6 +74,9 @@ class Files:
         self.ship = None
         # Counts and latencies of reads, writes and publications (`nokvfs status`, metrics).
         self.meters = Meters()
+        # `--write-back`: a nokvfs.fs.writeback.Publisher; close(2) then accepts (durable here)
+        # and the publisher publishes. None: close(2) publishes.
+        self.writeback = None
 
     # --- opening -----------------------------------------------------------------------------------
 
@@ -190,7 +193,7 @@ class Files:
             return spool.pread(offset, size)  # publications only read the spool: no lock needed
         async with spool.locked():  # not while it is being filled
             size = max(0, min(size, spool.size - offset))
-            if size == 0 or spool.fd < 0:
+            if size == 0 or spool.closed:
                 return b""
             if spool.filled:
                 return spool.pread(offset, size)
@@ -221,10 +224,16 @@ class Files:
 
     async def flush(self, handle: FileHandle) -> None:
         if handle.writable:
+            if self.writeback is not None:
+                await self.writeback.accept(handle.node)
+                return
             await self.publish(handle.node, why="publication at close", closing=True)
 
     async def fsync(self, handle: FileHandle) -> None:
         if handle.writable or handle.node.spool is not None:
+            if self.writeback is not None:
+                await self.writeback.wait_published(handle.node)
+                return
             await self.publish(handle.node, why="publication at fsync")
 
     async def publish(self, node: Node, *, why: str, closing: bool = False) -> None:
@@ -242,7 +251,7 @@ class Files:
                 return
             if closing and (spool.truncated_only or (spool.base is None and not spool.written)):
                 return  # an empty new or O_TRUNC-emptied file is published at release (module docstring)
-            await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why)
+            await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why, closing and spool.writers <= 1)
         if self.ship is not None:
             # --sync: close(2) returns once the increment holding the publication is in the
             # bucket (an error here leaves it published on this machine, shipped later).
@@ -250,10 +259,10 @@ class Files:
             timeout = self.workers.syscall_timeout
             await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
 
-    async def _publish_locked(self, node: Node, spool: Spool, why: str) -> None:
+    async def _publish_locked(self, node: Node, spool: Spool, why: str, last_close: bool = False) -> None:
         tree = self.tree
         components = spool.components
-        stored = self._attributes_to_publish(node, spool)
+        stored = self.attributes_to_publish(node, spool)
         appending = spool.append_only and spool.base is not None and spool.size > spool.base.logical_size
         tree.begin_change(spool.incarnation, components)
         started = time.monotonic()
@@ -277,7 +286,9 @@ class Files:
         tree.own(kind, entry.artifact_revision_id)
         tree.end_change(spool.incarnation, components)
         self.meters["publication"].record(time.monotonic() - started)
-        spool.published(entry)
+        # The last writer's close: nothing unpublished is left to keep, so the spool file goes
+        # now (a later write through a descriptor still open makes a new one).
+        spool.published(entry, drop_file=last_close)
         if node.components == components and not node.detached:
             # The inode's next revision: the kernel's pages of it are exactly the bytes published.
             node.learn(entry)
@@ -286,7 +297,7 @@ class Files:
         tree.directory_changed(spool.incarnation, components[:-1], node.facts.ctime_ns if node.facts else None)
         log.debug("published %s generation %d (%d bytes)", spool.describe(), entry.generation, entry.logical_size)
 
-    def _attributes_to_publish(self, node: Node, spool: Spool):
+    def attributes_to_publish(self, node: Node, spool: Spool):
         """The Attributes a publication of the spool stores: the file's, with what was changed."""
         base = node.facts
         pending = spool.attributes or {}
@@ -308,18 +319,20 @@ class Files:
         spool = node.spool
         if handle.writable and spool is not None:
             spool.writers = max(0, spool.writers - 1)
-        if spool is not None and node.handles == 0:
+        if spool is not None and node.handles == 0 and self.writeback is not None and await self.writeback.accept_at_release(node):
+            pass  # the publisher publishes it, then settles it
+        elif spool is not None and node.handles == 0:
             if spool.dirty and not spool.orphaned and spool.failed is None:
                 try:
                     await self.publish(node, why="publication at release")
                 except Exception:  # noqa: BLE001 - already logged with the spool's path
                     pass
-            await self._settle(node, spool)
+            await self.settle(node, spool)
         if node.handles == 0:
             node.bound = None
         tree.inodes.closed(node)
 
-    async def _settle(self, node: Node, spool: Spool) -> None:
+    async def settle(self, node: Node, spool: Spool) -> None:
         """The last descriptor is gone: drop a published spool, keep an unpublished one."""
         tree = self.tree
         async with spool.locked():
@@ -350,9 +363,11 @@ class Files:
         if not changes:
             return
         spool = node.spool
-        if spool is not None and (spool.dirty or spool.base is None):
+        if spool is not None and (spool.dirty or spool.base is None or spool.orphaned):
             async with spool.locked():
-                if spool.dirty or spool.base is None:
+                # An unlinked or replaced file's attributes vanish with it, as its bytes do (the
+                # kernel's writeback cache sets its times at close).
+                if spool.dirty or spool.base is None or spool.orphaned:
                     spool.attributes = {**(spool.attributes or {}), **changes}
                     return
         await self._apply_attributes(node, changes)
@@ -414,17 +429,20 @@ class Files:
                 await self.workers.bounded(f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size)
             await self.publish(node, why="truncate")
         finally:
-            await self._settle(node, spool)
+            await self.settle(node, spool)
 
     # --- names -------------------------------------------------------------------------------------
 
-    @staticmethod
-    async def quiesce(*nodes) -> None:
+    async def quiesce(self, *nodes) -> None:
         """Wait for publications in flight on these nodes (a release publishes after close(2)
-        returned, so the application's next rename or unlink can overtake it)."""
+        returned, so the application's next rename or unlink can overtake it) -- in write-back
+        mode for their accepted publications too, so the rename or unlink applies to what is
+        published and no later replay can bring back what it moved or removed."""
         for node in nodes:
             spool = getattr(node, "spool", None)
             if spool is not None:
+                if self.writeback is not None:
+                    await self.writeback.settled(spool)
                 async with spool.locked():
                     pass
 
@@ -494,6 +512,8 @@ class Files:
             raise refuse(errno.EEXIST, f"{target.describe()} exists")
         incarnation = old_parent.incarnation
         if source.kind.is_dir:
+            if self.writeback is not None:
+                await self.writeback.settled_all()  # accepted files below move as published ones
             await directories.rename_dir(source, target, dst)
             return
         if target is not None and target.kind.is_dir:

@@ -239,6 +239,10 @@ class InodeTable:
         node.open_count = max(0, node.open_count - 1)
         self._maybe_drop(node)
 
+    def settled(self, node: Node) -> None:
+        """A node's spool was settled after its last descriptor went (write-back: by the publisher)."""
+        self._maybe_drop(node)
+
     def _maybe_drop(self, node: Node) -> None:
         if node.nlookup == 0 and node.open_count == 0 and node.spool is None:
             self._by_ino.pop(node.ino, None)

@@ -18,6 +18,21 @@ def _unescape(field: str) -> str:
 
 def mount_fstype(mountpoint: str) -> str | None:
     """The filesystem type mounted exactly at `mountpoint` (last one wins), or None."""
+    found = _mounted_at(mountpoint)
+    return None if found is None else found[0]
+
+
+def mount_data_dir(mountpoint: str) -> str | None:
+    """The data directory a nokvfs mount at `mountpoint` serves, from its source
+    (`nokvfs:DATA_DIR`, see nokvfs.fs.daemon.serve), or None."""
+    found = _mounted_at(mountpoint)
+    if found is None or not found[1].startswith("nokvfs:"):
+        return None
+    return found[1][len("nokvfs:") :] or None
+
+
+def _mounted_at(mountpoint: str) -> tuple[str, str] | None:
+    """(filesystem type, source) of what is mounted exactly at `mountpoint` (last one wins)."""
     target = os.path.abspath(mountpoint)
     found = None
     try:
@@ -28,7 +43,7 @@ def mount_fstype(mountpoint: str) -> str | None:
                     continue
                 dash = fields.index("-")
                 if _unescape(fields[4]) == target:
-                    found = fields[dash + 1]
+                    found = (fields[dash + 1], _unescape(fields[dash + 2]))
     except OSError:
         return None
     return found

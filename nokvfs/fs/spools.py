@@ -21,6 +21,10 @@ What the spool file holds:
 The expectation of a publication is the exact revision this mount last saw at the path (or its
 absence), updated after each of the mount's own publications: the mount never conflicts with
 itself, and a conflict means something outside this mount changed the path.
+
+A spool file exists exactly while it may hold unpublished bytes: when the last writer's close
+publishes it, the file and its sidecar are removed at once (nothing is rewritten first), and a
+later write through a descriptor still open makes a new one, filled from the published revision.
 """
 
 from __future__ import annotations
@@ -46,10 +50,12 @@ log = logging.getLogger(__name__)
 
 SPOOL_SUBDIR = "mount"
 SIDECAR_FORMAT = 1
+ATTRIBUTE_FIELDS = ("mode", "uid", "gid", "mtime_ns", "atime_ns", "ctime_ns")
 _COPY_CHUNK = 4 * 1024 * 1024
 
 LIVE = "live"  # held by a running daemon (its flock proves it)
 KEPT = "kept"  # not published; nobody holds it
+PENDING = "pending"  # accepted by a write-back mount (durable here), not published yet: replayed at the next mount
 
 
 def spool_dir(data_dir: str) -> str:
@@ -72,12 +78,36 @@ def _write_all(fd: int, data, offset: int) -> None:
         offset += written
 
 
-def _atomic_json(path: str, record: dict) -> None:
+_made_directories: set[str] = set()
+
+
+def _exclusive_json(path: str, record: dict) -> None:
+    """A new JSON file at `path` (which must not exist)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _atomic_json(path: str, record: dict, *, durable: bool = False) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", opener=filemodes.opener) as f:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:  # the rename, and the spool file's own entry, are in the directory
+        fsync_directory(os.path.dirname(path))
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Spool:
@@ -104,16 +134,31 @@ class Spool:
         self.lock = trio.Lock()
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
-        directory = spool_dir(root.data_dir)
-        filemodes.makedirs(directory)
-        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in components[-1])[:64]
-        self.path = os.path.join(directory, f"{workbench_id}--{stem}--{new_id16().hex()}.spool")
+        self.fd = -1  # no spool file (yet, or any more: see the module docstring)
+        self.path = None
+        self.closed = False
+        self.open_file()
+
+    def open_file(self) -> None:
+        """Create the spool file and its sidecar (the first sidecar is written in place: a new,
+        exclusive file needs no rename to appear whole to `nokvfs spool list`)."""
+        directory = spool_dir(self.root.data_dir)
+        if directory not in _made_directories:
+            filemodes.makedirs(directory)
+            _made_directories.add(directory)
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.components[-1])[:64]
+        path = os.path.join(directory, f"{self.workbench_id}--{stem}--{new_id16().hex()}.spool")
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
         except OSError as exc:
             raise _storage_error(f"a spool file in {directory}", exc) from None
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone
-        self.describe_state(LIVE)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone
+        self.fd, self.path = fd, path
+        self.describe_state(LIVE, new=True)
+
+    def _need_file(self) -> None:
+        if self.fd < 0:
+            self.open_file()
 
     @contextlib.asynccontextmanager
     async def locked(self):
@@ -132,8 +177,8 @@ class Spool:
     # --- what it is ------------------------------------------------------------------------------
 
     @property
-    def sidecar(self) -> str:
-        return self.path + ".json"
+    def sidecar(self) -> str | None:
+        return None if self.path is None else self.path + ".json"
 
     @property
     def text_path(self) -> str:
@@ -142,9 +187,22 @@ class Spool:
     def describe(self) -> str:
         return f"{self.workbench_id}:{self.text_path}"
 
-    def describe_state(self, state: str, reason: str | None = None) -> None:
+    def describe_state(self, state: str, reason: str | None = None, *, new: bool = False) -> None:
         """(Re)write the sidecar: what the bytes are for, what publishing them expects."""
-        record = {
+        if self.path is None:
+            return  # no spool file: nothing to describe
+        record = self.record(state, reason)
+        try:
+            if new:
+                _exclusive_json(self.sidecar, record)
+            else:
+                _atomic_json(self.sidecar, record)
+        except OSError as exc:
+            log.error("cannot write the spool sidecar %s: %s", self.sidecar, exc)
+
+    def record(self, state: str, reason: str | None = None) -> dict:
+        """The sidecar's content."""
+        return {
             "format": SIDECAR_FORMAT,
             "state": state,
             "reason": reason,
@@ -161,10 +219,33 @@ class Spool:
             "updated_unix_ms": time.time_ns() // 1_000_000,
             **self._owner,
         }
+
+    # --- write-back acceptance (nokvfs.fs.writeback) --------------------------------------------
+
+    def pending_record(self, attributes=None) -> dict:
+        """The sidecar the next mount gives this spool if the daemon ends before publishing it:
+        state pending, with the attributes its publication stores."""
+        record = self.record(PENDING)
+        record["accepted_unix_ns"] = time.time_ns()  # the next mount replays in this order
+        if attributes is not None:
+            record["attributes"] = {name: getattr(attributes, name) for name in ATTRIBUTE_FIELDS}
+        return record
+
+    def whole_body(self, limit: int) -> bytes | None:
+        """The file's complete bytes when the spool holds them whole and they are at most
+        `limit` bytes (a write-back journal holds small files' bytes itself), else None."""
+        if self.fd < 0 or self.append_only or not self.filled or self.size > limit:
+            return None
+        data = os.pread(self.fd, self.size, 0)
+        return data if len(data) == self.size else None
+
+    def sync_blocking(self) -> None:
+        """The spool file's bytes and its directory entry on disk."""
         try:
-            _atomic_json(self.sidecar, record)
+            os.fsync(self.fd)
+            fsync_directory(os.path.dirname(self.path))
         except OSError as exc:
-            log.error("cannot write the spool sidecar %s: %s", self.sidecar, exc)
+            raise _storage_error(f"sync the spool {self.path}", exc) from None
 
     def moved(self, components: tuple) -> None:
         self.components = components
@@ -176,6 +257,7 @@ class Spool:
         """Make the spool hold the complete current body: the base's bytes, then appended ones."""
         if self.filled:
             return
+        self._need_file()
         try:
             if self.append_only:
                 # The appended bytes move up behind the base's, the last chunk first, so no byte
@@ -205,6 +287,7 @@ class Spool:
     def truncate_blocking(self, size: int) -> None:
         if self.append_only or (not self.filled and size > 0):
             self.fill_blocking()
+        self._need_file()
         try:
             os.ftruncate(self.fd, size)
         except OSError as exc:
@@ -244,6 +327,7 @@ class Spool:
             self.append_only = True
 
     def write(self, offset: int, data) -> None:
+        self._need_file()
         try:
             if self.append_only:
                 _write_all(self.fd, data, offset - self.base.logical_size)
@@ -261,14 +345,21 @@ class Spool:
 
     def truncated_on_open(self) -> None:
         """O_TRUNC: the file is empty in this mount from now on (and for everyone once published)."""
+        self._need_file()
         os.ftruncate(self.fd, 0)
         self.filled, self.size, self.append_only = True, 0, False
         self.dirty = self.written = self.truncated_only = True
         self.mtime_ns = time.time_ns()
 
-    def published(self, entry) -> None:
-        """After a successful publication: the spool describes `entry` and holds nothing unpublished."""
-        if self.append_only:
+    def published(self, entry, *, drop_file: bool = False) -> None:
+        """After a successful publication: the spool describes `entry` and holds nothing
+        unpublished. With `drop_file` (its last writer is closing) the spool file and sidecar
+        go at once; a later write makes a new one from `entry`."""
+        if drop_file:
+            self._remove_file()
+            self.filled = False
+            self.append_only = False
+        elif self.append_only:
             os.ftruncate(self.fd, 0)
             self.filled = False
         self.base = entry
@@ -277,10 +368,14 @@ class Spool:
         self.dirty = False
         self.failed = None
         self.attributes = None
-        self.describe_state(LIVE)
+        if not drop_file:
+            self.describe_state(LIVE)
 
     def keep(self, reason: str) -> None:
         """Leave the bytes for the operator: described, synced, and no longer held."""
+        if self.fd < 0:
+            self.closed = True
+            return
         self.describe_state(KEPT, reason)
         try:
             os.fsync(self.fd)
@@ -289,18 +384,31 @@ class Spool:
         self.close(remove=False)
 
     def close(self, *, remove: bool) -> None:
-        if self.fd >= 0:
+        self.closed = True
+        if remove:
+            self._remove_file()
+        elif self.fd >= 0:
             try:
                 os.close(self.fd)  # also drops the flock
             except OSError:
                 pass
             self.fd = -1
-        if remove:
+
+    def _remove_file(self) -> None:
+        """Unlink the spool file and its sidecar (the file first: a sidecar alone describes
+        nothing), then let go of the descriptor and its flock."""
+        if self.path is not None:
             for path in (self.path, self.sidecar):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd, self.path = -1, None
 
 
 # --- kept spools: what the operator sees and does -----------------------------------------------
@@ -379,6 +487,8 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
         if spool.live:
             continue
         record = spool.record
+        if record.get("state") == PENDING:
+            continue  # accepted by a write-back mount: nokvfs.fs.writeback.replay publishes it
         if record.get("state") != KEPT:
             record = dict(record)
             record["state"] = KEPT
@@ -395,6 +505,15 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
             spool.record = record
         kept.append(spool)
     return kept
+
+
+def mark_kept(spool: KeptSpool, reason: str) -> None:
+    """Describe a spool nobody holds as kept, for `reason` (the sidecar durably rewritten)."""
+    spool.record = dict(spool.record, state=KEPT, reason=reason)
+    try:
+        _atomic_json(spool.path + ".json", spool.record, durable=True)
+    except OSError as exc:
+        log.error("cannot describe the kept spool %s: %s", spool.path, exc)
 
 
 def find(data_dir: str, ident: str) -> KeptSpool:
@@ -425,19 +544,27 @@ def retry(root, spool: KeptSpool, *, force: bool = False):
     workbench_id, path = record.get("workbench"), record.get("path")
     if not workbench_id or not path:
         raise InvalidInput(f"spool {spool.id} has no sidecar naming its workbench and path: give them (`nokvfs put`)")
+    extra = {}
+    if isinstance(record.get("attributes"), dict):  # a write-back spool names what to publish with it
+        from nokvfs.workspace.attributes import Attributes
+
+        try:
+            extra["attributes"] = Attributes(**{name: record["attributes"].get(name) for name in ATTRIBUTE_FIELDS})
+        except (TypeError, InvalidInput) as exc:
+            raise InvalidInput(f"spool {spool.id}: its sidecar's attributes are not valid: {exc}") from None
     if record.get("append_only"):
         body = bodies.from_file(spool.path, root.block_size)
         expected = None if force or not record.get("expected_revision") else bytes.fromhex(record["expected_revision"])
-        entry = appends.append(root, workbench_id, path, body, expected_revision_id=expected)
+        entry = appends.append(root, workbench_id, path, body, expected_revision_id=expected, **extra)
     else:
         body = bodies.from_file(spool.path, root.block_size)
         if record.get("size") is not None and body.size != record["size"]:
             raise InvalidInput(f"spool {spool.id} holds {body.size} bytes, its sidecar says {record['size']}: not a complete body")
         if force:
-            entry = namespace.put(root, workbench_id, path, body)
+            entry = namespace.put(root, workbench_id, path, body, **extra)
         elif record.get("expected_revision"):
-            entry = namespace.put(root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]))
+            entry = namespace.put(root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]), **extra)
         else:
-            entry = namespace.put(root, workbench_id, path, body, expected_generation=0)
+            entry = namespace.put(root, workbench_id, path, body, expected_generation=0, **extra)
     discard(spool)
     return entry

@@ -112,6 +112,10 @@ class Xattrs:
     def get(self, node, name: bytes) -> bytes:
         """A file's index fields as `user.nokv.<name>`, and read-only facts as `user.nokvfs.*`
         (not listed, so cp -a/rsync -X copy only the index fields)."""
+        if not name.startswith(b"user."):
+            # What `ls -l` asks of every file (security.selinux, system.posix_acl_access): no
+            # such attribute is ever stored, so no row is read to say so.
+            raise refuse(errno.ENODATA, f"no extended attribute {name!r}")
         tree = self.tree
         if not node.kind.is_dir:
             entry = self._file_entry(node)

@@ -18,13 +18,17 @@ metadata live in the same file as the bytes, so one rename publishes all three a
 is no sidecar to fall out of step. A trailer that does not parse, or whose size disagrees with the
 file, is IntegrityError naming the path.
 
-Writes. Bytes go to a temp file in ``.nokv-tmp/``, are fsynced, and are then committed under the
-store lock: ``rename`` for a plain put, ``link`` (fails with EEXIST, so creation is atomic even
-against a writer that ignores the lock) then ``unlink`` of the temp for `if_none_match`, and etag
-check then ``rename`` for `if_match` (atomic because every commit takes the lock); then the key's
-directory is fsynced. A crash at any point leaves either the old object or the new one at the key,
-plus at worst a temp file that `list`, `get` and `head` never show. New directories are fsynced
-into their parents.
+Writes. Bytes go to an unnamed temp file (O_TMPFILE in ``.nokv-tmp/``; a named one where the
+filesystem has no O_TMPFILE), are fsynced, and are then committed under the store lock: ``link``
+of the unnamed file at the key for `if_none_match` (fails with EEXIST, so creation is atomic even
+against a writer that ignores the lock), else a link at a temp name and ``rename`` over the key,
+after the etag check for `if_match` (atomic because every commit takes the lock). Missing key
+directories are created on the way, and after the commit the key's directory and the parent of
+every directory created are fsynced (one journal commit on ext4, however many levels were new).
+A crash at any point leaves either the old object or the new one at the key -- the bytes are
+durable before they get a name -- plus at worst a named temp file that `list`, `get` and `head`
+never show; an unnamed one simply vanishes. `put_many` writes several objects with one lock
+round and their directories fsynced once.
 
 Temp files. A writer holds an flock(2) on its temp file from creating it until the temp is
 published or removed, so a temp nobody holds locked is a crashed writer's. `remove_stale_temp_files`
@@ -124,6 +128,25 @@ def _fsync_dir(path: str) -> None:
             os.close(fd)
 
 
+def _link_descriptor(fd: int, path: str) -> None:
+    """linkat(2) of an O_TMPFILE descriptor at `path` through /proc (AT_SYMLINK_FOLLOW: os.link
+    uses linkat, and so follows the magic link, only when a directory descriptor is given)."""
+    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+def _fsync_dirs(directories: list[str]) -> None:
+    """fsync each distinct directory once, in the order given (the deepest first)."""
+    seen = set()
+    for directory in directories:
+        if directory not in seen:
+            seen.add(directory)
+            _fsync_dir(directory)
+
+
 def _write_all(fd: int, data) -> None:
     view = memoryview(data).cast("B")
     while view:
@@ -161,13 +184,16 @@ class LocalStore(ObjectStore):
     objects into an unrelated tree.
     """
 
-    def __init__(self, root: str | os.PathLike, *, create: bool = True):
+    def __init__(self, root: str | os.PathLike, *, create: bool = True, unnamed_temps: bool = True):
         root = os.path.abspath(os.fspath(root))
         self.root = root
         self.url = "file://" + root
         self._lock_path = os.path.join(root, LOCK_NAME)
         self._multipart_root = os.path.join(root, MULTIPART_DIR)
         self._tmp_root = os.path.join(root, TMP_DIR)
+        # Unnamed (O_TMPFILE) temps where the filesystem has them; `unnamed_temps=False` names
+        # every temp, as on a filesystem without them.
+        self._tmpfile_ok = unnamed_temps and hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
         self._open_root(create)
         self._remove_multipart_trash()
         self.remove_stale_temp_files()
@@ -229,12 +255,13 @@ class LocalStore(ObjectStore):
         finally:
             os.close(fd)
 
-    def _ensure_dir(self, directory: str) -> None:
-        """Create `directory` and missing parents, each fsynced into its parent."""
+    def _ensure_dir(self, directory: str, changed: list | None = None) -> None:
+        """Create `directory` and missing parents. Each new one is fsynced into its parent, or,
+        given `changed`, its parent is appended there for the caller to fsync once at the end."""
         if directory == self.root or os.path.isdir(directory):
             return
         parent = os.path.dirname(directory)
-        self._ensure_dir(parent)
+        self._ensure_dir(parent, changed)
         try:
             os.mkdir(directory, DIR_MODE)
         except FileExistsError:
@@ -245,12 +272,27 @@ class LocalStore(ObjectStore):
             raise StoreError(f"an object already exists where a key directory is needed: {parent}") from None
         except OSError as exc:
             raise _store_error(exc, "create directory", directory) from exc
-        _fsync_dir(parent)
+        if changed is None:
+            _fsync_dir(parent)
+        else:
+            changed.append(parent)
 
-    def _create_temp(self) -> tuple[int, str]:
-        """An exclusive new temp file in the temp directory, locked (flock) by this writer for as
-        long as the returned descriptor is open."""
+    def _create_temp(self, *, named: bool = False) -> tuple[int, str | None]:
+        """A new temp file in the temp directory, locked (flock) by this writer for as long as
+        the returned descriptor is open: unnamed (path None) unless `named` or the filesystem
+        has no O_TMPFILE."""
         self._ensure_dir(self._tmp_root)
+        if not named and self._tmpfile_ok:
+            try:
+                fd = os.open(self._tmp_root, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise _store_error(exc, "create temp file in", self._tmp_root) from exc
+                self._tmpfile_ok = False
+            else:
+                # Locked like a named temp: linked at a temp name later, it must not look abandoned.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                return fd, None
         path = os.path.join(self._tmp_root, TMP_PREFIX + os.urandom(8).hex())
         with _io("create temp file in", self._tmp_root):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
@@ -264,7 +306,7 @@ class LocalStore(ObjectStore):
         return fd, path
 
     def _write_small_temp(self, data: bytes) -> str:
-        fd, path = self._create_temp()
+        fd, path = self._create_temp(named=True)
         try:
             with _io("write", path):
                 _write_all(fd, data)
@@ -276,14 +318,15 @@ class LocalStore(ObjectStore):
         os.close(fd)
         return path
 
-    def _write_temp(self, chunks: Iterable[bytes], metadata: dict[str, str]) -> tuple[int, str, str, int]:
-        """Write body chunks and the trailer to a fsynced temp file: (fd, path, etag, size). The
-        descriptor stays open, holding the temp's lock, until the caller commits or drops it."""
-        fd, path = self._create_temp()
+    def _write_temp(self, chunks: Iterable[bytes], metadata: dict[str, str], *, named: bool = False) -> tuple[int, str | None, str, int]:
+        """Write body chunks and the trailer to a fsynced temp file: (fd, path or None when
+        unnamed, etag, size). The descriptor stays open, holding the temp's lock, until the
+        caller commits or drops it."""
+        fd, path = self._create_temp(named=named)
         try:
             md5 = hashlib.md5(usedforsecurity=False)
             size = 0
-            with _io("write", path):
+            with _io("write", path or f"a temp file in {self._tmp_root}"):
                 for chunk in chunks:
                     md5.update(chunk)
                     size += len(chunk)
@@ -297,30 +340,59 @@ class LocalStore(ObjectStore):
             raise
         return fd, path, etag, size
 
-    def _commit(self, fd: int, tmp: str, final: str, key: str, if_none_match: bool, if_match: str | None) -> None:
-        """Publish `tmp` at `final` under the lock, honouring the write condition, then fsync;
-        the temp's descriptor (and lock) is released last."""
-        directory = os.path.dirname(final)
+    def _commit(self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None) -> None:
+        """Publish the temp at `final` under the lock, honouring the write condition, then fsync
+        the directories that changed; the temp's descriptor (and lock) is released last."""
+        changed: list[str] = []
         try:
             with self._locked():
-                self._ensure_dir(directory)
-                if if_none_match:
-                    self._link_new(tmp, final, key)
-                else:
-                    if if_match is not None:
-                        current = self._info_at(final, key)
-                        if current is None:
-                            raise PreconditionFailed(f"if_match {if_match}: object {key} is absent")
-                        if current.etag != if_match:
-                            raise PreconditionFailed(f"if_match {if_match}: object {key} has etag {current.etag}")
-                    if os.path.isdir(final):
-                        raise StoreError(f"a key directory already exists where object {key} belongs: {final}")
-                    with _io("rename into", final):
-                        os.replace(tmp, final)
-                _fsync_dir(directory)
+                tmp = self._link_locked(fd, tmp, final, key, if_none_match, if_match, changed)
+            _fsync_dirs([os.path.dirname(final)] + changed)
         finally:
             _unlink_quietly(tmp)
             os.close(fd)
+
+    def _link_locked(self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None, changed: list) -> str | None:
+        """The commit step of one write (the caller holds the lock); returns the temp name still
+        to remove, if any. Directories whose entries changed are appended to `changed`."""
+        self._ensure_dir(os.path.dirname(final), changed)
+        if if_none_match:
+            if tmp is None:
+                self._link_unnamed(fd, final, key)
+                return None
+            self._link_new(tmp, final, key)
+            return tmp
+        if if_match is not None:
+            current = self._info_at(final, key)
+            if current is None:
+                raise PreconditionFailed(f"if_match {if_match}: object {key} is absent")
+            if current.etag != if_match:
+                raise PreconditionFailed(f"if_match {if_match}: object {key} has etag {current.etag}")
+        if os.path.isdir(final):
+            raise StoreError(f"a key directory already exists where object {key} belongs: {final}")
+        if tmp is None:
+            if if_match is None and not os.path.lexists(final):
+                # Nothing to replace (and the lock keeps it so): the unnamed file goes straight
+                # to its key.
+                self._link_unnamed(fd, final, key)
+                return None
+            tmp = os.path.join(self._tmp_root, TMP_PREFIX + os.urandom(8).hex())
+            with _io("name temp file", tmp):
+                _link_descriptor(fd, tmp)
+            changed.append(self._tmp_root)
+        with _io("rename into", final):
+            os.replace(tmp, final)
+        return None
+
+    def _link_unnamed(self, fd: int, final: str, key: str) -> None:
+        try:
+            _link_descriptor(fd, final)
+        except FileExistsError:
+            if os.path.isdir(final):
+                raise StoreError(f"a key directory already exists where object {key} belongs: {final}") from None
+            raise PreconditionFailed(f"if_none_match: object {key} already exists") from None
+        except OSError as exc:
+            raise _store_error(exc, "link into", final) from exc
 
     def _link_new(self, tmp: str, final: str, key: str) -> None:
         try:
@@ -421,6 +493,38 @@ class LocalStore(ObjectStore):
             fd, tmp, etag, _ = self._write_temp(_chunks(f, source), metadata)
         self._commit(fd, tmp, final, key, if_none_match, if_match)
         return etag
+
+    def put_many(self, items, *, if_none_match=False, metadata=None) -> list:
+        """Store several objects: every body written and fsynced first, then all linked under one
+        lock round, then each changed directory fsynced once. Returns, per (key, data) item, its
+        etag or the exception that refused it (the others are stored regardless)."""
+        metadata = check_metadata(metadata)
+        written, results = [], []
+        try:
+            for key, data in items:
+                try:
+                    final = self._path(key)
+                    fd, tmp, etag, _ = self._write_temp([_byte_view(data)], metadata)
+                except Exception as exc:  # noqa: BLE001 - reported per item
+                    results.append(exc)
+                    continue
+                written.append((len(results), key, final, fd, tmp))
+                results.append(etag)
+            changed: list[str] = []
+            with self._locked():
+                for position, key, final, fd, tmp in written:
+                    try:
+                        left = self._link_locked(fd, tmp, final, key, if_none_match, None, changed)
+                        changed.append(os.path.dirname(final))
+                    except Exception as exc:  # noqa: BLE001 - reported per item
+                        results[position] = exc
+                        left = tmp
+                    _unlink_quietly(left)
+            _fsync_dirs(changed)
+        finally:
+            for _, _, _, fd, _ in written:
+                os.close(fd)
+        return results
 
     def get(self, key, start=0, length=None) -> bytes:
         path = self._path(key)
@@ -596,15 +700,9 @@ class LocalStore(ObjectStore):
                 # mutually exclusive: exactly one of them takes effect.
                 if not os.path.exists(os.path.join(directory, "upload.json")):
                     raise ObjectMissing(f"multipart upload {upload_id} was aborted")
-                self._ensure_dir(os.path.dirname(final))
-                if if_none_match:
-                    self._link_new(tmp, final, key)
-                else:
-                    if os.path.isdir(final):
-                        raise StoreError(f"a key directory already exists where object {key} belongs: {final}")
-                    with _io("rename into", final):
-                        os.replace(tmp, final)
-                _fsync_dir(os.path.dirname(final))
+                changed: list[str] = []
+                tmp = self._link_locked(fd, tmp, final, key, if_none_match, None, changed)
+                _fsync_dirs([os.path.dirname(final)] + changed)
                 trash = self._trash_upload(directory)
         finally:
             _unlink_quietly(tmp)

@@ -44,6 +44,8 @@ that way: the mount starts, and answers what needs no store, while the endpoint 
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import logging
 import math
 import os
@@ -104,6 +106,7 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_READ_TIMEOUT = 10.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_DEADLINE = 30.0
+PARALLEL_PUTS = 8  # concurrent PUTs of one put_many (the client pool holds 16 connections)
 # The options a data directory's configuration may set for its S3 store ("store_options").
 TIMEOUT_OPTIONS = ("connect_timeout", "read_timeout", "max_attempts", "deadline")
 
@@ -414,6 +417,23 @@ class S3Store(ObjectStore):
             if_match=if_match is not None,
         )
         return _unquoted(response.get("ETag"))
+
+    def put_many(self, items, *, if_none_match=False, metadata=None) -> list:
+        """The PUTs sent in parallel (at most PARALLEL_PUTS at once, within the connection pool),
+        each with its own deadline and retries; per item its etag or its exception."""
+        items = list(items)
+        if len(items) <= 1:
+            return super().put_many(items, if_none_match=if_none_match, metadata=metadata)
+
+        def one(item):
+            key, data = item
+            try:
+                return self.put(key, data, if_none_match=if_none_match, metadata=metadata)
+            except Exception as exc:  # noqa: BLE001 - reported per item
+                return exc
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(PARALLEL_PUTS, len(items)), thread_name_prefix="s3-put") as pool:
+            return list(pool.map(one, items))
 
     def _put_params(self, full: str, metadata, if_none_match: bool, if_match: str | None) -> dict:
         params = {"Bucket": self.bucket, "Key": full}

@@ -121,6 +121,18 @@ class ObjectStore(abc.ABC):
         ledger owns it). `if_match` is refused for bodies large enough to need parts.
         """
 
+    def put_many(self, items, *, if_none_match: bool = False, metadata: dict[str, str] | None = None) -> list:
+        """Store several (key, data) objects as `put` would; returns, per item, its etag or the
+        exception that refused it (the others are stored regardless). Backends override it to
+        share work: the local store fsyncs each directory once, S3 sends the PUTs in parallel."""
+        results = []
+        for key, data in items:
+            try:
+                results.append(self.put(key, data, if_none_match=if_none_match, metadata=metadata))
+            except Exception as exc:  # noqa: BLE001 - reported per item
+                results.append(exc)
+        return results
+
     @abc.abstractmethod
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         """Bytes ``[start, start + length)`` of the object, clipped at its end.

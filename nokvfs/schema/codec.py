@@ -338,6 +338,8 @@ def record(version: int | None):
             (f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls)
         )
         cls.__decode_plan__ = _plan(cls.__codec_fields__)
+        cls.__fast_encode__ = staticmethod(_compile_encoder(cls))
+        cls.__fast_decode__ = staticmethod(_compile_decoder(cls))
         cls.VERSION = version
         cls.encode = _encode
         cls.decode = classmethod(_decode)
@@ -385,6 +387,15 @@ def _plan(fields):
 
 
 def _encode_fields(obj, out: bytearray) -> None:
+    start = len(out)
+    try:
+        obj.__fast_encode__(obj, out)
+    except Exception:  # noqa: BLE001 - the declared codecs say what is wrong, and where
+        del out[start:]
+        _encode_fields_checked(obj, out)
+
+
+def _encode_fields_checked(obj, out: bytearray) -> None:
     for name, codec in obj.__codec_fields__:
         try:
             codec.encode(getattr(obj, name), out)
@@ -393,6 +404,15 @@ def _encode_fields(obj, out: bytearray) -> None:
 
 
 def _decode_fields(cls, buf, pos):
+    if type(buf) is bytes:
+        try:
+            return cls.__fast_decode__(buf, pos)
+        except Exception:  # noqa: BLE001 - the declared codecs say what is wrong, and where
+            pass
+    return _decode_fields_checked(cls, buf, pos)
+
+
+def _decode_fields_checked(cls, buf, pos):
     values = {}
     for step in cls.__decode_plan__:
         if type(step) is _FixedRun:
@@ -440,3 +460,135 @@ def _decode(cls, data: bytes):
     return obj
 
 
+# --- compiled codecs ---------------------------------------------------------------------------
+#
+# Encoding and decoding run for every row a command writes or a read touches, so each record
+# gets straight-line functions generated from its declaration: the same bytes, checks that
+# accept exactly the plain values the field codecs accept (anything else -- a subclass, a
+# bytearray, a bad value -- leaves the fast path), and no per-field call or exception frame.
+# Whenever the fast path gives up, the declared codecs run instead: they produce the bytes
+# (for the values only they accept) or the typed error naming the field. tests/test_codec_fast.py
+# holds the two paths to the same bytes and errors.
+
+
+class _Slow(Exception):
+    """The compiled path gives up: the declared codecs decide."""
+
+
+def _compile_encoder(cls):
+    lines = ["def encode(obj, out):"]
+    env = {"_Slow": _Slow, "int": int, "bytes": bytes, "str": str, "len": len}
+    run_vars, run_formats = [], []
+
+    def flush():
+        if run_vars:
+            name = f"S{len(env)}"
+            env[name] = struct.Struct(">" + "".join(run_formats))
+            lines.append(f"    out += {name}.pack({', '.join(run_vars)})")
+            run_vars.clear()
+            run_formats.clear()
+
+    for index, (name, codec) in enumerate(cls.__codec_fields__):
+        v = f"v{index}"
+        lines.append(f"    {v} = obj.{name}")
+        kind = type(codec)
+        if kind is UInt:
+            lines.append(f"    if {v}.__class__ is not int or {v} < 0 or {v} > {codec.max}: raise _Slow")
+            run_vars.append(v)
+            run_formats.append(UInt._FORMATS[codec.width][1])
+            continue
+        if kind is FixedBytes:
+            lines.append(f"    if {v}.__class__ is not bytes or len({v}) != {codec.length}: raise _Slow")
+            run_vars.append(v)
+            run_formats.append(f"{codec.length}s")
+            continue
+        flush()
+        if kind in (LenBytes, LenStr):
+            length = f"L{index}"
+            env[length] = codec.len_codec._struct
+            if kind is LenStr:
+                lines.append(f"    if {v}.__class__ is not str: raise _Slow")
+                lines.append(f"    {v} = {v}.encode('utf-8')")
+            else:
+                lines.append(f"    if {v}.__class__ is not bytes: raise _Slow")
+            lines.append(f"    if len({v}) > {codec.len_codec.max}: raise _Slow")
+            lines.append(f"    out += {length}.pack(len({v}))")
+            lines.append(f"    out += {v}")
+        elif kind is EnumField:
+            enum = f"E{index}"
+            env[enum] = codec.enum_type
+            lines.append(f"    if {v}.__class__ is not {enum}: raise _Slow")
+            lines.append(f"    out.append({v}._value_)")
+        elif kind is Bool:
+            lines.append(f"    if {v} is True: out.append(1)")
+            lines.append(f"    elif {v} is False: out.append(0)")
+            lines.append("    else: raise _Slow")
+        else:
+            field = f"C{index}"
+            env[field] = codec
+            lines.append(f"    {field}.encode({v}, out)")
+    flush()
+    if len(lines) == 1:
+        lines.append("    pass")
+    exec("\n".join(lines), env)  # noqa: S102 - code generated from the declaration above
+    return env["encode"]
+
+
+def _compile_decoder(cls):
+    lines = ["def decode(buf, pos):", "    n = len(buf)"]
+    env = {"_Slow": _Slow, "cls": cls, "str": str}
+    names = []
+    for step in cls.__decode_plan__:
+        if type(step) is _FixedRun:
+            run = f"S{len(env)}"
+            env[run] = step.struct
+            targets = [f"v{len(names) + i}" for i in range(len(step.names))]
+            names += list(step.names)
+            lines.append(f"    if pos + {step.struct.size} > n: raise _Slow")
+            lines.append(f"    {', '.join(targets)}, = {run}.unpack_from(buf, pos)")
+            lines.append(f"    pos += {step.struct.size}")
+            continue
+        name, codec = step
+        v = f"v{len(names)}"
+        names.append(name)
+        kind = type(codec)
+        if kind is UInt:
+            single = f"U{len(env)}"
+            env[single] = codec._struct
+            lines.append(f"    if pos + {codec.width} > n: raise _Slow")
+            lines.append(f"    {v}, = {single}.unpack_from(buf, pos)")
+            lines.append(f"    pos += {codec.width}")
+        elif kind is FixedBytes:
+            lines.append(f"    if pos + {codec.length} > n: raise _Slow")
+            lines.append(f"    {v} = buf[pos:pos + {codec.length}]")
+            lines.append(f"    pos += {codec.length}")
+        elif kind in (LenBytes, LenStr):
+            length = f"L{len(env)}"
+            env[length] = codec.len_codec._struct
+            width = codec.len_codec.width
+            lines.append(f"    if pos + {width} > n: raise _Slow")
+            lines.append(f"    end = pos + {width} + {length}.unpack_from(buf, pos)[0]")
+            lines.append("    if end > n: raise _Slow")
+            if kind is LenStr:
+                lines.append(f"    {v} = str(buf[pos + {width}:end], 'utf-8')")
+            else:
+                lines.append(f"    {v} = buf[pos + {width}:end]")
+            lines.append("    pos = end")
+        elif kind is EnumField:
+            members = f"M{len(env)}"
+            env[members] = codec.enum_type._value2member_map_
+            lines.append("    if pos >= n: raise _Slow")
+            lines.append(f"    {v} = {members}.get(buf[pos])")
+            lines.append(f"    if {v} is None: raise _Slow")
+            lines.append("    pos += 1")
+        elif kind is Bool:
+            lines.append("    if pos >= n or buf[pos] > 1: raise _Slow")
+            lines.append(f"    {v} = buf[pos] == 1")
+            lines.append("    pos += 1")
+        else:
+            field = f"C{len(env)}"
+            env[field] = codec
+            lines.append(f"    {v}, pos = {field}.decode(buf, pos)")
+    lines.append(f"    return cls({', '.join(f'v{i}' for i in range(len(names)))}), pos")
+    exec("\n".join(lines), env)  # noqa: S102 - code generated from the declaration above
+    return env["decode"]

@@ -7,10 +7,13 @@ them needs, once:
 * `crash_point(name)`: fault injection for the crash tests (SIGKILL when NOKVFS_CRASH_AT names
   the point). The names are each state machine's, listed in its own docstring.
 * `OperationLock` and `driving`: one lock discipline. Whoever drives an operation -- its
-  caller, a recovery, a reconciliation -- holds the flock on `run/ops/<operation id>.lock` for
-  the whole drive and removes the file when done; an operation whose lock is held belongs to a
-  live process and is left alone. The engine's compare-and-set keeps two drivers correct
-  anyway; the lock keeps a live one from being taken over.
+  caller, a recovery, a reconciliation -- holds the lock on the operation's byte of
+  `run/ops/operations.lock` (an open-file-description record lock, F_OFD_SETLK, at an offset
+  derived from the operation id) for the whole drive; an operation whose lock is held belongs to
+  a live process and is left alone. The kernel drops the lock with the process, so a crash
+  leaves nothing to clean, and taking it creates no file (a publish pays no directory entry for
+  it). The engine's compare-and-set keeps two drivers correct anyway; the lock keeps a live one
+  from being taken over.
 * `Rows`: the operation rows of one kind -- key, read, require a phase, and the one-command
   steps every machine is made of (`step`: read the exact row, build, CAS it; `set_phase`).
 * `drive_to_terminal`: the one drive loop of the multi-step machines (commit builds, restores):
@@ -23,10 +26,13 @@ them needs, once:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
+import hashlib
 import logging
 import os
 import signal
+import struct
 
 from nokvfs import filemodes
 from nokvfs.engine.command import Put, ValueEquals
@@ -49,42 +55,48 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+LOCK_FILE = "operations.lock"
+_OFFSET_BITS = 62  # an offset below 2**62 fits every off_t
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+_made_directories: set[str] = set()
+
+
 class OperationLock:
-    """An flock on run/ops/<operation>.lock: held while a process drives that operation."""
+    """A record lock on the operation's byte of run/ops/operations.lock: held while a process
+    drives that operation.
+
+    Open-file-description locks (unlike POSIX record locks) belong to the descriptor, so two
+    threads of one process exclude each other as two processes do, and closing one descriptor
+    never drops another's lock. The byte is a 62-bit hash of the operation id: two operations
+    sharing one (odds 2**-62) only make a recovery leave the second for later."""
 
     def __init__(self, run_dir: str, operation_id: bytes):
         directory = os.path.join(run_dir, "ops")
-        filemodes.makedirs(directory)
-        self.path = os.path.join(directory, operation_id.hex() + ".lock")
+        if directory not in _made_directories:
+            filemodes.makedirs(directory)
+            _made_directories.add(directory)
+        self.path = os.path.join(directory, LOCK_FILE)
+        digest = hashlib.blake2b(operation_id, digest_size=8).digest()
+        self.offset = int.from_bytes(digest, "big") >> (64 - _OFFSET_BITS)
         self._fd = None
 
     def try_acquire(self) -> bool:
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, filemodes.FILE_MODE)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                return False
-            # The holder removes the file on release: a lock taken on a file that was unlinked
-            # meanwhile guards nothing (the next process creates a new one), so take it again.
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._fd = fd
-                return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE)
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, self.offset, 1, 0))
+        except OSError as exc:
             os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self._fd = fd
+        return True
 
-    def release(self, *, remove: bool) -> None:
+    def release(self, *, remove: bool = True) -> None:
+        """Drop the lock (closing the descriptor drops it; `remove` is kept for callers of the
+        file-per-operation locks this replaced: there is no file to remove)."""
         if self._fd is None:
             return
-        if remove:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
         os.close(self._fd)
         self._fd = None
 

@@ -1,0 +1,463 @@
+"""Write-back mode (`nokvfs mount --write-back`): close(2) returns once the file's bytes are
+durable on this machine; a background publisher publishes them afterwards, in order.
+
+Acceptance. At close (flush) one record is appended to the mount's journal and the journal
+fdatasync'd: the sidecar the spool would need to be published (state `pending`, the attributes
+its publication stores) and, for a file of at most INLINE_MAX bytes, the bytes themselves --
+one sync per close and no file created. A larger file's spool is fsync'd (with its directory)
+first and the record names it. From then on nothing accepted is lost: the publisher publishes
+it, or -- after a crash -- the next mount does (`replay`: each journal a dead daemon left is
+turned back into spool files and pending sidecars, then published), or it becomes a kept spool
+for `nokvfs spool list|retry|discard`. The journal is emptied whenever nothing accepted is
+unpublished, and removed at a clean unmount.
+
+Publishing. One task drains the accepted spools in the order they were accepted (a spool accepted
+again while still queued keeps its place and publishes its latest bytes), each through the same
+publication the default mode runs at close (nokvfs.fs.files.Files.publish), so expectations,
+conflicts and attributes follow the same rules. A publication that fails leaves the spool's bytes
+in place; once the file's last descriptor is gone the spool is kept with its sidecar and a log
+line says where (a conflict: something outside this mount changed the path).
+
+fsync(2) on a file waits until the publisher has published it (and everything accepted before
+it) and reports that publication's error; so do rename(2) and unlink(2) of an accepted file (they
+then move or remove what is published), and a publication's journal record is synced, so a
+replay never brings back a file that was renamed or removed after its close. Unmounting (`nokvfs umount`, a signal) drains the queue
+before the daemon exits; files still open then are kept as in the default mode.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import struct
+
+import trio
+import xxhash
+
+from nokvfs import filemodes
+from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
+from nokvfs.fs import spools
+from nokvfs.schema.ids import new_id16
+
+log = logging.getLogger(__name__)
+
+
+# --- the acceptance journal -----------------------------------------------------------------------
+#
+# <data dir>/spool/mount/writeback-<id>.journal, one per write-back daemon, held under its flock.
+# A record: "NKWB" | u8 version (1) | u8 kind | u32 length | meta (JSON, UTF-8) | u8 inline |
+# u64 length | body | u64 xxh3-64 of everything before it, all integers big-endian. Kind 1
+# (accepted): meta is the spool's pending sidecar plus "spool" (its file name); with inline 1 the
+# body is the file's complete bytes, with inline 0 (and no body) the spool file holds them. Kind 2
+# (published): meta is {"spool": name}; that acceptance needs no replay. A record cut short or
+# failing its checksum ends the journal (a close that never returned); an unknown version or kind
+# is refused, and the journal is left untouched.
+
+JOURNAL_MAGIC = b"NKWB"
+JOURNAL_VERSION = 1
+ACCEPTED, PUBLISHED = 1, 2
+INLINE_MAX = 256 * 1024
+_HEAD = struct.Struct(">4sBBI")
+_BODY = struct.Struct(">BQ")
+_SUM = struct.Struct(">Q")
+JOURNAL_PREFIX, JOURNAL_SUFFIX = "writeback-", ".journal"
+
+
+def encode_record(kind: int, meta: dict, body: bytes | None = None) -> bytes:
+    raw = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    out = _HEAD.pack(JOURNAL_MAGIC, JOURNAL_VERSION, kind, len(raw)) + raw
+    out += _BODY.pack(0 if body is None else 1, 0 if body is None else len(body)) + (body or b"")
+    return out + _SUM.pack(xxhash.xxh3_64_intdigest(out))
+
+
+def decode_records(data: bytes) -> list[tuple[int, dict, bytes | None]]:
+    """The journal's records up to the first one cut short or damaged (kind, meta, body or None).
+    UnknownVersion / CorruptRecord for a whole record this build cannot read."""
+    records, pos = [], 0
+    while pos + _HEAD.size <= len(data):
+        magic, version, kind, meta_len = _HEAD.unpack_from(data, pos)
+        at = pos + _HEAD.size + meta_len
+        if magic != JOURNAL_MAGIC or at + _BODY.size > len(data):
+            break
+        inline, body_len = _BODY.unpack_from(data, at)
+        end = at + _BODY.size + body_len
+        if end + _SUM.size > len(data) or _SUM.unpack_from(data, end)[0] != xxhash.xxh3_64_intdigest(data[pos:end]):
+            break  # the tail of a close that never returned
+        if version != JOURNAL_VERSION:
+            raise UnknownVersion(f"write-back journal record version {version}, this build knows only {JOURNAL_VERSION}")
+        if kind not in (ACCEPTED, PUBLISHED) or inline not in (0, 1):
+            raise CorruptRecord(f"write-back journal record of kind {kind} (inline {inline}) is not one this build knows")
+        try:
+            meta = json.loads(data[pos + _HEAD.size : at])
+        except ValueError:
+            raise CorruptRecord("write-back journal record with unreadable meta") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("spool"), str) or os.sep in meta["spool"]:
+            raise CorruptRecord("write-back journal record names no spool file")
+        records.append((kind, meta, bytes(data[at + _BODY.size : end]) if inline else None))
+        pos = end + _SUM.size
+    return records
+
+
+class Journal:
+    """This daemon's acceptance journal (created at the first acceptance)."""
+
+    def __init__(self, data_dir: str):
+        directory = spools.spool_dir(data_dir)
+        filemodes.makedirs(directory)
+        self.path = os.path.join(directory, f"{JOURNAL_PREFIX}{new_id16().hex()}{JOURNAL_SUFFIX}")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, filemodes.FILE_MODE)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: the next mount leaves it alone
+        spools.fsync_directory(directory)
+        self.size = 0
+
+    def append(self, record: bytes, *, sync: bool) -> None:
+        os.write(self.fd, record)
+        self.size += len(record)
+        if sync:
+            os.fdatasync(self.fd)
+
+    def reset(self) -> None:
+        """Nothing accepted is unpublished: start over (durably, so no stale record replays)."""
+        if self.size:
+            os.ftruncate(self.fd, 0)
+            os.fdatasync(self.fd)
+            self.size = 0
+
+    def remove(self) -> None:
+        os.unlink(self.path)
+        os.close(self.fd)
+
+
+def restore_journals(data_dir: str) -> int:
+    """Turn each journal a dead write-back daemon left into spool files and pending sidecars
+    (`replay` then publishes them) and remove it. Returns the number of acceptances restored."""
+    directory = spools.spool_dir(data_dir)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith(JOURNAL_PREFIX) and n.endswith(JOURNAL_SUFFIX))
+    except FileNotFoundError:
+        return 0
+    restored = 0
+    for name in names:
+        path = os.path.join(directory, name)
+        if spools._held(path):
+            continue  # a live daemon's
+        try:
+            with open(path, "rb") as f:
+                records = decode_records(f.read())
+        except (OSError, UnknownVersion, CorruptRecord) as exc:
+            log.error("write-back journal %s cannot be replayed by this build (%s): left in place", path, exc)
+            continue
+        pending: dict = {}
+        for kind, meta, body in records:
+            pending.pop(meta["spool"], None)
+            if kind == ACCEPTED:
+                pending[meta["spool"]] = (meta, body)
+        for spool_name, (meta, body) in pending.items():
+            spool_path = os.path.join(directory, spool_name)
+            if body is not None:
+                fd = os.open(spool_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, filemodes.FILE_MODE)
+                try:
+                    spools._write_all(fd, body, 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            elif not os.path.exists(spool_path):
+                continue  # published and dropped; its published record did not reach the disk
+            record = {k: v for k, v in meta.items() if k != "spool"}
+            spools._atomic_json(spool_path + ".json", record, durable=True)
+            restored += 1
+        os.unlink(path)
+    return restored
+
+
+# A burst of closes (tar x, a build) runs first and its publications after it: the publisher
+# starts once no file was accepted for QUIET seconds, or at once when someone waits (fsync(2),
+# unmount) or the backlog reaches half its limit. Each accepted spool holds a descriptor and a
+# flock until it is published, so acceptance waits while the limit is queued: MAX_BACKLOG, or
+# less when the descriptor limit (raised to its hard limit first) leaves less room.
+QUIET = 0.05
+MAX_BACKLOG = 8192
+_RESERVED_DESCRIPTORS = 1024  # for everything else the daemon opens
+
+
+def backlog_limit() -> int:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_BACKLOG + _RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return MAX_BACKLOG
+    return max(16, min(MAX_BACKLOG, (soft - _RESERVED_DESCRIPTORS) // 2))
+
+
+class Publisher:
+    """The accepted, not yet published spools of a write-back mount, and the task publishing them."""
+
+    def __init__(self, files, *, quiet: float = QUIET, max_backlog: int | None = None):
+        self.files = files
+        self.quiet = quiet
+        self.max_backlog = backlog_limit() if max_backlog is None else max_backlog
+        self._queue: dict = {}  # spool -> node, in acceptance order (dicts keep insertion order)
+        self._done: dict = {}  # spool -> trio.Event set once its queued publication ran
+        self._outcome: dict = {}  # spool -> the exception its last publication raised (None: published)
+        self._wakeup = trio.Event()
+        self._urgent = 0  # tasks waiting for a publication (fsync, drain)
+        self._room = trio.Event()  # set when the backlog falls below MAX_BACKLOG
+        self._last_accept = 0.0
+        self._journal: Journal | None = None
+        self._journal_lock = trio.Lock()
+        self._accepting = 0  # acceptances between their journal record and the queue
+        self._journal_names: dict = {}  # spool -> its file name in the last acceptance record
+        self.accepted = 0
+        self.published = 0
+        self.failed = 0
+
+    def holds(self, spool) -> bool:
+        return spool in self._queue
+
+    @property
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    # --- acceptance ----------------------------------------------------------------------------
+
+    async def accept(self, node) -> None:
+        """close(2) in write-back mode: make the file's unpublished state durable here and queue
+        its publication. Errors (a full or failing local disk) are close(2)'s."""
+        spool = node.spool
+        if spool is None or spool.orphaned:
+            return
+        files = self.files
+        while len(self._queue) >= self.max_backlog and spool not in self._queue:
+            self._wakeup.set()
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+        self._accepting += 1
+        try:
+            async with spool.locked():
+                if not spool.dirty and not spool.attributes:
+                    return
+                if spool.path is None:
+                    pass  # attributes only, nothing in a file: the publication applies them
+                else:
+                    record = spool.pending_record(files.attributes_to_publish(node, spool))
+                    record["spool"] = os.path.basename(spool.path)
+                    async with self._journal_lock:
+                        await files.workers.bounded(f"acceptance of {spool.describe()}", files.workers.run, self._record_acceptance, spool, record)
+                    self._journal_names[spool] = record["spool"]
+            if spool not in self._queue:
+                self._queue[spool] = node
+                self._done[spool] = trio.Event()
+                self.accepted += 1
+        finally:
+            self._accepting -= 1
+        self._last_accept = trio.current_time()
+        self._wakeup.set()
+
+    def _record_acceptance(self, spool, record: dict) -> None:
+        """(worker thread, spool and journal locked) The acceptance on disk: one journal record
+        holding a small file's bytes, or naming a larger file's spool once that is synced."""
+        try:
+            body = spool.whole_body(INLINE_MAX)
+            if body is None:
+                spool.sync_blocking()
+            if self._journal is None:
+                self._journal = Journal(spool.root.data_dir)
+            self._journal.append(encode_record(ACCEPTED, record, body), sync=True)
+        except OSError as exc:
+            raise spools._storage_error("record a write-back acceptance", exc) from None
+
+    async def accept_at_release(self, node) -> bool:
+        """The last descriptor of a file went: True if the publisher now owns the spool's end
+        (it is queued, or has just been accepted), False if the release settles it itself."""
+        spool = node.spool
+        if spool in self._queue:
+            return True
+        if spool.dirty and not spool.orphaned and spool.failed is None:
+            await self.accept(node)
+            return spool in self._queue
+        return False
+
+    async def wait_published(self, node) -> None:
+        """fsync(2): accept what the file holds, wait for its publication, report its error."""
+        spool = node.spool
+        if spool is None:
+            return
+        if spool not in self._queue:
+            await self.accept(node)
+        await self.settled(spool)
+        error = self._outcome.get(spool)
+        if error is not None:
+            raise error
+
+    async def settled(self, spool) -> None:
+        """Wait until the spool's accepted publication (if one is queued) has run; its error
+        stays with the file (fsync, the kept spool)."""
+        done = self._done.get(spool)
+        if done is not None:
+            self._urgent += 1
+            self._wakeup.set()
+            try:
+                await done.wait()
+            finally:
+                self._urgent -= 1
+
+    async def settled_all(self) -> None:
+        """Wait until every publication accepted so far has run (before a directory rename:
+        the files below it must not be replayed at their old paths)."""
+        for spool in list(self._done):
+            await self.settled(spool)
+
+    # --- publishing ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The publisher task: publish accepted spools in order, for as long as the mount lives."""
+        while True:
+            if not self._queue:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            if not self._urgent and len(self._queue) < self.max_backlog // 2:
+                idle = trio.current_time() - self._last_accept
+                if idle < self.quiet:
+                    with trio.move_on_after(self.quiet - idle):
+                        await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
+            await self._publish_next()
+
+    async def drain(self) -> None:
+        """Publish everything accepted (at unmount, before the daemon exits)."""
+        if self._queue:
+            log.info("write-back: publishing %d accepted file(s) before the daemon exits", len(self._queue))
+        while self._queue:
+            await self._publish_next()
+        if self._journal is not None and not self._outcome:
+            try:
+                self._journal.remove()  # every acceptance published or kept (with its sidecar)
+            except OSError as exc:
+                log.warning("write-back journal %s: %s", self._journal.path, exc)
+            self._journal = None
+
+    async def _publish_next(self) -> None:
+        spool, node = next(iter(self._queue.items()))
+        files = self.files
+        error = None
+        try:
+            # The last writer gone: the spool file goes with the publication. An empty new or
+            # O_TRUNC-emptied file is published all the same (the default mode's release rule).
+            closing = spool.writers == 0 and not spool.truncated_only and (spool.written or spool.base is not None)
+            await files.publish(node, why="write-back publication", closing=closing)
+        except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
+            error = exc
+        finally:
+            self._queue.pop(spool, None)
+            done = self._done.pop(spool, None)
+            if len(self._queue) < self.max_backlog:
+                self._room.set()
+        name = self._journal_names.pop(spool, None)
+        if error is None:
+            self.published += 1
+            self._outcome.pop(spool, None)
+            if name is not None and self._journal is not None:
+                try:  # synced: a replay must never bring back what a later unlink or rename changed
+                    await files.workers.run(self._journal.append, encode_record(PUBLISHED, {"spool": name}), sync=True)
+                except OSError as exc:
+                    log.warning("write-back journal %s: %s", self._journal.path, exc)
+        else:
+            self.failed += 1
+            self._outcome[spool] = error
+        if node.handles == 0 and node.spool is spool:
+            await files.settle(node, spool)  # kept (with a log line) when its publication failed
+            self._outcome.pop(spool, None)
+            if node.handles == 0:
+                node.bound = None
+                files.tree.inodes.settled(node)
+        if done is not None:
+            done.set()
+        if not self._queue:
+            await self._reset_journal()
+
+    async def _reset_journal(self) -> None:
+        async with self._journal_lock:
+            # Not while a failed publication's file is still open: its accepted bytes are only
+            # in the journal until it is kept.
+            if self._journal is not None and not self._queue and not self._accepting and not self._outcome:
+                try:
+                    await self.files.workers.run(self._journal.reset)
+                except OSError as exc:
+                    log.warning("write-back journal %s: %s", self._journal.path, exc)
+
+
+# --- after a crash ------------------------------------------------------------------------------
+
+
+def replay(root, data_dir: str) -> tuple[int, int]:
+    """At mount start: publish the pending spools a write-back daemon accepted and did not
+    publish before it ended, oldest first. One that cannot be published (its path changed since,
+    say) becomes a kept spool with the reason in its sidecar and a log line. Returns (published,
+    kept)."""
+    restore_journals(data_dir)
+    pending = [s for s in spools.scan(data_dir) if not s.live and s.record.get("state") == spools.PENDING]
+    pending.sort(key=lambda s: (s.record.get("accepted_unix_ns") or 0, s.record.get("created_unix_ms") or 0))
+    published = kept = 0
+    for spool in pending:
+        record = spool.record
+        try:
+            spools.retry(root, spool)
+            published += 1
+            log.info("write-back: published %s:%s (%d bytes) accepted before the last daemon ended", record.get("workbench"), record.get("path"), spool.size)
+        except GenerationConflict as exc:
+            if _already_published(root, spool):
+                spools.discard(spool)  # the daemon ended after the publication, before dropping the spool
+                published += 1
+                continue
+            kept += 1
+            _keep(spool, f"write-back replay: the path changed since the bytes were accepted ({exc})")
+        except Exception as exc:  # noqa: BLE001 - nothing accepted is dropped: it is kept and logged
+            kept += 1
+            _keep(spool, f"write-back replay failed: {type(exc).__name__}: {exc}")
+    return published, kept
+
+
+def _already_published(root, spool) -> bool:
+    """Whether the path already holds exactly the spool's body (a complete body, not appended bytes)."""
+    from nokvfs.schema import keys
+    from nokvfs.schema.paths import normalize_path
+    from nokvfs.schema.records import PathEntry
+    from nokvfs.workspace import body as bodies
+    from nokvfs.workspace import workbench as wb
+
+    record = spool.record
+    if record.get("append_only"):
+        return False
+    try:
+        with root.read() as view:
+            _, workbench = wb.visible(view, root.root_id, record["workbench"])
+            raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, normalize_path(record["path"])))
+        body = bodies.from_file(spool.path, root.block_size)
+    except Exception:  # noqa: BLE001 - cannot tell: keep it
+        return False
+    if raw is None:
+        return False
+    entry = PathEntry.decode(raw)
+    return entry.logical_size == body.size and entry.body_digest_uri == body.digest_uri
+
+
+def _keep(spool, reason: str) -> None:
+    spools.mark_kept(spool, reason)
+    record = spool.record
+    log.warning(
+        "kept spool %s (%s:%s, %d bytes): %s -- `nokvfs spool retry|discard %s`",
+        spool.id, record.get("workbench"), record.get("path"), spool.size, reason, spool.id,
+    )

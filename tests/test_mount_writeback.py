@@ -1,0 +1,223 @@
+"""`nokvfs mount --write-back` on a real mount: close(2) returns once the bytes are durable here,
+a background publisher publishes them in order, fsync(2) waits for a file's publication and
+reports its error, `nokvfs umount` drains before it returns, and a crash is replayed at the next
+mount (nokvfs.fs.writeback)."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from nokvfs.fs import writeback
+from tests.mount_fixtures import REPO, env, init_data_dir, mounted, needs_fuse, start_daemon, unmount, wait_mounted
+
+pytestmark = needs_fuse
+
+WB = ("--write-back",)
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *args], capture_output=True, text=True, env=env(), cwd=REPO, timeout=timeout)
+
+
+def _tree(base: str, files: int = 240) -> str:
+    """A source tree of small files in nested directories, with modes and a symlink."""
+    src = os.path.join(base, "src", "tree")
+    for i in range(files):
+        d = os.path.join(src, f"d{i % 6}", f"e{i % 4}")
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"f{i:04d}.txt")
+        with open(path, "wb") as f:
+            f.write(f"file {i}\n".encode() * (1 + i % 50))
+        os.chmod(path, 0o600 if i % 3 else 0o755)
+    os.symlink("d0/e0/f0000.txt", os.path.join(src, "link"))
+    return src
+
+
+def _published(data_dir: str, path: str) -> bytes:
+    done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "get", f"wb:{path}"], capture_output=True, env=env(), cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
+    base = str(tmp_path)
+    src = _tree(base)
+    tar_path = os.path.join(base, "tree.tar")
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(src, arcname="tree")
+    with mounted(base, extra_args=WB) as m:
+        out = m.path("wb", "outputs")
+        subprocess.run(["tar", "xf", tar_path, "-C", out], check=True, timeout=300)
+        # Straight away (most files still accepted, not published): `nokvfs umount` returns once
+        # the daemon has published every accepted file and exited.
+        done = _cli("umount", m.mountpoint, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert m.proc.poll() is not None, "umount returned before the daemon exited"
+        assert m.proc.returncode == 0
+        assert "write-back: publishing" in m.log()
+        assert not glob.glob(os.path.join(m.data_dir, "spool", "mount", "*.spool")), "every accepted spool was published"
+        assert not glob.glob(os.path.join(m.data_dir, "spool", "mount", "writeback-*.journal")), "a clean unmount removes the journal"
+        for i in (0, 1, 119, 239):
+            rel = f"d{i % 6}/e{i % 4}/f{i:04d}.txt"
+            with open(os.path.join(src, rel), "rb") as f:
+                assert _published(m.data_dir, "outputs/tree/" + rel) == f.read()
+    # Mounted again (in either mode), the tree is the source's, modes included.
+    for extra in ((), WB):
+        with mounted(base, init=False, extra_args=extra) as m:
+            diff = subprocess.run(["diff", "-r", "--no-dereference", src, m.path("wb", "outputs", "tree")], capture_output=True, text=True, timeout=120)
+            assert diff.returncode == 0, diff.stdout + diff.stderr
+            assert os.stat(m.path("wb", "outputs", "tree", "d1", "e1", "f0001.txt")).st_mode & 0o777 == 0o600
+            assert os.stat(m.path("wb", "outputs", "tree", "d0", "e0", "f0000.txt")).st_mode & 0o777 == 0o755
+
+
+def test_a_daemon_killed_before_publishing_is_replayed_at_the_next_mount(tmp_path):
+    base = str(tmp_path)
+    data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
+    os.makedirs(mnt)
+    init_data_dir(data)
+    old_env = os.environ.get("NOKVFS_CRASH_AT")
+    os.environ["NOKVFS_CRASH_AT"] = "after-begin"  # SIGKILL inside the first background publication
+    try:
+        proc = start_daemon(data, mnt, log, WB)
+    finally:
+        if old_env is None:
+            del os.environ["NOKVFS_CRASH_AT"]
+        else:
+            os.environ["NOKVFS_CRASH_AT"] = old_env
+    accepted = {}
+    try:
+        wait_mounted(mnt, proc, log)
+        for i in range(20):
+            body = f"accepted {i}\n".encode() * (100 if i != 3 else 40_000)  # f03: too big to journal
+            path = os.path.join(mnt, "wb", "outputs", f"f{i:02d}.txt")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o640)
+                os.write(fd, body)
+                os.close(fd)  # accepted: durable here, published later
+            except OSError:
+                break  # the daemon died meanwhile: this close was never acknowledged
+            accepted[f"f{i:02d}.txt"] = body
+        proc.wait(timeout=60)
+        assert proc.returncode == -9
+    finally:
+        unmount(mnt)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert accepted, "the first close returns before its publication starts"
+    # Every accepted file has its acceptance record in the daemon's journal (small ones with
+    # their bytes); a file whose close was never acknowledged has none.
+    (journal,) = glob.glob(os.path.join(data, "spool", "mount", "writeback-*.journal"))
+    with open(journal, "rb") as f:
+        records = writeback.decode_records(f.read())
+    assert sorted(m["path"] for kind, m, _ in records if kind == writeback.ACCEPTED) == sorted(f"outputs/{name}" for name in accepted)
+    for kind, meta, body in records:
+        assert meta["state"] == "pending" and (body is None) == (meta["path"] == "outputs/f03.txt")
+    # The next mount (default mode) publishes every accepted file, in order, with its mode.
+    with mounted(base, init=False) as m:
+        for name, body in accepted.items():
+            path = m.path("wb", "outputs", name)
+            with open(path, "rb") as f:
+                assert f.read() == body, name
+            assert os.stat(path).st_mode & 0o777 == 0o640
+        assert "accepted before the last daemon ended" in m.log()
+    assert not glob.glob(os.path.join(data, "spool", "mount", "writeback-*.journal"))
+    # What is left is only the spool of a file whose close was never acknowledged: kept.
+    left = [json.load(open(p + ".json")) for p in glob.glob(os.path.join(data, "spool", "mount", "*.spool"))]
+    assert all(r["state"] == "kept" and r["path"].split("/")[-1] not in accepted for r in left)
+
+
+def test_fsync_reports_the_publication_error_and_the_conflict_is_kept(tmp_path):
+    with mounted(str(tmp_path), extra_args=WB) as m:
+        path = m.path("wb", "outputs", "raced.txt")
+        other = m.facade_waiting("namespace.put(root, 'wb', 'outputs/raced.txt', b'theirs', expected_generation=0)")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"mine")
+            other.communicate(b"go\n", timeout=60)
+            assert other.returncode == 0
+            with pytest.raises(OSError) as caught:
+                os.fsync(fd)
+            assert caught.value.errno == errno.EEXIST
+        finally:
+            os.close(fd)  # accepted again: its publication fails the same way, in the background
+        # fsync of a file this mount publishes cleanly returns once it is published.
+        good = m.path("wb", "outputs", "good.txt")
+        fd = os.open(good, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"good")
+        os.fsync(fd)
+        assert _published(m.data_dir, "outputs/good.txt") == b"good"
+        os.close(fd)
+        done = _cli("umount", m.mountpoint, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "unpublished bytes of wb:outputs/raced.txt are kept" in m.log()
+        listed = _cli("--data-dir", m.data_dir, "spool", "list", "--json")
+        records = json.loads(listed.stdout)
+        assert [(r["path"], r["state"]) for r in records] == [("outputs/raced.txt", "kept")]
+        (spool,) = glob.glob(os.path.join(m.data_dir, "spool", "mount", "*.spool"))
+        assert open(spool, "rb").read() == b"mine"
+        assert _published(m.data_dir, "outputs/raced.txt") == b"theirs"
+
+
+def test_random_operations_match_the_model_with_the_kernel_caching_writes(tmp_path):
+    """Write-back mounts let the kernel cache writes (writeback cache): the fsx-style exerciser
+    finds no miscompare, and what it left is what the next mount publishes and shows."""
+    from tests.test_mount_fsx import exercise
+
+    with mounted(str(tmp_path), extra_args=WB) as m:
+        path = m.path("wb", "outputs", "fsx.bin")
+        out = exercise(path, ops=3_000, seed=20261204, max_size=1 << 20)
+        assert "0 miscompares" in out
+        with open(path, "rb") as f:
+            seen = f.read()
+        done = _cli("umount", m.mountpoint, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert _published(m.data_dir, "outputs/fsx.bin") == seen
+
+
+def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
+    """An editor's save (write a temporary, close, rename it over the file), an unlink of a file
+    just closed and a staging directory renamed into place are what the next mount shows after
+    SIGKILL: a replay never brings back the temporary, the removed file or the old directory."""
+    base = str(tmp_path)
+    data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
+    os.makedirs(mnt)
+    init_data_dir(data)
+    proc = start_daemon(data, mnt, log, WB)
+    try:
+        wait_mounted(mnt, proc, log)
+        out = os.path.join(mnt, "wb", "outputs")
+        for name, body in (("doc.txt", b"version 1"), ("gone.txt", b"removed soon"), ("doc.txt.tmp", b"version 2")):
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(body)
+        os.rename(os.path.join(out, "doc.txt.tmp"), os.path.join(out, "doc.txt"))
+        os.unlink(os.path.join(out, "gone.txt"))
+        os.mkdir(os.path.join(out, "build.tmp"))  # the atomic-install idiom
+        with open(os.path.join(out, "build.tmp", "a.txt"), "wb") as f:
+            f.write(b"built")
+        os.rename(os.path.join(out, "build.tmp"), os.path.join(out, "build"))
+        with open(os.path.join(out, "later.txt"), "wb") as f:
+            f.write(b"accepted, not published")
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        unmount(mnt)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    with mounted(base, init=False) as m:
+        assert sorted(os.listdir(m.path("wb", "outputs"))) == ["build", "doc.txt", "later.txt"]
+        with open(m.path("wb", "outputs", "build", "a.txt"), "rb") as f:
+            assert f.read() == b"built"
+        with open(m.path("wb", "outputs", "doc.txt"), "rb") as f:
+            assert f.read() == b"version 2"
+        with open(m.path("wb", "outputs", "later.txt"), "rb") as f:
+            assert f.read() == b"accepted, not published"
