@@ -44,11 +44,16 @@ class Wide:
 
     def describe(self, top: str) -> str:
         parts = []
-        for entries, wanted, one, many in ((self.directories, DIR_MODE, "directory", "directories"), (self.files, FILE_MODE, "file", "files")):
+        for entries, wanted, one, many in (
+            (self.directories, DIR_MODE, "directory", "directories"),
+            (self.files, FILE_MODE, "file", "files"),
+        ):
             if entries:
                 path, mode = entries[0]
-                parts.append(f"{len(entries)} {one if len(entries) == 1 else many} wider than {wanted:04o} "
-                             f"(e.g. {os.path.relpath(path, top)}: {stat.S_IMODE(mode):04o})")
+                parts.append(
+                    f"{len(entries)} {one if len(entries) == 1 else many} wider than {wanted:04o} "
+                    f"(e.g. {os.path.relpath(path, top)}: {stat.S_IMODE(mode):04o})"
+                )
         return "; ".join(parts)
 
 

@@ -59,12 +59,27 @@ def start_moto():
     """A moto S3 server on 127.0.0.1 with dummy credentials; returns (server, endpoint)."""
     from moto.server import ThreadedMotoServer
 
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         os.environ.pop(name, None)
     os.environ.update(
-        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-        AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true",
-        NO_PROXY="127.0.0.1", no_proxy="127.0.0.1",
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
     )
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -131,7 +146,8 @@ def bench_restore(work: str, endpoint: str, paths: int) -> None:
         result = restore_data_dir(url, target, endpoint_url=endpoint)
         seconds = time.perf_counter() - start
         print(
-            f"  from {kind:<10} {seconds:7.2f} s  ({len(manifest.increments)} increments, {size / MiB:.1f} MiB of packs, "
+            f"  from {kind:<10} {seconds:7.2f} s  ({len(manifest.increments)} increments, {size / MiB:.1f} MiB of "
+            "packs, "
             f"LSN {result.shard.applied_lsn}); plain GET of the same packs {download:.2f} s: {seconds / download:.1f}x",
             flush=True,
         )
@@ -214,7 +230,8 @@ def bench_sync(work: str, endpoint: str, count: int) -> None:
     (m0, p0), (m1, p1) = figures["without"], figures["with"]
     print(
         f"publish latency through the facade (the --sync primitive), {count} x 4 KiB: without wait_shipped median "
-        f"{m0 * 1000:.0f} ms, p99 {p0 * 1000:.0f} ms; with it median {m1 * 1000:.0f} ms, p99 {p1 * 1000:.0f} ms ({m1 / m0:.1f}x)",
+        f"{m0 * 1000:.0f} ms, p99 {p0 * 1000:.0f} ms; with it median {m1 * 1000:.0f} ms, p99 {p1 * 1000:.0f} ms "
+        f"({m1 / m0:.1f}x)",
         flush=True,
     )
 
@@ -237,7 +254,8 @@ def report_lag(what: str, closed: dict, seen: dict, args) -> None:
     floor = args.replicate_interval / 2 + args.follow_interval / 2
     median, p99 = statistics.median(lags), percentile(lags, 0.99)
     print(
-        f"lag, {what}: {len(lags)} publishes at {args.rate:g}/s, intervals {args.replicate_interval:g} s + {args.follow_interval:g} s: "
+        f"lag, {what}: {len(lags)} publishes at {args.rate:g}/s, intervals {args.replicate_interval:g} s + "
+        f"{args.follow_interval:g} s: "
         f"median {median * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {max(lags) * 1000:.0f} ms"
         f" ({median / floor:.2f}x / {p99 / floor:.2f}x the polling floor of {floor * 1000:.0f} ms)"
         + (f"; {missing} never seen" if missing else ""),
@@ -253,8 +271,13 @@ def daemon(data_dir: str, mountpoint: str, log: str, *extra) -> subprocess.Popen
     env.pop("NOTIFY_SOCKET", None)
     os.makedirs(mountpoint, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nokvfs.cli.main", "mount", data_dir, mountpoint, "--foreground", *extra],
-                                stdout=out, stderr=out, env=env, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nokvfs.cli.main", "mount", data_dir, mountpoint, "--foreground", *extra],
+            stdout=out,
+            stderr=out,
+            env=env,
+            cwd=REPO,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if os.path.ismount(mountpoint):
@@ -270,7 +293,11 @@ def daemon(data_dir: str, mountpoint: str, log: str, *extra) -> subprocess.Popen
 
 
 def unmount(proc: subprocess.Popen, mountpoint: str) -> None:
-    for argv in (["fusermount3", "-u", mountpoint], ["fusermount3", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
+    for argv in (
+        ["fusermount3", "-u", mountpoint],
+        ["fusermount3", "-u", "-z", mountpoint],
+        ["umount", "-l", mountpoint],
+    ):
         if not os.path.ismount(mountpoint):
             break
         subprocess.run(argv, capture_output=True)
@@ -287,7 +314,14 @@ def bench_mounts(work: str, endpoint: str, args) -> None:
     owner = owner_dir(os.path.join(work, "m-owner"), bucket, endpoint)
     cache = os.path.join(work, "m-follower")
     a_mnt, b_mnt = os.path.join(work, "a"), os.path.join(work, "b")
-    owner_args = ("--replicate", url, "--replicate-endpoint-url", endpoint, "--replicate-interval", str(args.replicate_interval))
+    owner_args = (
+        "--replicate",
+        url,
+        "--replicate-endpoint-url",
+        endpoint,
+        "--replicate-interval",
+        str(args.replicate_interval),
+    )
     follow_args = ("--follow", url, "--follow-endpoint-url", endpoint, "--follow-interval", str(args.follow_interval))
     mounts = []
     try:
@@ -359,7 +393,9 @@ def bench_mounts(work: str, endpoint: str, args) -> None:
         for label, mountpoint in (("owner", a_mnt), ("follower", b_mnt)):
             dropped = drop_caches()
             start = time.perf_counter()
-            subprocess.run(["ls", "-lR", os.path.join(mountpoint, "wb", "outputs", "tree")], stdout=subprocess.DEVNULL, check=True)
+            subprocess.run(
+                ["ls", "-lR", os.path.join(mountpoint, "wb", "outputs", "tree")], stdout=subprocess.DEVNULL, check=True
+            )
             listing = time.perf_counter() - start
             dropped = drop_caches() and dropped
             start = time.perf_counter()
@@ -370,8 +406,10 @@ def bench_mounts(work: str, endpoint: str, args) -> None:
             results[label] = (listing, reading)
         (ol, orr), (fl, fr) = results["owner"], results["follower"]
         print(
-            f"cold ls -lR of {args.tree_files} files: owner {ol:.2f} s, follower {fl:.2f} s ({fl / ol:.2f}x the owner's)\n"
-            f"cold read of {args.big_mib} MiB: owner {args.big_mib / orr:.0f} MB/s, follower {args.big_mib / fr:.0f} MB/s "
+            f"cold ls -lR of {args.tree_files} files: owner {ol:.2f} s, follower {fl:.2f} s ({fl / ol:.2f}x the "
+            "owner's)\n"
+            f"cold read of {args.big_mib} MiB: owner {args.big_mib / orr:.0f} MB/s, follower {args.big_mib / fr:.0f} "
+            "MB/s "
             f"({orr / fr * 100:.0f}% of the owner's)" + ("" if dropped else " (not root: page cache not dropped)"),
             flush=True,
         )
@@ -395,7 +433,9 @@ def bench_close_sync(work: str, endpoint: str, count: int) -> None:
             times = []
             body = b"x" * 4096
             for n in range(count):
-                fd = os.open(os.path.join(mnt, "wb", "outputs", f"c{n:04d}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                fd = os.open(
+                    os.path.join(mnt, "wb", "outputs", f"c{n:04d}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+                )
                 os.write(fd, body)
                 start = time.perf_counter()
                 os.close(fd)
@@ -406,7 +446,8 @@ def bench_close_sync(work: str, endpoint: str, count: int) -> None:
     (m0, p0), (m1, p1) = figures["without"], figures["with"]
     print(
         f"close(2) of a 4 KiB file on a mount replicating to loopback S3, {count} files: without --sync median "
-        f"{m0 * 1000:.1f} ms, p99 {p0 * 1000:.1f} ms; with --sync median {m1 * 1000:.1f} ms, p99 {p1 * 1000:.1f} ms ({m1 / m0:.1f}x)",
+        f"{m0 * 1000:.1f} ms, p99 {p0 * 1000:.1f} ms; with --sync median {m1 * 1000:.1f} ms, p99 {p1 * 1000:.1f} ms "
+        f"({m1 / m0:.1f}x)",
         flush=True,
     )
 

@@ -25,15 +25,15 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from nokvfs.engine.command import MetadataCommand, Put  # noqa: E402
-from nokvfs.engine.placement import PlacementStore, install_root_fence  # noqa: E402
-from nokvfs.engine.rows import ENVELOPE_BYTES  # noqa: E402
-from nokvfs.engine.scan import list_children  # noqa: E402
-from nokvfs.engine.shard import Shard  # noqa: E402
-from nokvfs.schema import keys  # noqa: E402
-from nokvfs.schema.enums import RootPlacementLifecycle  # noqa: E402
-from nokvfs.schema.ids import new_id16  # noqa: E402
-from nokvfs.schema.records import PathEntry  # noqa: E402
+from nokvfs.engine.command import MetadataCommand, Put
+from nokvfs.engine.placement import PlacementStore, install_root_fence
+from nokvfs.engine.rows import ENVELOPE_BYTES
+from nokvfs.engine.scan import list_children
+from nokvfs.engine.shard import Shard
+from nokvfs.schema import keys
+from nokvfs.schema.enums import RootPlacementLifecycle
+from nokvfs.schema.ids import new_id16
+from nokvfs.schema.records import PathEntry
 
 
 def entry(generation: int) -> PathEntry:
@@ -107,10 +107,15 @@ def main() -> None:
             key = keys.path_current_key(root_id, incarnation, ("outputs", f"file-{i:06d}"))
             shard.apply(command([Put("path_current", key, entry(1))]))
         elapsed = time.perf_counter() - start
-        print(f"put commands:        {args.commands / elapsed:10.0f} commands/s  ({args.commands} single-path commands, fsync on)")
+        print(
+            f"put commands:        {args.commands / elapsed:10.0f} commands/s  ({args.commands} single-path commands, "
+            "fsync on)"
+        )
 
         # 2. point reads/s of PathCurrent, verified, against raw LMDB gets in the same run
-        read_keys = [keys.path_current_key(root_id, incarnation, ("outputs", f"file-{i:06d}")) for i in range(args.commands)]
+        read_keys = [
+            keys.path_current_key(root_id, incarnation, ("outputs", f"file-{i:06d}")) for i in range(args.commands)
+        ]
         with shard.read() as view:
             start = time.perf_counter()
             for i in range(args.reads):
@@ -135,7 +140,11 @@ def main() -> None:
         for child in range(10):
             for start_i in range(0, per_child, batch):
                 mutations = [
-                    Put("path_current", keys.path_current_key(root_id, incarnation, ("big", f"child-{child}", f"d{j // 100}", f"f{j}")), value)
+                    Put(
+                        "path_current",
+                        keys.path_current_key(root_id, incarnation, ("big", f"child-{child}", f"d{j // 100}", f"f{j}")),
+                        value,
+                    )
                     for j in range(start_i, min(per_child, start_i + batch))
                 ]
                 shard.apply(command(mutations))
@@ -158,13 +167,18 @@ def main() -> None:
         start = time.perf_counter()
         pruned, batches, next_key = 0, 0, b""
         while True:
-            outcome = shard.prune_history(owner_epoch=shard.owner_epoch, floor_version=shard.commit_version, start_key=next_key)
+            outcome = shard.prune_history(
+                owner_epoch=shard.owner_epoch, floor_version=shard.commit_version, start_key=next_key
+            )
             pruned, batches = pruned + outcome.pruned_rows, batches + 1
             if outcome.next_key is None:
                 break
             next_key = outcome.next_key
         elapsed = time.perf_counter() - start
-        print(f"history prune:       {pruned / elapsed:10.0f} rows/s      ({before} -> {history_rows(shard)} History rows in {batches} batches, {elapsed:.2f} s)")
+        print(
+            f"history prune:       {pruned / elapsed:10.0f} rows/s      ({before} -> {history_rows(shard)} History "
+            f"rows in {batches} batches, {elapsed:.2f} s)"
+        )
         shard.close()
         reopen(work, size, what="after prune")
         placements.close()

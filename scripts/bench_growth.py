@@ -35,11 +35,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nokvfs.engine.command import MetadataCommand, Put  # noqa: E402
-from nokvfs.engine.placement import PlacementStore, install_root_fence  # noqa: E402
-from nokvfs.engine.shard import Shard  # noqa: E402
-from nokvfs.schema.enums import RetainedFamily, RootPlacementLifecycle  # noqa: E402
-from nokvfs.schema.ids import new_id16  # noqa: E402
+from nokvfs.engine.command import MetadataCommand, Put
+from nokvfs.engine.placement import PlacementStore, install_root_fence
+from nokvfs.engine.shard import Shard
+from nokvfs.schema.enums import RetainedFamily, RootPlacementLifecycle
+from nokvfs.schema.ids import new_id16
 
 
 def used_bytes(shard) -> int:
@@ -87,8 +87,13 @@ def engine_retention(shard, retain_versions: int) -> None:
     for family in (RetainedFamily.ChangeEvent, RetainedFamily.CommandDedupe):
         start = b""
         while True:
-            outcome = shard.prune_retained(owner_epoch=shard.owner_epoch, family=family, floor_version=floor,
-                                           horizon_ms=shard.lease_clock_ms - 1000, start_key=start)
+            outcome = shard.prune_retained(
+                owner_epoch=shard.owner_epoch,
+                family=family,
+                floor_version=floor,
+                horizon_ms=shard.lease_clock_ms - 1000,
+                start_key=start,
+            )
             if outcome.next_key is None:
                 break
             start = outcome.next_key
@@ -97,7 +102,9 @@ def engine_retention(shard, retain_versions: int) -> None:
         pass
     start = b""
     while True:
-        outcome = shard.prune_history(owner_epoch=shard.owner_epoch, floor_version=shard.commit_version, start_key=start)
+        outcome = shard.prune_history(
+            owner_epoch=shard.owner_epoch, floor_version=shard.commit_version, start_key=start
+        )
         if outcome.next_key is None:
             break
         start = outcome.next_key
@@ -114,11 +121,20 @@ def run_engine(work: str, args) -> list:
         start = time.perf_counter()
         for n in range(per_step):
             key = b"\x01" * 16 + ((done + n) % 1000).to_bytes(4, "big")
-            shard.apply(MetadataCommand(
-                root_id=root_id, logical_shard_id=shard.logical_shard_id, placement_generation=generation,
-                owner_epoch=shard.owner_epoch, request_id=new_id16(), read_version=shard.commit_version,
-                predicates=(), mutations=(Put("path_current", key, value),), events=(b"\x02event",), result=b"",
-            ))
+            shard.apply(
+                MetadataCommand(
+                    root_id=root_id,
+                    logical_shard_id=shard.logical_shard_id,
+                    placement_generation=generation,
+                    owner_epoch=shard.owner_epoch,
+                    request_id=new_id16(),
+                    read_version=shard.commit_version,
+                    predicates=(),
+                    mutations=(Put("path_current", key, value),),
+                    events=(b"\x02event",),
+                    result=b"",
+                )
+            )
         elapsed = time.perf_counter() - start
         done += per_step
         grown = used_bytes(shard) - before
@@ -126,11 +142,23 @@ def run_engine(work: str, args) -> list:
             engine_retention(shard, args.retain_versions)
         shard.close()
         shard, reopen = timed_open(path)
-        results.append(dict(done=done, rate=per_step / elapsed, reopen=reopen, used=used_bytes(shard),
-                            file=file_bytes(path), per_command=grown / per_step, rows=rows_per_tree(shard)))
-        print(f"engine step {step + 1}: {done:,} commands, {per_step / elapsed:,.0f}/s, reopen {reopen * 1000:.1f} ms, "
-              f"used {used_bytes(shard) / 1e6:.1f} MB (file {file_bytes(path) / 1e6:.1f} MB), "
-              f"{grown / per_step:,.0f} B/command before retention; {show_rows(rows_per_tree(shard))}", flush=True)
+        results.append(
+            dict(
+                done=done,
+                rate=per_step / elapsed,
+                reopen=reopen,
+                used=used_bytes(shard),
+                file=file_bytes(path),
+                per_command=grown / per_step,
+                rows=rows_per_tree(shard),
+            )
+        )
+        print(
+            f"engine step {step + 1}: {done:,} commands, {per_step / elapsed:,.0f}/s, reopen {reopen * 1000:.1f} ms, "
+            f"used {used_bytes(shard) / 1e6:.1f} MB (file {file_bytes(path) / 1e6:.1f} MB), "
+            f"{grown / per_step:,.0f} B/command before retention; {show_rows(rows_per_tree(shard))}",
+            flush=True,
+        )
     results.append(dict(fresh=fresh_copy(shard, work, "engine-copy")))
     shard.close()
     return results
@@ -155,8 +183,12 @@ def run_facade(work: str, args) -> list:
     from nokvfs.workspace.retention import RetentionSettings
 
     data_dir = os.path.join(work, "data")
-    datadir.init(data_dir, retention=RetentionSettings(versions=args.retain_versions, request_seconds=1,
-                                                       outbox_records=args.retain_versions))
+    datadir.init(
+        data_dir,
+        retention=RetentionSettings(
+            versions=args.retain_versions, request_seconds=1, outbox_records=args.retain_versions
+        ),
+    )
     root = datadir.open_root(data_dir)
     workbench.create(root, "wb")
     per_step = args.publishes // args.steps
@@ -167,7 +199,9 @@ def run_facade(work: str, args) -> list:
         before = used_bytes(root.shard)
         start = time.perf_counter()
         for n in range(per_step):
-            namespace.put(root, "wb", f"outputs/d{(done + n) % args.paths // 100}/f{(done + n) % args.paths}", b"x" * 100)
+            namespace.put(
+                root, "wb", f"outputs/d{(done + n) % args.paths // 100}/f{(done + n) % args.paths}", b"x" * 100
+            )
         elapsed = time.perf_counter() - start
         done += per_step
         grown = used_bytes(root.shard) - before
@@ -184,12 +218,23 @@ def run_facade(work: str, args) -> list:
         root = datadir.open_root(data_dir)
         reopen = time.perf_counter() - start
         rows = rows_per_tree(root.shard)
-        results.append(dict(done=done, rate=per_step / elapsed, reopen=reopen, used=used_bytes(root.shard),
-                            file=file_bytes(shard_path), per_command=grown / per_step, rows=rows))
-        print(f"facade step {step + 1}: {done:,} publishes, {per_step / elapsed:,.0f}/s, reopen {reopen * 1000:.1f} ms, "
-              f"used {used_bytes(root.shard) / 1e6:.1f} MB (file {file_bytes(shard_path) / 1e6:.1f} MB), "
-              f"{grown / per_step:,.0f} B/publish before maintenance, maintenance {maintenance:.2f} s; {show_rows(rows)}",
-              flush=True)
+        results.append(
+            dict(
+                done=done,
+                rate=per_step / elapsed,
+                reopen=reopen,
+                used=used_bytes(root.shard),
+                file=file_bytes(shard_path),
+                per_command=grown / per_step,
+                rows=rows,
+            )
+        )
+        print(
+            f"facade step {step + 1}: {done:,} publishes, {per_step / elapsed:,.0f}/s, reopen {reopen * 1000:.1f} ms, "
+            f"used {used_bytes(root.shard) / 1e6:.1f} MB (file {file_bytes(shard_path) / 1e6:.1f} MB), "
+            f"{grown / per_step:,.0f} B/publish before maintenance, maintenance {maintenance:.2f} s; {show_rows(rows)}",
+            flush=True,
+        )
     results.append(dict(fresh=fresh_copy(root.shard, work, "facade-copy")))
     root.close()
     return results
@@ -217,17 +262,24 @@ def run_gc(work: str, args) -> None:
         finally:
             root.close()
         rates[batch] = report.freed_revisions / elapsed
-        print(f"gc batch {batch}: freed {report.freed_revisions:,} revisions in {elapsed:.2f} s = {rates[batch]:,.0f}/s", flush=True)
+        print(
+            f"gc batch {batch}: freed {report.freed_revisions:,} revisions in {elapsed:.2f} s = {rates[batch]:,.0f}/s",
+            flush=True,
+        )
     print(f"gc: {rates[gc.GC_BATCH]:,.0f} revisions/s = {rates[gc.GC_BATCH] / rates[1]:.2f}x one revision per command")
 
 
 def summary(name: str, results: list) -> None:
     steps, fresh = results[:-1], results[-1]["fresh"]
     first, last = steps[0], steps[-1]
-    print(f"{name}: last/first step rate {last['rate'] / first['rate']:.2f}x ({last['rate']:,.0f}/s vs {first['rate']:,.0f}/s); "
-          f"reopen last {last['reopen'] * 1000:.1f} ms = {last['reopen'] / first['reopen']:.2f}x the first; "
-          f"used {last['used'] / 1e6:.1f} MB = {last['used'] / fresh:.2f}x a fresh copy of the same rows ({fresh / 1e6:.1f} MB); "
-          f"first step {first['per_command']:,.0f} B per command before maintenance")
+    print(
+        f"{name}: last/first step rate {last['rate'] / first['rate']:.2f}x ({last['rate']:,.0f}/s vs "
+        f"{first['rate']:,.0f}/s); "
+        f"reopen last {last['reopen'] * 1000:.1f} ms = {last['reopen'] / first['reopen']:.2f}x the first; "
+        f"used {last['used'] / 1e6:.1f} MB = {last['used'] / fresh:.2f}x a fresh copy of the same rows "
+        f"({fresh / 1e6:.1f} MB); "
+        f"first step {first['per_command']:,.0f} B per command before maintenance"
+    )
 
 
 def main() -> int:
@@ -238,7 +290,9 @@ def main() -> int:
     parser.add_argument("--paths", type=int, default=1000)
     parser.add_argument("--gc-revisions", type=int, default=10_000)
     parser.add_argument("--retain-versions", type=int, default=10_000)
-    parser.add_argument("--no-maintenance", action="store_true", help="never run retention/GC (the growth before this issue)")
+    parser.add_argument(
+        "--no-maintenance", action="store_true", help="never run retention/GC (the growth before this issue)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="nokvfs-growth-")

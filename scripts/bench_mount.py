@@ -78,7 +78,18 @@ def passthrough_operations():
             except OSError as exc:
                 raise FUSEError(exc.errno) from None
             attr = pyfuse3.EntryAttributes()
-            for name in ("st_ino", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size", "st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
+            for name in (
+                "st_ino",
+                "st_mode",
+                "st_nlink",
+                "st_uid",
+                "st_gid",
+                "st_rdev",
+                "st_size",
+                "st_atime_ns",
+                "st_mtime_ns",
+                "st_ctime_ns",
+            ):
                 setattr(attr, name, getattr(st, name))
             attr.generation = 0
             attr.entry_timeout = 0
@@ -118,7 +129,13 @@ def passthrough_operations():
                     os.chmod(path, stat_m.S_IMODE(attr.st_mode))
                 if fields.update_atime or fields.update_mtime:
                     old = os.lstat(path)
-                    os.utime(path, ns=(attr.st_atime_ns if fields.update_atime else old.st_atime_ns, attr.st_mtime_ns if fields.update_mtime else old.st_mtime_ns))
+                    os.utime(
+                        path,
+                        ns=(
+                            attr.st_atime_ns if fields.update_atime else old.st_atime_ns,
+                            attr.st_mtime_ns if fields.update_mtime else old.st_mtime_ns,
+                        ),
+                    )
             except OSError as exc:
                 raise FUSEError(exc.errno) from None
             return self._attr(path)
@@ -174,7 +191,17 @@ def passthrough_operations():
         async def statfs(self, ctx):
             st = os.statvfs(self.paths[pyfuse3.ROOT_INODE])
             out = pyfuse3.StatvfsData()
-            for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail", "f_namemax"):
+            for name in (
+                "f_bsize",
+                "f_frsize",
+                "f_blocks",
+                "f_bfree",
+                "f_bavail",
+                "f_files",
+                "f_ffree",
+                "f_favail",
+                "f_namemax",
+            ):
                 setattr(out, name, getattr(st, name))
             return out
 
@@ -228,7 +255,11 @@ MiB = 1 << 20
 
 
 def unmount(mountpoint: str) -> None:
-    for argv in (["fusermount3", "-u", mountpoint], ["fusermount3", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
+    for argv in (
+        ["fusermount3", "-u", mountpoint],
+        ["fusermount3", "-u", "-z", mountpoint],
+        ["umount", "-l", mountpoint],
+    ):
         if not os.path.ismount(mountpoint):
             return
         subprocess.run(argv, capture_output=True)
@@ -338,11 +369,17 @@ def make_tree_tar(path: str, count: int) -> int:
 
 def start_moto():
     """A loopback moto S3 server (serialised like the tests' one) and its endpoint URL."""
-    os.environ.update({
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true",
-        "NO_PROXY": "127.0.0.1,localhost",
-    })
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+    )
     import logging
 
     from tests.s3_fixtures import _serialised_moto_server
@@ -362,9 +399,13 @@ def main() -> int:
     parser.add_argument("--seq-mib", type=int, default=256)
     parser.add_argument("--tar-files", type=int, default=4000)
     parser.add_argument("--big-dir", type=int, default=20_000)
-    parser.add_argument("--modes", default="durable,write-back", help="nokvfs modes to run: durable, write-back or both")
+    parser.add_argument(
+        "--modes", default="durable,write-back", help="nokvfs modes to run: durable, write-back or both"
+    )
     parser.add_argument("--s3", action="store_true", help="also run nokvfs over a loopback moto S3 server")
-    parser.add_argument("--s3-seq-mib", type=int, default=64, help="sequential size on S3 targets (moto holds objects in memory)")
+    parser.add_argument(
+        "--s3-seq-mib", type=int, default=64, help="sequential size on S3 targets (moto holds objects in memory)"
+    )
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--serve-passthrough", nargs=2, metavar=("SOURCE", "MOUNTPOINT"), help=argparse.SUPPRESS)
@@ -374,7 +415,9 @@ def main() -> int:
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
 
-    work = args.workdir or tempfile.mkdtemp(prefix="nokvfs-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
+    work = args.workdir or tempfile.mkdtemp(
+        prefix="nokvfs-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None
+    )
     os.makedirs(work, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("NOTIFY_SOCKET", None)
@@ -391,14 +434,36 @@ def main() -> int:
         for path in (local, pt_source, pt_mount):
             os.makedirs(path, exist_ok=True)
         targets.append(Target("local", local))
-        targets.append(Target("passthrough", pt_mount, argv=[sys.executable, os.path.abspath(__file__), "--serve-passthrough", pt_source, pt_mount], mountpoint=pt_mount, env=env, log=log))
+        targets.append(
+            Target(
+                "passthrough",
+                pt_mount,
+                argv=[sys.executable, os.path.abspath(__file__), "--serve-passthrough", pt_source, pt_mount],
+                mountpoint=pt_mount,
+                env=env,
+                log=log,
+            )
+        )
         stores = [("nokvfs", None, None)]
         if args.s3:
             moto, endpoint = start_moto()
             import boto3
 
             boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="nokvfs-bench")
-            env.update({k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED", "NO_PROXY")})
+            env.update(
+                {
+                    k: os.environ[k]
+                    for k in (
+                        "AWS_ACCESS_KEY_ID",
+                        "AWS_SECRET_ACCESS_KEY",
+                        "AWS_DEFAULT_REGION",
+                        "AWS_CONFIG_FILE",
+                        "AWS_SHARED_CREDENTIALS_FILE",
+                        "AWS_EC2_METADATA_DISABLED",
+                        "NO_PROXY",
+                    )
+                }
+            )
             stores.append(("nokvfs-s3", "s3://nokvfs-bench/{name}", endpoint))
         for prefix, store, endpoint in stores:
             for mode in modes:
@@ -412,7 +477,11 @@ def main() -> int:
                     if args.big_dir:
                         started = time.perf_counter()
                         populate_many(root, "bench", "outputs/big", args.big_dir)
-                        print(f"  {name}: {args.big_dir} paths through the facade in {time.perf_counter() - started:.1f} s", flush=True)
+                        print(
+                            f"  {name}: {args.big_dir} paths through the facade in {time.perf_counter() - started:.1f} "
+                            "s",
+                            flush=True,
+                        )
                 finally:
                     if root.blocks.cache is not None:
                         root.blocks.cache.close()
@@ -420,13 +489,24 @@ def main() -> int:
                 argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
                 if mode == "write-back":
                     argv.append("--write-back")
-                targets.append(Target(name, os.path.join(mnt, "bench", "outputs"), argv=argv, mountpoint=mnt, env=env, log=log, publishes_later=mode == "write-back"))
+                targets.append(
+                    Target(
+                        name,
+                        os.path.join(mnt, "bench", "outputs"),
+                        argv=argv,
+                        mountpoint=mnt,
+                        env=env,
+                        log=log,
+                        publishes_later=mode == "write-back",
+                    )
+                )
         for base in (local, pt_source):
             os.makedirs(os.path.join(base, "big"))
             for i in range(args.big_dir):
                 os.close(os.open(os.path.join(base, "big", f"f{i:06d}"), os.O_WRONLY | os.O_CREAT, 0o644))
         tar_path = os.path.join(work, "tree.tar")
-        tar_bytes = make_tree_tar(tar_path, args.tar_files) if args.tar_files else 0
+        if args.tar_files:
+            make_tree_tar(tar_path, args.tar_files)
 
         for target in targets:
             target.start()
@@ -519,7 +599,9 @@ def main() -> int:
                 raise SystemExit(f"listed {count} entries in {target.base}/big")
 
         # (phase, function, unit, amount(target) or None for seconds, which targets)
-        files_phase = (lambda t: args.files)
+        def files_phase(t):
+            return args.files
+
         phases = [
             (f"create+write+close {args.files}", create_all, "files/s", files_phase, None),
             ("  write-back: published", drain_small, "s", None, "later"),
@@ -547,7 +629,7 @@ def main() -> int:
         results: dict[tuple[int, str], float] = {}
         rss_after: dict[str, list] = {t.name: [] for t in targets if t.nokvfs}
         dropped = None
-        for index, (phase, fn, unit, amount, which) in enumerate(phases):
+        for index, (phase, fn, _unit, _amount, which) in enumerate(phases):
             for target in targets:
                 if which == "later" and not target.publishes_later:
                     continue
@@ -570,7 +652,7 @@ def main() -> int:
         print()
         print("rates (ratio to passthrough in this run; above 1 is faster)")
         print(f"{'phase':<34}" + "".join(f"{n:>22}" for n in names))
-        for index, (phase, fn, unit, amount, which) in enumerate(phases):
+        for index, (phase, _fn, unit, amount, _which) in enumerate(phases):
             row = f"{phase:<34}"
             reference = results.get((index, "passthrough"))
             for target in targets:
@@ -597,8 +679,11 @@ def main() -> int:
         for target in targets:
             if target.nokvfs:
                 now = target.rss()
-                print(f"{target.name} daemon RSS: end {now / 1024:.0f} MiB, peak seen {target.peak_rss_kib / 1024:.0f} MiB "
-                      f"(after each phase: {', '.join(f'{k / 1024:.0f}' for k in rss_after[target.name])} MiB)")
+                print(
+                    f"{target.name} daemon RSS: end {now / 1024:.0f} MiB, peak seen {target.peak_rss_kib / 1024:.0f} "
+                    "MiB "
+                    f"(after each phase: {', '.join(f'{k / 1024:.0f}' for k in rss_after[target.name])} MiB)"
+                )
         return 0
     finally:
         for target in reversed(targets):

@@ -66,7 +66,9 @@ int mkfifo(const char *p, mode_t m) { return refuse(); }
 int mkfifoat(int f, const char *p, mode_t m) { return refuse(); }
 int link(const char *a, const char *b) { return refuse(); }
 int linkat(int f, const char *a, int g, const char *b, int flags) { return refuse(); }
-int bind(int s, const struct sockaddr *a, socklen_t l) { return a && a->sa_family == AF_UNIX ? refuse() : (errno = EPERM, -1); }
+int bind(int s, const struct sockaddr *a, socklen_t l) {
+    return a && a->sa_family == AF_UNIX ? refuse() : (errno = EPERM, -1);
+}
 """
 TRIED = re.compile(r"tried '([^']*)', expected (\S+), got (\S+)")
 PATH_LIMIT = 440  # bytes of a path below a section the shard's keys hold (README, Known limits)
@@ -160,7 +162,11 @@ def main() -> int:
     source = os.path.abspath(args.pjdfstest)
     build(source)
     tests = os.path.join(source, "tests")
-    groups = args.groups.split(",") if args.groups else sorted(d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d)))
+    groups = (
+        args.groups.split(",")
+        if args.groups
+        else sorted(d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d)))
+    )
 
     from tests.mount_fixtures import mounted
 
@@ -189,14 +195,19 @@ def main() -> int:
                     open_ += [f"{group}/{name}: {line}" for line in failed]
                 rows.append((group, len(files), assertions, passes, len(by_design), len(open_)))
                 opened += open_
-                print(f"{group:<16} files {len(files):>3}  assertions {assertions:>5}  pass {passes:>5}  "
-                      f"fail by design {len(by_design):>5}  fail open {len(open_):>4}", flush=True)
+                print(
+                    f"{group:<16} files {len(files):>3}  assertions {assertions:>5}  pass {passes:>5}  "
+                    f"fail by design {len(by_design):>5}  fail open {len(open_):>4}",
+                    flush=True,
+                )
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     totals = [sum(r[i] for r in rows) for i in range(1, 6)]
-    print(f"{'all':<16} files {totals[0]:>3}  assertions {totals[1]:>5}  pass {totals[2]:>5}  "
-          f"fail by design {totals[3]:>5}  fail open {totals[4]:>4}   ({time.monotonic() - started:.0f} s)")
+    print(
+        f"{'all':<16} files {totals[0]:>3}  assertions {totals[1]:>5}  pass {totals[2]:>5}  "
+        f"fail by design {totals[3]:>5}  fail open {totals[4]:>4}   ({time.monotonic() - started:.0f} s)"
+    )
     for line in opened[: args.show]:
         print("  open:", short(line))
     if len(opened) > args.show:

@@ -32,9 +32,9 @@ import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from nokvfs.workspace import body as bodies  # noqa: E402
-from nokvfs.workspace import datadir, namespace, reading  # noqa: E402
-from nokvfs.workspace import workbench as wb  # noqa: E402
+from nokvfs.workspace import body as bodies
+from nokvfs.workspace import datadir, namespace, reading
+from nokvfs.workspace import workbench as wb
 
 MiB = 1024 * 1024
 SMALL = 4096
@@ -60,7 +60,10 @@ def bench_small(root, count: int, label: str) -> None:
     for i, data in enumerate(payloads):
         namespace.put(root, WB, f"outputs/small/{i:06d}", data)
     elapsed = time.perf_counter() - start
-    print(f"{label:<8} small-file publishes (4 KiB): {count} in {elapsed:.2f} s = {count / elapsed:,.1f} publishes/s ({elapsed / count * 1000:.2f} ms each)")
+    print(
+        f"{label:<8} small-file publishes (4 KiB): {count} in {elapsed:.2f} s = {count / elapsed:,.1f} publishes/s "
+        f"({elapsed / count * 1000:.2f} ms each)"
+    )
 
 
 def bench_big(root, work: str, size: int, label: str) -> None:
@@ -102,7 +105,17 @@ def start_moto():
 
     from moto.server import ThreadedMotoServer
 
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         os.environ.pop(name, None)
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench",
@@ -137,7 +150,10 @@ def run_s3(work: str, args) -> None:
         try:
             wb.create(root, WB)
             bench_small(root, args.s3_small, "s3/moto")
-            print(f"s3/moto  (big bodies use {args.s3_big_mib} MiB, not {args.big_mib} MiB: the loopback moto server holds objects in memory and is the bottleneck)")
+            print(
+                f"s3/moto  (big bodies use {args.s3_big_mib} MiB, not {args.big_mib} MiB: the loopback moto server "
+                "holds objects in memory and is the bottleneck)"
+            )
             bench_big(root, work, args.s3_big_mib * MiB, "s3/moto")
         finally:
             root.close()

@@ -88,12 +88,18 @@ def main() -> int:
         status = replicator.status()
         shard.close()
         print(f"commands applied:   {applied} in {apply_seconds:.2f}s")
-        print(f"records pushed:     {pushed} in {push_seconds:.2f}s ({pushed / max(push_seconds, 1e-9):.0f} records/s),"
-              f" {status['generation']} generations")
-        print(f"checkpoint:         through LSN {checkpoint.through_lsn}, {checkpoint.compacted} increments, "
-              f"{checkpoint_seconds:.2f}s")
-        print(f"restore (replay):   {replayed.increments} increments to LSN {replayed.applied_lsn} in "
-              f"{replay_seconds:.2f}s")
+        print(
+            f"records pushed:     {pushed} in {push_seconds:.2f}s ({pushed / max(push_seconds, 1e-9):.0f} records/s),"
+            f" {status['generation']} generations"
+        )
+        print(
+            f"checkpoint:         through LSN {checkpoint.through_lsn}, {checkpoint.compacted} increments, "
+            f"{checkpoint_seconds:.2f}s"
+        )
+        print(
+            f"restore (replay):   {replayed.increments} increments to LSN {replayed.applied_lsn} in "
+            f"{replay_seconds:.2f}s"
+        )
         print(f"restore (checkpoint): LSN {result.applied_lsn} in {restore_seconds:.2f}s")
     return 0
 

@@ -35,7 +35,9 @@ sys.path.insert(0, REPO)
 
 
 def nokvfs(*argv, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, text=True, cwd=REPO, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     if check and done.returncode != 0:
         raise SystemExit(f"nokvfs {' '.join(argv)} failed ({done.returncode}): {done.stderr}")
     return done
@@ -75,7 +77,9 @@ def one_round(number: int, outputs: str, logs: str, archive: str, rng: random.Ra
     previous = os.path.join(outputs, f"tree-{number - 1}")
     if os.path.isdir(previous):
         shutil.rmtree(previous)
-    os.rename(os.path.join(outputs, f"small-{number % 400:03d}.txt"), os.path.join(outputs, f"renamed-{number % 50}.txt"))
+    os.rename(
+        os.path.join(outputs, f"small-{number % 400:03d}.txt"), os.path.join(outputs, f"renamed-{number % 50}.txt")
+    )
     subprocess.run(["ls", "-lR", os.path.dirname(outputs)], capture_output=True, timeout=300, check=True)
     for name in rng.sample(sorted(n for n in os.listdir(outputs) if n.startswith("small-")), 10):
         with open(os.path.join(outputs, name), "rb") as f:
@@ -107,17 +111,33 @@ def main() -> int:
         deadline = started + args.minutes * 60
         rounds = 0
         next_sample = started
-        print(f"{'minute':>7} {'rounds':>7} {'RSS MiB':>8} {'heap MiB':>9} {'mapped MiB':>11} {'publications':>13} {'failed':>7} {'reads':>9} {'mem blocks MiB':>15} {'kept':>5}")
+        print(
+            f"{'minute':>7} {'rounds':>7} {'RSS MiB':>8} {'heap MiB':>9} {'mapped MiB':>11} {'publications':>13} "
+            f"{'failed':>7} {'reads':>9} {'mem blocks MiB':>15} {'kept':>5}"
+        )
         while True:
             now = time.monotonic()
             if now >= next_sample or now >= deadline:
                 status = json.loads(nokvfs("status", mnt, "--json").stdout)
-                sample = (now - started, rounds, status["rss_bytes"], status["publications"]["count"], status["publications"]["failed"],
-                          status["reads"]["count"], status["memory_blocks"]["bytes"], status["spools"]["kept"],
-                          status["rss_anon_bytes"], status["rss_file_bytes"])
+                sample = (
+                    now - started,
+                    rounds,
+                    status["rss_bytes"],
+                    status["publications"]["count"],
+                    status["publications"]["failed"],
+                    status["reads"]["count"],
+                    status["memory_blocks"]["bytes"],
+                    status["spools"]["kept"],
+                    status["rss_anon_bytes"],
+                    status["rss_file_bytes"],
+                )
                 samples.append(sample)
-                print(f"{sample[0] / 60:7.1f} {sample[1]:7d} {sample[2] / 2**20:8.1f} {sample[8] / 2**20:9.1f} {sample[9] / 2**20:11.1f} "
-                      f"{sample[3]:13d} {sample[4]:7d} {sample[5]:9d} {sample[6] / 2**20:15.1f} {sample[7]:5d}", flush=True)
+                print(
+                    f"{sample[0] / 60:7.1f} {sample[1]:7d} {sample[2] / 2**20:8.1f} {sample[8] / 2**20:9.1f} "
+                    f"{sample[9] / 2**20:11.1f} "
+                    f"{sample[3]:13d} {sample[4]:7d} {sample[5]:9d} {sample[6] / 2**20:15.1f} {sample[7]:5d}",
+                    flush=True,
+                )
                 next_sample = now + args.sample
                 if now >= deadline:
                     break
@@ -131,16 +151,26 @@ def main() -> int:
     last = samples[-1]
     print()
     print(f"rounds: {last[1]} in {last[0] / 60:.1f} min; publications {last[3]} ({last[4]} failed); reads {last[5]}")
-    print(f"daemon RSS: after the first round {first[2] / 2**20:.1f} MiB (reference), peak {peak / 2**20:.1f} MiB "
-          f"({peak / first[2]:.2f}x), at the end {last[2] / 2**20:.1f} MiB ({last[2] / first[2]:.2f}x)")
+    print(
+        f"daemon RSS: after the first round {first[2] / 2**20:.1f} MiB (reference), peak {peak / 2**20:.1f} MiB "
+        f"({peak / first[2]:.2f}x), at the end {last[2] / 2**20:.1f} MiB ({last[2] / first[2]:.2f}x)"
+    )
     heap_first, heap_peak, heap_last = first[8], max(s[8] for s in samples), last[8]
-    print(f"daemon heap (RssAnon): after the first round {heap_first / 2**20:.1f} MiB, peak {heap_peak / 2**20:.1f} MiB "
-          f"({heap_peak / heap_first:.2f}x), at the end {heap_last / 2**20:.1f} MiB ({heap_last / heap_first:.2f}x); "
-          f"mapped files (RssFile, the shard's map) at the end {last[9] / 2**20:.1f} MiB")
+    print(
+        f"daemon heap (RssAnon): after the first round {heap_first / 2**20:.1f} MiB, peak {heap_peak / 2**20:.1f} MiB "
+        f"({heap_peak / heap_first:.2f}x), at the end {heap_last / 2**20:.1f} MiB ({heap_last / heap_first:.2f}x); "
+        f"mapped files (RssFile, the shard's map) at the end {last[9] / 2**20:.1f} MiB"
+    )
     if len(samples) >= 3:
         pace = [(b[1] - a[1]) / max(1e-9, (b[0] - a[0]) / 60) for a, b in zip(samples, samples[1:])]
-        print(f"pace: {pace[0]:.1f} rounds/min in the first interval, {pace[-1]:.1f} in the last ({pace[-1] / pace[0]:.2f}x)")
-    print(f"fsck after the run: exit {checked.returncode} {checked.stdout.strip().splitlines()[-1] if checked.stdout.strip() else ''}")
+        print(
+            f"pace: {pace[0]:.1f} rounds/min in the first interval, {pace[-1]:.1f} in the last "
+            f"({pace[-1] / pace[0]:.2f}x)"
+        )
+    print(
+        f"fsck after the run: exit {checked.returncode} "
+        f"{checked.stdout.strip().splitlines()[-1] if checked.stdout.strip() else ''}"
+    )
     if args.keep:
         print(f"kept {base}")
     else:

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Installs what the tests need, then runs the whole test suite. Exit status is pytest's, except
-# that "no tests collected" (pytest's 5) is a failure: a suite that ran nothing proved nothing.
+# Installs what the tests need, lints, then runs the whole test suite. Exit status is pytest's,
+# except that a lint failure fails too and "no tests collected" (pytest's 5) is a failure: a suite
+# that ran nothing proved nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || { echo "test: set-up failed" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
+# The code passes its linter and formatter (configured in pyproject.toml) before the tests run;
+# a lint failure fails the run, after the tests have run too.
+lint=0
+"$PYTHON" -m ruff check nokvfs tests scripts || lint=1
+"$PYTHON" -m ruff format --check nokvfs tests scripts || lint=1
 "$PYTHON" -m pytest -q -p no:cacheprovider "$@"
 status=$?
+if [ "$lint" -ne 0 ] && [ "$status" -eq 0 ]; then
+    echo "test: ruff found problems (ruff check --fix / ruff format fix most)" >&2
+    status=1
+fi
 if [ "$status" -eq 5 ]; then
     echo "test: pytest collected no tests" >&2
     exit 1

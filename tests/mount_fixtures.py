@@ -70,7 +70,9 @@ class Mount:
         except OSError:
             return ""
 
-    def facade(self, code: str, *, data: bytes | None = None, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    def facade(
+        self, code: str, *, data: bytes | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         """Run `code` in another process with `root` open on this data directory (a CLI stand-in).
 
         `data` arrives on stdin and is bound to the name `data`.
@@ -80,13 +82,14 @@ class Mount:
         if data is not None:
             script += "data = sys.stdin.buffer.read()\n"
         script += textwrap.dedent(code)
-        done = subprocess.run([sys.executable, "-c", script], input=data, capture_output=True, env=env(), timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-c", script], input=data, capture_output=True, env=env(), timeout=timeout
+        )
         done.stdout = done.stdout.decode(errors="replace")
         done.stderr = done.stderr.decode(errors="replace")
         if check and done.returncode != 0:
             raise AssertionError(f"facade process failed ({done.returncode}):\n{done.stderr}")
         return done
-
 
     def facade_waiting(self, code: str) -> subprocess.Popen:
         """Start a facade process now that runs `code` once it reads a line on stdin.
@@ -98,7 +101,13 @@ class Mount:
         script += f"root = datadir.open_root({self.data_dir!r}, verify=False)\n"
         script += "print('ready', flush=True)\nsys.stdin.readline()\n"
         script += textwrap.dedent(code)
-        proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env(),
+        )
         assert proc.stdout.readline().strip() == b"ready"
         return proc
 
@@ -117,7 +126,11 @@ def wait_mounted(mountpoint: str, proc: subprocess.Popen, log_path: str) -> None
 
 def unmount(mountpoint: str) -> None:
     """Unmount whatever is at `mountpoint`, however it is (live, busy or dead)."""
-    for argv in (["fusermount3", "-u", mountpoint], ["fusermount3", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
+    for argv in (
+        ["fusermount3", "-u", mountpoint],
+        ["fusermount3", "-u", "-z", mountpoint],
+        ["umount", "-l", mountpoint],
+    ):
         if not os.path.ismount(mountpoint) and not _stale(mountpoint):
             return
         subprocess.run(argv, capture_output=True, timeout=30)
@@ -199,7 +212,12 @@ def close_after_a_replacement(m: Mount, relative: str, mine: bytes, theirs: byte
 def fsck_clean(data_dir: str) -> None:
     """`nokvfs fsck` of the data directory finds nothing (it may run beside a live mount)."""
     done = subprocess.run(
-        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "fsck"], capture_output=True, text=True, env=env(), cwd=REPO, timeout=600,
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "fsck"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=REPO,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -213,7 +231,9 @@ def mount(tmp_path):
 # --- populating big directories through the facade ---------------------------------------------
 
 
-def populate_many(root, workbench_id: str, directory: str, count: int, *, batch: int = 4000, body: bytes = b"x", prefix: str = "f") -> list[str]:
+def populate_many(
+    root, workbench_id: str, directory: str, count: int, *, batch: int = 4000, body: bytes = b"x", prefix: str = "f"
+) -> list[str]:
     """`count` files `directory/<prefix>NNNNNN` sharing one revision, in commands of `batch` paths.
 
     One publication makes the revision; every further path is a PathCurrent row plus a Path
@@ -246,10 +266,19 @@ def populate_many(root, workbench_id: str, directory: str, count: int, *, batch:
                 key = keys.path_current_key(root.root_id, incarnation, components)
                 refs.add(ReferenceKind.Path, publish.path_owner(incarnation, components), first.artifact_revision_id)
                 predicates.append(Absent("path_current", key))
-                mutations.append(Put("path_current", key, dataclasses.replace(first, created_version=version, modified_version=version)))
+                mutations.append(
+                    Put(
+                        "path_current",
+                        key,
+                        dataclasses.replace(first, created_version=version, modified_version=version),
+                    )
+                )
             ref_predicates, ref_mutations = refs.rows()
             wb_predicate, wb_mutation = wb.advance_revision(root.root_id, workbench_id, raw_wb, version)
-            return Built(predicates=ref_predicates + predicates + [wb_predicate], mutations=ref_mutations + mutations + [wb_mutation])
+            return Built(
+                predicates=ref_predicates + predicates + [wb_predicate],
+                mutations=ref_mutations + mutations + [wb_mutation],
+            )
 
         root.apply(build, digest=intent_digest("test.populate", workbench_id, directory, start, count))
     return names

@@ -142,7 +142,9 @@ def test_if_none_match_creates_once_then_fails_and_keeps_the_first(store):
 
 def test_if_none_match_race_has_exactly_one_winner(store, other_store):
     contenders = [store, other_store] * 4
-    outcomes = _race([lambda s=s, i=i: s.put("race/key", b"v%d" % i, if_none_match=True) for i, s in enumerate(contenders)])
+    outcomes = _race(
+        [lambda s=s, i=i: s.put("race/key", b"v%d" % i, if_none_match=True) for i, s in enumerate(contenders)]
+    )
     winners = [i for i, (etag, exc) in enumerate(outcomes) if exc is None]
     losers = [exc for _, exc in outcomes if exc is not None]
     assert len(winners) == 1

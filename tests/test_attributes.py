@@ -22,7 +22,14 @@ from nokvfs.workspace import index
 from nokvfs.workspace.attributes import Attributes
 
 # mode 0o4755 (setuid), uid 1000, gid 100, an mtime with nanoseconds, an atime before 1970.
-SAMPLE = Attributes(mode=0o4755, uid=1000, gid=100, mtime_ns=1_700_000_000_123_456_789, atime_ns=-1_000_000_001, ctime_ns=1_700_000_001_000_000_000)
+SAMPLE = Attributes(
+    mode=0o4755,
+    uid=1000,
+    gid=100,
+    mtime_ns=1_700_000_000_123_456_789,
+    atime_ns=-1_000_000_001,
+    ctime_ns=1_700_000_001_000_000_000,
+)
 SAMPLE_HEX = (
     "01"  # layout version 1
     + "09ed"  # mode 0o4755
@@ -53,9 +60,19 @@ def test_the_reserved_field_golden_bytes_inside_a_path_entry():
     assert field == IndexField(name="nokvfs:posix", encoded_value=bytes.fromhex(NO_OWNER_FIELD_HEX))
     user = IndexField(name="k", encoded_value=index_codec.encode(index_codec.uint(1)))
     entry = PathEntry(
-        generation=1, artifact_revision_id=b"\xa1" * 16, logical_size=0, body_digest_uri="", manifest_digest_uri="",
-        dependency_count=0, dependency_depth=0, content_type="", producer="", manifest_id=b"\xa1" * 16,
-        created_version=1, modified_version=1, typed_index_projection=attrs.with_attributes((user,), NO_OWNER),
+        generation=1,
+        artifact_revision_id=b"\xa1" * 16,
+        logical_size=0,
+        body_digest_uri="",
+        manifest_digest_uri="",
+        dependency_count=0,
+        dependency_depth=0,
+        content_type="",
+        producer="",
+        manifest_id=b"\xa1" * 16,
+        created_version=1,
+        modified_version=1,
+        typed_index_projection=attrs.with_attributes((user,), NO_OWNER),
     )
     encoded = entry.encode()
     # The projection is a list (u32 count) of (u32-length name, u32-length value): the user's
@@ -94,7 +111,9 @@ def test_corrupt_bytes_fail_closed(raw_hex, why):
 
 
 def test_a_reserved_field_that_is_not_a_bytes_value_is_corrupt():
-    entry = PathEntry.decode(_entry_with((IndexField("nokvfs:posix", index_codec.encode(index_codec.uint(7))),)).encode())
+    entry = PathEntry.decode(
+        _entry_with((IndexField("nokvfs:posix", index_codec.encode(index_codec.uint(7))),)).encode()
+    )
     with pytest.raises(CorruptRecord):
         attrs.of(entry)
     entry = _entry_with((IndexField("nokvfs:posix", b"\x09\x07garbage"),))
@@ -107,7 +126,15 @@ def test_a_reserved_field_that_is_not_a_bytes_value_is_corrupt():
 
 @pytest.mark.parametrize(
     "changes",
-    [dict(mode=0o10000), dict(mode=-1), dict(mode=True), dict(uid=-1), dict(gid=0xFFFFFFFF), dict(mtime_ns=1 << 63), dict(atime_ns=1.5)],
+    [
+        dict(mode=0o10000),
+        dict(mode=-1),
+        dict(mode=True),
+        dict(uid=-1),
+        dict(gid=0xFFFFFFFF),
+        dict(mtime_ns=1 << 63),
+        dict(atime_ns=1.5),
+    ],
 )
 def test_values_out_of_range_are_invalid_input(changes):
     with pytest.raises(InvalidInput):
@@ -117,9 +144,19 @@ def test_values_out_of_range_are_invalid_input(changes):
 def _entry_with(projection, *, content_type="text/plain", revision=None) -> PathEntry:
     revision = revision or bytes.fromhex("0190f1a2b3c47d8e8f9a0b1c2d3e4f50")
     return PathEntry(
-        generation=1, artifact_revision_id=revision, logical_size=0, body_digest_uri="", manifest_digest_uri="",
-        dependency_count=0, dependency_depth=0, content_type=content_type, producer="", manifest_id=revision,
-        created_version=1, modified_version=1, typed_index_projection=tuple(projection),
+        generation=1,
+        artifact_revision_id=revision,
+        logical_size=0,
+        body_digest_uri="",
+        manifest_digest_uri="",
+        dependency_count=0,
+        dependency_depth=0,
+        content_type=content_type,
+        producer="",
+        manifest_id=revision,
+        created_version=1,
+        modified_version=1,
+        typed_index_projection=tuple(projection),
     )
 
 
@@ -136,8 +173,16 @@ def test_shown_defaults_follow_the_kind_and_the_revision_time():
 
 def test_of_reads_a_commit_member_too():
     member = CommitMember(
-        artifact_revision_id=b"\x01" * 16, path_generation=1, body_digest_uri="", manifest_digest_uri="", logical_size=0,
-        dependency_count=0, dependency_depth=0, content_type="", producer="", manifest_id=b"\x01" * 16,
+        artifact_revision_id=b"\x01" * 16,
+        path_generation=1,
+        body_digest_uri="",
+        manifest_digest_uri="",
+        logical_size=0,
+        dependency_count=0,
+        dependency_depth=0,
+        content_type="",
+        producer="",
+        manifest_id=b"\x01" * 16,
         typed_projection=(attrs.posix_field(SAMPLE),),
     )
     assert attrs.of(CommitMember.decode(member.encode())) == SAMPLE
@@ -176,7 +221,13 @@ def test_from_stat_keeps_mode_and_times_and_the_owner_only_when_asked(tmp_path):
     st = os.stat(path)
     before = attrs.now_ns()
     kept = attrs.from_stat(st, keep_owner=False)
-    assert (kept.mode, kept.uid, kept.gid, kept.atime_ns, kept.mtime_ns) == (0o2751, None, None, -5_000_000_000, 1_234_567_890_123_456_789)
+    assert (kept.mode, kept.uid, kept.gid, kept.atime_ns, kept.mtime_ns) == (
+        0o2751,
+        None,
+        None,
+        -5_000_000_000,
+        1_234_567_890_123_456_789,
+    )
     assert kept.ctime_ns >= before
     owned = attrs.from_stat(st, keep_owner=True)
     assert (owned.uid, owned.gid) == (st.st_uid, st.st_gid)

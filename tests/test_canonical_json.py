@@ -104,8 +104,11 @@ def test_es_number_round_trips_and_uses_exponent_only_outside_es_range(value):
     if "." in text:
         mantissa = text.split("e")[0]
         assert not mantissa.endswith("0") and not mantissa.endswith(".")
+
     # The digit string is the shortest that round-trips (Python's repr has the same digits).
-    digits = lambda s: s.split("e")[0].replace("-", "").replace(".", "").strip("0")
+    def digits(s):
+        return s.split("e")[0].replace("-", "").replace(".", "").strip("0")
+
     assert digits(text) == digits(repr(magnitude)) or value == 0
 
 
@@ -363,7 +366,18 @@ def test_whitespace_accepted_but_not_canonical():
 
 @pytest.mark.parametrize(
     "bad",
-    [{1: "a"}, {("a",): 1}, {b"a": 1}, {1, 2}, b"bytes", bytearray(b"x"), object(), decimal.Decimal("1"), 1j, {"a": {None: 1}}],
+    [
+        {1: "a"},
+        {("a",): 1},
+        {b"a": 1},
+        {1, 2},
+        b"bytes",
+        bytearray(b"x"),
+        object(),
+        decimal.Decimal("1"),
+        1j,
+        {"a": {None: 1}},
+    ],
 )
 def test_unsupported_types_rejected(bad):
     with pytest.raises(CanonicalJsonError):

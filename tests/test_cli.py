@@ -130,7 +130,14 @@ def test_workbench_create_list_show(cli):
     shown = cli.json("workbench", "show", "wb2")
     assert shown == listed[1]
     assert shown["state"] == "Visible" and len(shown["incarnation_id"]) == 32
-    assert sorted(shown) == ["created_version", "incarnation_id", "modified_version", "revision", "state", "workbench_id"]
+    assert sorted(shown) == [
+        "created_version",
+        "incarnation_id",
+        "modified_version",
+        "revision",
+        "state",
+        "workbench_id",
+    ]
     assert "incarnation_id:" in cli.text("workbench", "show", "wb2")
     assert cli.text("ls") == "wb1/\nwb2/\n"
 
@@ -182,7 +189,7 @@ def test_put_of_a_directory_tree_round_trips_every_file(cli, tmp_path):
     # One line per file, then one per directory whose mode and times were kept (deepest first).
     file_lines = [line for line in out.splitlines() if not line.endswith(" directory mode=0755")]
     assert len(file_lines) == len(files)
-    directories = [line.split()[1] for line in out.splitlines()[len(files):]]
+    directories = [line.split()[1] for line in out.splitlines()[len(files) :]]
     assert directories[-1] == "wb1:outputs/run1/" and len(directories) == 6  # run1, a, a/b, a/b/c, a/b/c/d, z
     for rel, content in files.items():
         assert cli.ok("get", f"wb1:outputs/run1/{rel}") == content, rel
@@ -210,7 +217,10 @@ def test_put_of_several_sources_or_a_trailing_slash_puts_into_a_directory(cli, t
     write(tmp_path / "dir" / "three.txt", b"3")
     cli.ok("put", "wb1:outputs/many", one, two, str(tmp_path / "dir"))
     cli.ok("put", "wb1:logs/", one)
-    assert cli.text("ls", "-R", "wb1:") == "logs/one.txt\noutputs/many/dir/three.txt\noutputs/many/one.txt\noutputs/many/two.txt\n"
+    assert (
+        cli.text("ls", "-R", "wb1:")
+        == "logs/one.txt\noutputs/many/dir/three.txt\noutputs/many/one.txt\noutputs/many/two.txt\n"
+    )
 
 
 def test_put_of_a_file_at_an_existing_directory_lands_inside_it(cli, tmp_path):
@@ -433,7 +443,9 @@ def test_rm_refuses_directories_and_sections(cli):
 def test_mv_renames_inside_a_workbench(cli):
     cli.ok("put", "wb1:outputs/a", stdin=b"A")
     revision = cli.json("stat", "wb1:outputs/a")["artifact_revision_id"]
-    assert cli.text("mv", "wb1:outputs/a", "wb1:outputs/b").startswith("mv wb1:outputs/a -> wb1:outputs/b generation=1 ")
+    assert cli.text("mv", "wb1:outputs/a", "wb1:outputs/b").startswith(
+        "mv wb1:outputs/a -> wb1:outputs/b generation=1 "
+    )
     assert cli("get", "wb1:outputs/a")[0] == 3
     assert cli.ok("get", "wb1:outputs/b") == b"A"
     assert cli.json("stat", "wb1:outputs/b")["artifact_revision_id"] == revision  # mtime kept
@@ -574,7 +586,9 @@ def test_a_moved_placement_fences_writes_with_exit_7(cli):
     placements = PlacementStore(os.path.join(cli.data_dir, "control"))
     try:
         current = placements.get(root_id)
-        placements.transition(root_id, RootPlacementLifecycle.Draining, expected_generation=current.placement_generation)
+        placements.transition(
+            root_id, RootPlacementLifecycle.Draining, expected_generation=current.placement_generation
+        )
     finally:
         placements.close()
     code, _, err = cli("put", "wb1:outputs/x", stdin=b"x")
@@ -729,7 +743,10 @@ def test_a_closed_stdout_pipe_is_quiet(tmp_path):
     _run(data_dir, "workbench", "create", "wb")
     _run(data_dir, "put", "wb:outputs/big", stdin=b"z" * (8 * MiB))
     env = dict(os.environ, PYTHONPATH=REPO)
-    shell = f"{sys.executable} -m nokvfs.cli.main --data-dir {data_dir} get wb:outputs/big | head -c 5; exit ${{PIPESTATUS[0]}}"
+    shell = (
+        f"{sys.executable} -m nokvfs.cli.main --data-dir {data_dir} get wb:outputs/big | head -c 5; "
+        "exit ${PIPESTATUS[0]}"
+    )
     done = subprocess.run(["bash", "-c", shell], check=False, capture_output=True, cwd=REPO, env=env, timeout=120)
     assert done.stdout == b"zzzzz"
     assert done.returncode == 141 and done.stderr == b""

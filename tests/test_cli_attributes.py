@@ -17,7 +17,7 @@ OLD_DIR = 1_000_000_000_000_000_000
 
 
 @pytest.fixture
-def cli(data, capsysbinary):  # noqa: F811 - the shared data fixture
+def cli(data, capsysbinary):
     return Cli(data, capsysbinary)
 
 
@@ -38,7 +38,14 @@ def make_tree(top) -> dict:
     os.symlink("data/secret.csv", top / "latest")
     os.symlink("/etc/hostname", top / "outside")
     os.symlink("data", top / "data-link")
-    modes = {"run.sh": 0o755, "data/secret.csv": 0o600, "data/deep/x.txt": 0o644, "data/deep": 0o750, "data": 0o700, "empty": 0o1777}
+    modes = {
+        "run.sh": 0o755,
+        "data/secret.csv": 0o600,
+        "data/deep/x.txt": 0o644,
+        "data/deep": 0o750,
+        "data": 0o700,
+        "empty": 0o1777,
+    }
     for rel, mode in modes.items():
         os.chmod(top / rel, mode)
     for i, rel in enumerate(["run.sh", "data/secret.csv", "data/deep/x.txt", "data/deep", "empty", "data"]):
@@ -143,10 +150,14 @@ def test_a_tree_round_trips_modes_times_empty_directories_and_links(cli, tmp_pat
     assert os.stat(tmp_path / "back").st_mtime_ns == OLD_DIR  # the top directory's own times
     assert got["latest"] == ("link", None, os.lstat(tmp_path / "src" / "latest").st_mtime_ns, "data/secret.csv")
     # The markers that carry directory attributes never show in a listing.
-    listed = cli.text("ls", "-R", "wb1:outputs") + cli.text("ls", "wb1:outputs/t") + cli.text("ls", "wb1:outputs/t/empty")
+    listed = (
+        cli.text("ls", "-R", "wb1:outputs") + cli.text("ls", "wb1:outputs/t") + cli.text("ls", "wb1:outputs/t/empty")
+    )
     assert ".nokvfs-directory" not in listed
     assert "empty/" in cli.text("ls", "wb1:outputs/t")
-    long = dict(line.rsplit(" ", 1)[::-1] for line in cli.text("ls", "-l", "wb1:outputs/t").splitlines() if " -> " not in line)
+    long = dict(
+        line.rsplit(" ", 1)[::-1] for line in cli.text("ls", "-l", "wb1:outputs/t").splitlines() if " -> " not in line
+    )
     assert long["empty/"].split()[0] == "drwxrwxrwt" and long["data/"].split()[0] == "drwx------"
     assert "latest -> data/secret.csv" in cli.text("ls", "-l", "wb1:outputs/t")
 

@@ -65,7 +65,9 @@ class Cli:
         got, out, err = self(*argv)
         assert got == code, (argv, got, err)
         assert out == b"", (argv, out)
-        assert err.splitlines()[-1].startswith("nokvfs: ") and "Traceback" not in err, err  # argparse errors put the usage first
+        assert err.splitlines()[-1].startswith("nokvfs: ") and "Traceback" not in err, (
+            err
+        )  # argparse errors put the usage first
         return err
 
     def put(self, path: str, data: bytes, workbench: str = WB) -> None:
@@ -114,7 +116,9 @@ def change_live(cli):
 def test_commit_prints_the_id_and_tree_digest_and_log_walks_first_parents(cli):
     populate(cli)
     out = cli.text("commit", WB, "--producer", "trainer", "--lineage", "exp-1", "--tag", "v1")
-    match = re.fullmatch(r"commit ([0-9a-f]{64}) tree=(sha256:[0-9a-f]{64}) workbench=wb1 members=4 head_generation=1 tags=v1\n", out)
+    match = re.fullmatch(
+        r"commit ([0-9a-f]{64}) tree=(sha256:[0-9a-f]{64}) workbench=wb1 members=4 head_generation=1 tags=v1\n", out
+    )
     assert match, out
     first, tree = match.groups()
     cli.put("outputs/more.txt", b"more")
@@ -124,11 +128,16 @@ def test_commit_prints_the_id_and_tree_digest_and_log_walks_first_parents(cli):
 
     lines = cli.text("log", WB).splitlines()
     assert [line.split()[0] for line in lines] == [second["commit_id"], first]
-    assert re.fullmatch(r"[0-9a-f]{64}  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  members=5  producer=-  tags=-", lines[0]), lines[0]
+    assert re.fullmatch(r"[0-9a-f]{64}  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  members=5  producer=-  tags=-", lines[0]), (
+        lines[0]
+    )
     assert lines[1].endswith("  members=4  producer=trainer  tags=v1")
 
     log = cli.json("log", WB)
-    assert [(e["commit_id"], e["head"], e["tags"], e["members"]) for e in log] == [(second["commit_id"], True, [], 5), (first, False, ["v1"], 4)]
+    assert [(e["commit_id"], e["head"], e["tags"], e["members"]) for e in log] == [
+        (second["commit_id"], True, [], 5),
+        (first, False, ["v1"], 4),
+    ]
     assert log[1]["producer"] == "trainer" and log[1]["lineage"] == "exp-1" and log[1]["tree_digest_uri"] == tree
     assert log[0]["committed_at_unix_seconds"] == second["committed_at_unix_seconds"] and log[0]["state"] == "Sealed"
     assert [e["commit_id"] for e in cli.json("log", WB, "--limit", "1")] == [second["commit_id"]]
@@ -180,8 +189,16 @@ def test_tags_set_move_delete_list(cli):
     assert cli.json("tag", "set", WB, "best", second)["generation"] == 2  # already there: unchanged
     assert cli.json("tag", "set", WB, "new", first, "--if-generation", "0")["generation"] == 1
     listed = cli.json("tag", "list", WB)
-    assert [(t["name"], t["commit_id"], t["generation"]) for t in listed] == [("best", second, 2), ("latest", second, 1), ("new", first, 1)]
-    assert cli.text("tag", "list", WB).splitlines() == [f"{second}  generation=2    best", f"{second}  generation=1    latest", f"{first}  generation=1    new"]
+    assert [(t["name"], t["commit_id"], t["generation"]) for t in listed] == [
+        ("best", second, 2),
+        ("latest", second, 1),
+        ("new", first, 1),
+    ]
+    assert cli.text("tag", "list", WB).splitlines() == [
+        f"{second}  generation=2    best",
+        f"{second}  generation=1    latest",
+        f"{first}  generation=1    new",
+    ]
     tags = {e["commit_id"]: e["tags"] for e in cli.json("log", WB)}
     assert tags == {second: ["best", "latest"], first: ["new"]}
 
@@ -252,11 +269,27 @@ def test_as_of_shows_the_old_tree_after_the_live_workbench_changed(cli, kind, tm
         ("notes.txt", "outputs/notes.txt", "file", len(OLD["outputs/notes.txt"])),
     ]
     stat_now = cli.json("as-of", ref, "stat", "outputs/model.bin")
-    same = ("workbench", "path", "kind", "size", "generation", "artifact_revision_id", "body_digest_uri", "manifest_digest_uri", "mtime", "mtime_ms", "content_type")
+    same = (
+        "workbench",
+        "path",
+        "kind",
+        "size",
+        "generation",
+        "artifact_revision_id",
+        "body_digest_uri",
+        "manifest_digest_uri",
+        "mtime",
+        "mtime_ms",
+        "content_type",
+    )
     assert {k: stat_now[k] for k in same} == {k: stat_then[k] for k in same}
     assert set(stat_now) == set(stat_then)
     text = cli.text("as-of", ref, "stat", "outputs/model.bin")
-    assert text.splitlines()[:3] == ["workbench:              wb1", "path:                   outputs/model.bin", "kind:                   file"]
+    assert text.splitlines()[:3] == [
+        "workbench:              wb1",
+        "path:                   outputs/model.bin",
+        "kind:                   file",
+    ]
     assert cli.json("as-of", ref, "stat", "outputs")["kind"] == "dir"
     assert cli.json("as-of", ref, "stat")["path"] == ""
 
@@ -364,7 +397,12 @@ def test_restore_from_a_snapshot_and_from_a_commit_equals_the_source_as_of_then(
     assert _without(restored, RESTORE_MANIFEST) == at_snapshot
 
     result = cli.json("restore", WB, "--from", f"commit:{made['commit_id'][:8]}", "--to", "fromcommit")
-    assert (result["workbench"], result["source_kind"], result["source"], result["member_count"]) == ("fromcommit", "commit", made["commit_id"], len(at_commit))
+    assert (result["workbench"], result["source_kind"], result["source"], result["member_count"]) == (
+        "fromcommit",
+        "commit",
+        made["commit_id"],
+        len(at_commit),
+    )
     assert _without(cli.files("fromcommit"), RESTORE_MANIFEST) == at_commit
     assert cli.json("workbench", "show", "fromcommit")["incarnation_id"] == result["incarnation"]
 
@@ -402,7 +440,10 @@ def test_commit_retire_is_refused_while_consumed_and_succeeds_once_nothing_does(
     populate(cli)
     first = cli.commit()["commit_id"]
     err = cli.fails(4, "commit-retire", WB, first[:10])
-    assert err == f"nokvfs: commit in use: commit {first} is still consumed by the head of {WB}; it can be retired once nothing consumes it\n"
+    assert (
+        err == f"nokvfs: commit in use: commit {first} is still consumed by the head of {WB}; it can be retired once "
+        "nothing consumes it\n"
+    )
 
     second = cli.commit()["commit_id"]  # a child consumes its parent
     assert f"child commit {second}" in cli.fails(4, "commit-retire", WB, first)
@@ -431,7 +472,15 @@ def test_commit_retire_is_refused_while_consumed_and_succeeds_once_nothing_does(
 def _run(data_dir, *argv, stdin: bytes = b""):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("NOKVFS_DATA_DIR", None)
-    return subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, *argv], check=False, input=stdin, capture_output=True, cwd=REPO, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, *argv],
+        check=False,
+        input=stdin,
+        capture_output=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_history_commands_run_as_a_real_process(tmp_path):

@@ -75,7 +75,9 @@ def test_gc_frees_and_fsck_exit_codes(data, capsys, tmp_path):
     from nokvfs.objects.store import open_store
 
     with open_store(config["store"]) as store:
-        store.put(f"nokv/artifacts/{config['logical_shard_id']}/{config['root_id']}/{'ab' * 16}/blocks/{0:016x}", b"orphan")
+        store.put(
+            f"nokv/artifacts/{config['logical_shard_id']}/{config['root_id']}/{'ab' * 16}/blocks/{0:016x}", b"orphan"
+        )
     code, out = run(capsys, "fsck", "--json")
     assert code == 5 and [f["code"] for f in json.loads(out.out)["findings"]] == ["ORPHAN_OBJECT"]
     assert run(capsys, "fsck", "--repair")[0] == 5
@@ -115,7 +117,13 @@ def test_search_queries(data, capsys):
     root = datadir.open_root(str(data))
     try:
         for n in range(5):
-            namespace.put(root, "w", f"outputs/r{n}", b"x", index_fields=index.fields({"n": n, "tag": "even" if n % 2 == 0 else "odd"}))
+            namespace.put(
+                root,
+                "w",
+                f"outputs/r{n}",
+                b"x",
+                index_fields=index.fields({"n": n, "tag": "even" if n % 2 == 0 else "odd"}),
+            )
     finally:
         root.close()
     code, out = run(capsys, "search", "w", "n>=3")

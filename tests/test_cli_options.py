@@ -17,8 +17,23 @@ import pytest
 from nokvfs.cli.main import GLOBAL_OPTIONS_TITLE, build_parser, command_parsers, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GLOBALS = ["--data-dir", "/srv/d", "--store", "s3://b/p", "--endpoint-url", "http://127.0.0.1:9", "--debug", "--progress"]
-GLOBAL_VALUES = {"data_dir": "/srv/d", "store": "s3://b/p", "endpoint_url": "http://127.0.0.1:9", "debug": True, "progress": True}
+GLOBALS = [
+    "--data-dir",
+    "/srv/d",
+    "--store",
+    "s3://b/p",
+    "--endpoint-url",
+    "http://127.0.0.1:9",
+    "--debug",
+    "--progress",
+]
+GLOBAL_VALUES = {
+    "data_dir": "/srv/d",
+    "store": "s3://b/p",
+    "endpoint_url": "http://127.0.0.1:9",
+    "debug": True,
+    "progress": True,
+}
 
 
 def _subparsers(parser):
@@ -31,7 +46,7 @@ def _dummy(action) -> str:
         return "x"
     try:
         action.type("x")
-    except Exception:  # noqa: BLE001 - any refusal: the type wants a number
+    except Exception:
         return "0"
     return "x"
 
@@ -40,7 +55,11 @@ def _operands(parser) -> list[str]:
     """Dummy values for a parser's required positionals and required options (not its subcommand)."""
     out = []
     for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) or action.default == argparse.SUPPRESS and action.option_strings:
+        if (
+            isinstance(action, argparse._SubParsersAction)
+            or action.default == argparse.SUPPRESS
+            and action.option_strings
+        ):
             continue
         if not action.option_strings and action.nargs not in ("?", "*"):
             out.append(_dummy(action))
@@ -75,8 +94,24 @@ def parse(argv):
 def test_the_enumeration_finds_every_command():
     names = {" ".join(words) for words, _ in LEAVES}
     # a sample of each kind: plain, nested twice, a positional before the nested verb, FUSE
-    assert {"init", "put", "get", "ls", "gc", "fsck", "restore", "snapshot mint", "shard push", "shard restore",
-            "tag set", "as-of ls", "mount", "umount", "changes", "search"} <= names
+    assert {
+        "init",
+        "put",
+        "get",
+        "ls",
+        "gc",
+        "fsck",
+        "restore",
+        "snapshot mint",
+        "shard push",
+        "shard restore",
+        "tag set",
+        "as-of ls",
+        "mount",
+        "umount",
+        "changes",
+        "search",
+    } <= names
     assert len(names) >= 35
 
 
@@ -125,7 +160,14 @@ def run(*argv, env=None):
     environment = dict(os.environ, PYTHONPATH=REPO)
     environment.pop("NOKVFS_DATA_DIR", None)
     environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=120,
+    )
 
 
 def test_init_and_work_with_the_data_dir_after_the_command(tmp_path):

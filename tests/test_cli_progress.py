@@ -43,7 +43,7 @@ def test_updates_are_drawn_at_most_once_an_interval_with_the_latest_figures():
     clock, out = Clock(), Tty()
     progress = Progress("copy", enabled=True, unit="files", stream=out, clock=clock)
     progress.set_totals(1000, 1000 * 10)
-    for n in range(1000):  # 1000 updates within 0.1 s: one line (the first)
+    for _n in range(1000):  # 1000 updates within 0.1 s: one line (the first)
         clock.now += 0.0001
         progress.advance(1, 10)
     assert progress.lines == 1
@@ -54,7 +54,9 @@ def test_updates_are_drawn_at_most_once_an_interval_with_the_latest_figures():
     clock.now += 2
     progress.finish()
     text = out.getvalue()
-    assert text.count("\x1b[K") == 5 and text.endswith("copy: 1,000/1,000 files, 9.8 KiB / 9.8 KiB (100%) in 2.9 s\x1b[K\n")
+    assert text.count("\x1b[K") == 5 and text.endswith(
+        "copy: 1,000/1,000 files, 9.8 KiB / 9.8 KiB (100%) in 2.9 s\x1b[K\n"
+    )
     assert "copy: 1/1,000 files, 10 B / 9.8 KiB (0%), 0 s\x1b[K" in text
 
 
@@ -142,8 +144,15 @@ def run_on_terminal(*argv, stdin=None):
     reader.start()
     started = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *argv], stdout=subprocess.PIPE, stderr=slave,
-                              input=stdin, cwd=REPO, env=env(), timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", *argv],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            input=stdin,
+            cwd=REPO,
+            env=env(),
+            timeout=300,
+        )
     finally:
         os.close(slave)
         reader.join(timeout=30)
@@ -152,7 +161,14 @@ def run_on_terminal(*argv, stdin=None):
 
 
 def run_redirected(*argv, stdin=None):
-    proc = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, input=stdin, cwd=REPO, env=env(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", *argv],
+        capture_output=True,
+        input=stdin,
+        cwd=REPO,
+        env=env(),
+        timeout=300,
+    )
     return proc.returncode, proc.stdout, proc.stderr.decode()
 
 
@@ -195,10 +211,15 @@ def test_recursive_put_and_get_on_a_terminal(tree, tmp_path):
     assert code == 0, err
     assert b"\x1b" not in out  # stdout is the command's own: a line per file and per directory
     lines = out.decode().splitlines()
-    assert len(lines) == FILES + DIRECTORIES and sum(line.endswith(" directory mode=0755") for line in lines) == DIRECTORIES
+    assert (
+        len(lines) == FILES + DIRECTORIES
+        and sum(line.endswith(" directory mode=0755") for line in lines) == DIRECTORIES
+    )
     drawn, summary = terminal_frames(err)
     assert len(drawn) <= seconds / INTERVAL + 2  # rate-limited
-    assert re.fullmatch(rf"put {FILES} files: {FILES}/{FILES} files, [\d.]+ KiB / [\d.]+ KiB \(100%\) in [\d.]+ s", summary), summary
+    assert re.fullmatch(
+        rf"put {FILES} files: {FILES}/{FILES} files, [\d.]+ KiB / [\d.]+ KiB \(100%\) in [\d.]+ s", summary
+    ), summary
     assert f"{total / 1024:.1f} KiB / {total / 1024:.1f} KiB" in summary  # the bytes actually put
     for line in drawn:  # every frame shows figures no larger than the totals
         done = int(re.search(r": ([\d,]+)/", line).group(1).replace(",", ""))
@@ -208,16 +229,23 @@ def test_recursive_put_and_get_on_a_terminal(tree, tmp_path):
     code, out, err, _ = run_on_terminal("get", "-R", "wb:outputs/run1", str(dest), "--data-dir", data)
     assert code == 0 and out == b"", err
     _, summary = terminal_frames(err)
-    assert summary.startswith(f"get wb:outputs/run1: {FILES}/{FILES} files, {total / 1024:.1f} KiB / {total / 1024:.1f} KiB (100%)")
-    for below, size in sizes.items():
+    assert summary.startswith(
+        f"get wb:outputs/run1: {FILES}/{FILES} files, {total / 1024:.1f} KiB / {total / 1024:.1f} KiB (100%)"
+    )
+    for below, _size in sizes.items():
         assert (dest / below).read_bytes() == (top / below).read_bytes()
 
     # the same get as of a snapshot: one code path, -r and -R alike, redirected with --progress
     assert run_redirected("snapshot", "mint", "wb", "--alias", "s", "--data-dir", data)[0] == 0
     dest = tmp_path / "as-of"
-    code, out, err = run_redirected("as-of", "wb@snapshot:s", "get", "-r", "outputs/run1", str(dest), "--progress", "--data-dir", data)
+    code, out, err = run_redirected(
+        "as-of", "wb@snapshot:s", "get", "-r", "outputs/run1", str(dest), "--progress", "--data-dir", data
+    )
     assert code == 0 and out == b"", err
-    assert err.splitlines()[-1].startswith(f"get wb@snapshot:s:outputs/run1: {FILES}/{FILES} files, {total / 1024:.1f} KiB / {total / 1024:.1f} KiB (100%) in ")
+    assert err.splitlines()[-1].startswith(
+        f"get wb@snapshot:s:outputs/run1: {FILES}/{FILES} files, {total / 1024:.1f} KiB / {total / 1024:.1f} KiB "
+        "(100%) in "
+    )
     assert all((dest / below).read_bytes() == (top / below).read_bytes() for below in sizes)
 
 
@@ -226,9 +254,13 @@ def test_gc_fsck_and_restore_report_what_they_did(tree, tmp_path):
     assert run_redirected("put", "wb:outputs/run1", str(top), "--data-dir", data)[0] == 0
     assert run_redirected("snapshot", "mint", "wb", "--alias", "before", "--data-dir", data)[0] == 0
 
-    code, out, err, _ = run_on_terminal("restore", "wb", "--from", "snapshot:before", "--to", "copy", "--data-dir", data)
+    code, out, err, _ = run_on_terminal(
+        "restore", "wb", "--from", "snapshot:before", "--to", "copy", "--data-dir", data
+    )
     assert code == 0, err
-    assert terminal_frames(err)[1].startswith(f"restore copy: restored {FILES + DIRECTORIES} members in ")  # markers too
+    assert terminal_frames(err)[1].startswith(
+        f"restore copy: restored {FILES + DIRECTORIES} members in "
+    )  # markers too
 
     removed = sorted(sizes)[:10]
     for below in removed:
@@ -276,11 +308,17 @@ def test_shard_push_all_and_shard_restore(tree, s3_endpoint, s3_bucket, tmp_path
     data, top, _ = tree
     assert run_redirected("put", "wb:outputs/run1", str(top), "--data-dir", data)[0] == 0
     url = f"s3://{s3_bucket}/p"
-    code, out, err, _ = run_on_terminal("shard", "push", "--all", "--to", url, "--endpoint-url", s3_endpoint, "--data-dir", data)
+    code, out, err, _ = run_on_terminal(
+        "shard", "push", "--all", "--to", url, "--endpoint-url", s3_endpoint, "--data-dir", data
+    )
     assert code == 0, err
     records = sum(int(a) - int(b) + 1 for b, a in re.findall(r"of LSNs (\d+)\.\.(\d+)", out.decode()))
     _, summary = terminal_frames(err)
     assert summary.startswith(f"shard push: pushed {records:,} records, lag 0 in "), summary
-    code, out, err = run_redirected("shard", "restore", "--from", url, str(tmp_path / "restored"), "--endpoint-url", s3_endpoint, "--progress")
+    code, out, err = run_redirected(
+        "shard", "restore", "--from", url, str(tmp_path / "restored"), "--endpoint-url", s3_endpoint, "--progress"
+    )
     assert code == 0, err
-    assert re.fullmatch(r"shard restore: restore: \d+/\d+ records replayed, .* \(100%\) in [\d.]+ s", err.splitlines()[-1])
+    assert re.fullmatch(
+        r"shard restore: restore: \d+/\d+ records replayed, .* \(100%\) in [\d.]+ s", err.splitlines()[-1]
+    )

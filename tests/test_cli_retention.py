@@ -5,7 +5,6 @@ resync), all through main() on real data directories."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -36,7 +35,9 @@ def put(capsys, tmp_path, n: int) -> None:
 
 
 def test_windows_set_at_init_and_changed_later(data, capsys):
-    assert datadir.retention_settings(data) == RetentionSettings(versions=5, request_seconds=DEFAULT_REQUEST_SECONDS, outbox_records=20)
+    assert datadir.retention_settings(data) == RetentionSettings(
+        versions=5, request_seconds=DEFAULT_REQUEST_SECONDS, outbox_records=20
+    )
     code, out = run(capsys, "retention", "--retain-request-seconds", "60", "--json")
     assert code == 0 and json.loads(out.out) == {"versions": 5, "request_seconds": 60, "outbox_records": 20}
     code, out = run(capsys, "retention")

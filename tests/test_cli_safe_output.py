@@ -30,7 +30,10 @@ def terminal_safe(text: str) -> bool:
         ("\x1b[31m", "\\x1b[31m"),
         ("line\nbreak\ttab\rcr", "line\\nbreak\\ttab\\rcr"),
         ("\x00\x7f\x85\x9b", "\\x00\\x7f\\x85\\x9b"),
-        ("ab\u202ecd\u2066\u2069\u200e\u200f\u061c\ufeff", "ab\\u{202e}cd\\u{2066}\\u{2069}\\u{200e}\\u{200f}\\u{61c}\\u{feff}"),
+        (
+            "ab\u202ecd\u2066\u2069\u200e\u200f\u061c\ufeff",
+            "ab\\u{202e}cd\\u{2066}\\u{2069}\\u{200e}\\u{200f}\\u{61c}\\u{feff}",
+        ),
         ("\u2028\u2029\U000e0041", "\\u{2028}\\u{2029}\\u{e0041}"),
         ("café 日本語 🙂", "café 日本語 🙂"),
         ("\\x1b is not ESC", "\\\\x1b is not ESC"),  # a forged escape stays distinguishable
@@ -122,7 +125,11 @@ def test_link_targets_and_attribute_lines_are_escaped_and_json_keeps_them(cli):
     code, out, _ = cli("readlink", f"wb:{name}")
     assert (code, out) == (0, safe(target) + "\n") and unescape(out[:-1]) == target
     code, out, _ = cli("ls", "-l", "wb:outputs")
-    assert code == 0 and terminal_safe(out) and out.rstrip("\n").endswith(f"{safe('l' + chr(27) + '[31m')} -> {safe(target)}")
+    assert (
+        code == 0
+        and terminal_safe(out)
+        and out.rstrip("\n").endswith(f"{safe('l' + chr(27) + '[31m')} -> {safe(target)}")
+    )
     code, out, _ = cli("stat", f"wb:{name}")
     assert code == 0 and terminal_safe(out) and safe(target) in out
     assert json.loads(cli("stat", "--json", f"wb:{name}")[1])["link_target"] == target

@@ -122,7 +122,10 @@ def head_row(root, workbench_id=WB) -> WorkbenchCommitHead | None:
 def consumers_of(root, commit_id) -> dict[tuple, CommitConsumer]:
     return {
         (k.consumer_kind, k.consumer_owner_id): CommitConsumer.decode(v)
-        for k, v in ((keys.CommitConsumerKey.decode(k), v) for k, v in all_rows(root, "commit_consumer", keys.commit_consumer_prefix(root.root_id, commit_id)))
+        for k, v in (
+            (keys.CommitConsumerKey.decode(k), v)
+            for k, v in all_rows(root, "commit_consumer", keys.commit_consumer_prefix(root.root_id, commit_id))
+        )
     }
 
 
@@ -197,7 +200,9 @@ def test_a_commit_freezes_the_tree_seals_it_and_moves_the_head_in_one_final_comm
     assert sealed.created_version == result.commit_version
     # Exactly one event, in the final command.
     feed = changes.read_changes(root, workbench_id=WB, after_commit_version=result.commit_version - 1).changes
-    assert [(c.kind, c.path, c.after) for c in feed] == [(ChangeEventKind.CommitPublished, commit.RUN_MANIFEST_PATH, result.commit_id)]
+    assert [(c.kind, c.path, c.after) for c in feed] == [
+        (ChangeEventKind.CommitPublished, commit.RUN_MANIFEST_PATH, result.commit_id)
+    ]
 
 
 def test_the_run_manifest_and_identities_follow_the_contract(bench):
@@ -206,10 +211,19 @@ def test_the_run_manifest_and_identities_follow_the_contract(bench):
     request_id = os.urandom(16)
     result = commit.build(root, WB, producer="p", lineage="l", request_id=request_id, committed_at=1_700_000_000)
     op = commit.operation(root, result.operation_id)
-    assert result.operation_id == hashlib.sha256(b"nokv.build-commit.operation.v1\0" + root.root_id + request_id).digest()[:16]
+    assert (
+        result.operation_id
+        == hashlib.sha256(b"nokv.build-commit.operation.v1\0" + root.root_id + request_id).digest()[:16]
+    )
     inc = incarnation(root)
     expected_id = hashlib.sha256(
-        b"nokv.commit.identity.v1\0" + root.root_id + inc + U64.pack(op.read_version) + U64.pack(1_700_000_000) + request_id + U32.pack(0)
+        b"nokv.commit.identity.v1\0"
+        + root.root_id
+        + inc
+        + U64.pack(op.read_version)
+        + U64.pack(1_700_000_000)
+        + request_id
+        + U32.pack(0)
     ).digest()
     assert result.commit_id == expected_id
     manifest = canonical_json.loads(get_bytes(root, commit.RUN_MANIFEST_PATH))
@@ -233,7 +247,12 @@ def test_the_run_manifest_and_identities_follow_the_contract(bench):
 
     projection = hashlib.sha256(
         b"nokv.workbench.run_manifest.projection_input.v1\0"
-        + l64(WB.encode()) + l64(b"metadata/run_manifest.json") + l64(uri.encode()) + l64(canonical) + l64(uri.encode()) + expected_id
+        + l64(WB.encode())
+        + l64(b"metadata/run_manifest.json")
+        + l64(uri.encode())
+        + l64(canonical)
+        + l64(uri.encode())
+        + expected_id
     ).digest()
     assert op.projection_input_digest == projection == commit_row(root, result.commit_id).projection_input_digest
     assert op.initialization_digest == commit.FrozenRequest.from_op(op).initialization_digest(expected_id)
@@ -269,7 +288,9 @@ def test_nothing_is_visible_before_the_final_command(bench):
     binding = commit.operation(root, op_id).run_manifest
     staged = revision(root, binding.artifact_revision_id)
     assert staged.state == RevisionState.Available and staged.strong_reference_count == 1
-    assert binding.artifact_revision_id in {r.artifact_revision_id for r in refs_owned_by(root, ReferenceKind.Commit, op.commit_id)}
+    assert binding.artifact_revision_id in {
+        r.artifact_revision_id for r in refs_owned_by(root, ReferenceKind.Commit, op.commit_id)
+    }
     commit.advance(root, op_id)
     assert head_row(root).commit_id == op.commit_id
 
@@ -383,7 +404,10 @@ def test_a_build_killed_after_any_command_resumes_to_the_same_commit(tmp_path):
     def then(root, request, parent):
         op_id = commit.operation_id(root.root_id, request.request_id)
         with root.read() as view:
-            started = view.get("operation", keys.OperationKey(root.root_id, OperationKind.BuildCommit, op_id).encode()) is not None
+            started = (
+                view.get("operation", keys.OperationKey(root.root_id, OperationKind.BuildCommit, op_id).encode())
+                is not None
+            )
         if not started:
             assert head_row(root).commit_id == parent.commit_id
             return
@@ -400,7 +424,10 @@ def test_a_build_killed_after_any_command_can_be_aborted_and_leaves_nothing(tmp_
     def then(root, request, parent):
         op_id = commit.operation_id(root.root_id, request.request_id)
         with root.read() as view:
-            if view.get("operation", keys.OperationKey(root.root_id, OperationKind.BuildCommit, op_id).encode()) is None:
+            if (
+                view.get("operation", keys.OperationKey(root.root_id, OperationKind.BuildCommit, op_id).encode())
+                is None
+            ):
                 return
         op = commit.operation(root, op_id)
         phase = commit.abort(root, op_id, reason="test")
@@ -438,7 +465,17 @@ def _build_worker(data_dir: str, crash_at: str, request_id: bytes) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("crash_at", ["staged-after-begin", "commit-after-stage", "commit-after-members", "commit-after-seal", "commit-before-publish-command", "commit-after-publish-command"])
+@pytest.mark.parametrize(
+    "crash_at",
+    [
+        "staged-after-begin",
+        "commit-after-stage",
+        "commit-after-members",
+        "commit-after-seal",
+        "commit-before-publish-command",
+        "commit-after-publish-command",
+    ],
+)
 def test_sigkill_at_a_stage_boundary_then_recovery_completes_the_commit(data_dir, crash_at):
     holder = RootHolder(data_dir)
     wb.create(holder.root, WB)
@@ -495,7 +532,7 @@ def _built_to_sealing_point(root):
         commit.advance(root, op_id)
 
 
-def EOF_all(op):  # noqa: N802
+def EOF_all(op):
     return op.member_cursor == op.revision_cursor == op.parent_cursor == commit.EOF
 
 
@@ -619,7 +656,11 @@ def test_retirement_releases_exactly_the_unique_revisions_in_batches_then_gc_fre
     assert len(unique) == first.unique_revision_count
     counts = {rev: revision(root, rev).strong_reference_count for rev in unique}
     done = commit.retire(root, first.commit_id, batch=2)
-    assert (done.released_member_count, done.released_revision_count, done.released_parent_count) == (first.member_count, first.unique_revision_count, 0)
+    assert (done.released_member_count, done.released_revision_count, done.released_parent_count) == (
+        first.member_count,
+        first.unique_revision_count,
+        0,
+    )
     assert refs_owned_by(root, ReferenceKind.Commit, first.commit_id) == []
     assert all_rows(root, "commit_member", keys.commit_member_prefix(root.root_id, first.commit_id)) == []
     for rev in unique:
@@ -643,7 +684,10 @@ def test_a_retirement_killed_after_any_command_resumes_from_its_cursor(tmp_path)
         first = commit.build(root, WB)
         second = commit.build(root, WB)  # first is second's parent: retire second's parent link
         commit.build(root, WB, parents=[])
-        unique = {r.artifact_revision_id: revision(root, r.artifact_revision_id).strong_reference_count for r in refs_owned_by(root, ReferenceKind.Commit, second.commit_id)}
+        unique = {
+            r.artifact_revision_id: revision(root, r.artifact_revision_id).strong_reference_count
+            for r in refs_owned_by(root, ReferenceKind.Commit, second.commit_id)
+        }
         try:
             with killed_after(root, k):
                 commit.retire(root, second.commit_id, batch=2)
@@ -748,7 +792,15 @@ def test_a_closure_row_that_does_not_match_its_seal_refuses_the_seal(bench, brok
         ref = refs_owned_by(root, ReferenceKind.Commit, op.commit_id)[0]
         _tamper(root, Delete("revision_ref", ref.encode()))
     else:
-        _tamper(root, Delete("commit_consumer", keys.CommitConsumerKey(root.root_id, parent.commit_id, CommitConsumerKind.ChildCommit, op.commit_id).encode()))
+        _tamper(
+            root,
+            Delete(
+                "commit_consumer",
+                keys.CommitConsumerKey(
+                    root.root_id, parent.commit_id, CommitConsumerKind.ChildCommit, op.commit_id
+                ).encode(),
+            ),
+        )
     with pytest.raises(IntegrityError):
         build_commit._seal(root, op_id)
     assert commit.operation(root, op_id).phase == BuildCommitPhase.Building
@@ -779,6 +831,11 @@ def test_a_retirement_whose_rows_no_longer_match_the_seals_is_quarantined(bench)
     assert len(refs_owned_by(root, ReferenceKind.Commit, first.commit_id)) == refs_before
     # fsck reports the quarantined operation; gc does not touch it (metadata evidence).
     found = [f for f in fsck.check(root, verify_blocks=False).findings if f.code == "QUARANTINED"]
-    assert [f.subject for f in found] == [f"commit retirement {commit.retire_operation_id(root.root_id, first.commit_id).hex()}"]
+    assert [f.subject for f in found] == [
+        f"commit retirement {commit.retire_operation_id(root.root_id, first.commit_id).hex()}"
+    ]
     gc.collect(root)
-    assert commit.retire_operation(root, commit.retire_operation_id(root.root_id, first.commit_id)).phase == CommitRetirePhase.Quarantined
+    assert (
+        commit.retire_operation(root, commit.retire_operation_id(root.root_id, first.commit_id)).phase
+        == CommitRetirePhase.Quarantined
+    )

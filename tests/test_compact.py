@@ -98,8 +98,13 @@ def test_a_crash_at_each_step_of_the_swap_loses_nothing(tmp_path, step):
     data_dir = str(tmp_path / "data")
     expected = build(data_dir)
     env = dict(os.environ, PYTHONPATH=REPO, **{compact.CRASH_ENV: step})
-    done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "compact"],
-                          env=env, cwd=REPO, capture_output=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "compact"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
     assert done.returncode == 137, done.stderr.decode()
     assert compact.has_leftovers(os.path.join(data_dir, "shard"))
     check(data_dir, expected)  # the next open finishes or undoes the swap

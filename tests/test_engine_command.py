@@ -35,7 +35,9 @@ K2 = b"\x01" * 16 + b"two"
 
 
 def gc_candidate(version, state=GcClaimState.Candidate):
-    return records.GcCandidate(last_zero_ref_version=version, claim_state=state, retry_count=0, quarantine_evidence=None)
+    return records.GcCandidate(
+        last_zero_ref_version=version, claim_state=state, retry_count=0, quarantine_evidence=None
+    )
 
 
 def test_a_command_commits_at_read_version_plus_one(shard_env):
@@ -79,7 +81,9 @@ def test_reusing_a_request_id_with_other_inputs_is_a_mismatch(shard_env):
 def test_a_caller_digest_makes_rebuilt_commands_replay(shard_env):
     request_id, digest = new_id16(), b"\x07" * 32
     shard_env.apply(mutations=[Put("path_current", K1, b"\x02v1")], request_id=request_id, command_digest=digest)
-    again = shard_env.apply(mutations=[Put("path_current", K1, b"\x02v2")], request_id=request_id, command_digest=digest)
+    again = shard_env.apply(
+        mutations=[Put("path_current", K1, b"\x02v2")], request_id=request_id, command_digest=digest
+    )
     assert again.replayed
 
 
@@ -171,7 +175,9 @@ def test_history_events_dedupe_and_outbox_are_written_with_the_mutations(shard_e
         # The first write of K1 in the command records the value before the command, not v2.
         h = shard_env.stored(txn, "history", keys.history_key(tag, K1, version))
         assert HistoryValue.decode(h).previous == b"\x02v1"
-        assert HistoryValue.decode(shard_env.stored(txn, "history", keys.history_key(tag, K2, version))).previous is None
+        assert (
+            HistoryValue.decode(shard_env.stored(txn, "history", keys.history_key(tag, K2, version))).previous is None
+        )
         assert shard_env.stored(txn, "path_current", K1) == b"\x02v3"
         for seq, body in enumerate([b"\x02first", b"\x02second"]):
             assert shard_env.stored(txn, "change_event", keys.change_event_key(shard_env.root_id, version, seq)) == body
@@ -233,7 +239,9 @@ def test_a_key_beyond_the_engine_limit_is_refused_before_anything_is_written(sha
     assert limit == 511 - 13
     version = shard_env.shard.commit_version
     with pytest.raises(KeyTooLong, match=f"limit of {limit} bytes"):
-        shard_env.apply(mutations=[Put("path_current", K1, b"\x02ok"), Put("path_current", b"k" * (limit + 1), b"\x02v")])
+        shard_env.apply(
+            mutations=[Put("path_current", K1, b"\x02ok"), Put("path_current", b"k" * (limit + 1), b"\x02v")]
+        )
     assert shard_env.shard.commit_version == version
     shard_env.apply(mutations=[Put("path_current", b"k" * limit, b"\x02v")])
     shard_env.reopen()

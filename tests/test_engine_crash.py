@@ -31,7 +31,9 @@ def _writer(path, root_id, generation, marker, ready):
                 owner_epoch=shard.owner_epoch,
                 request_id=new_id16(),
                 read_version=shard.commit_version,
-                mutations=tuple(Put("path_current", marker + i.to_bytes(4, "big"), value) for i in range(MUTATIONS_PER_COMMAND)),
+                mutations=tuple(
+                    Put("path_current", marker + i.to_bytes(4, "big"), value) for i in range(MUTATIONS_PER_COMMAND)
+                ),
             )
         )
         ready.set()
@@ -41,7 +43,9 @@ def _writer(path, root_id, generation, marker, ready):
 def test_sigkill_mid_command_leaves_all_or_nothing(shard_env, delay):
     marker = b"\x0c" * 32
     shard_env.shard.close()
-    sigkill_once_ready(_writer, (shard_env.path, shard_env.root_id, shard_env.placement_generation, marker), delay=delay)
+    sigkill_once_ready(
+        _writer, (shard_env.path, shard_env.root_id, shard_env.placement_generation, marker), delay=delay
+    )
     shard_env.shard = Shard.open(shard_env.path)  # full verification: outbox chain and digests
     with shard_env.shard.read() as view:
         values = {view.get("path_current", marker + i.to_bytes(4, "big")) for i in range(MUTATIONS_PER_COMMAND)}
@@ -82,7 +86,10 @@ def test_two_processes_never_commit_at_the_same_version(shard_env):
         start, results = ctx.Event(), ctx.Queue()
         ready = [ctx.Event() for _ in range(2)]
         procs = [
-            ctx.Process(target=_racer, args=(shard_env.path, shard_env.root_id, shard_env.placement_generation, ready[i], start, results, i))
+            ctx.Process(
+                target=_racer,
+                args=(shard_env.path, shard_env.root_id, shard_env.placement_generation, ready[i], start, results, i),
+            )
             for i in range(2)
         ]
         for p in procs:

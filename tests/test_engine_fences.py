@@ -31,7 +31,9 @@ def test_a_replay_after_the_owner_epoch_advanced_is_fenced(shard_env):
         shard_env.shard.apply(command)
     # The new owner's rebuild of the same request replays the stored result.
     rebuilt = shard_env.command(
-        mutations=[Put("path_current", K1, b"\x02v")], result=b"done", request_id=command.request_id,
+        mutations=[Put("path_current", K1, b"\x02v")],
+        result=b"done",
+        request_id=command.request_id,
         command_digest=command.command_digest,
     )
     again = shard_env.shard.apply(rebuilt)
@@ -62,7 +64,9 @@ def test_the_root_fence_precedes_the_owner_epoch_which_precedes_the_read_version
         shard_env.shard.apply(stale_everything)
     assert not isinstance(info.value, OwnerFenced)
     with pytest.raises(OwnerFenced):
-        shard_env.apply(owner_epoch=shard_env.shard.owner_epoch + 5, read_version=0, predicates=[Exists("path_current", K1)])
+        shard_env.apply(
+            owner_epoch=shard_env.shard.owner_epoch + 5, read_version=0, predicates=[Exists("path_current", K1)]
+        )
     with pytest.raises(ReadVersionStale):
         shard_env.apply(read_version=0, predicates=[Exists("path_current", K1)])
     with pytest.raises(PredicateFailed):
@@ -134,10 +138,19 @@ def test_a_stale_owner_process_reads_read_only_and_cannot_write(data_root):
     with pytest.raises(OwnerFenced):
         namespace.put(data_root, "w", "outputs/b", b"refused")
     with pytest.raises(OwnerFenced):
-        with data_root.shard.read(fence=ReadFence(data_root.root_id, data_root.placement_generation, data_root.owner_epoch)):
+        with data_root.shard.read(
+            fence=ReadFence(data_root.root_id, data_root.placement_generation, data_root.owner_epoch)
+        ):
             pass
-    fresh = Root(data_root.shard, data_root.root_id, data_root.placement_generation, data_root.store, data_root.blocks,
-                 block_size=data_root.block_size, data_dir=data_root.data_dir)
+    fresh = Root(
+        data_root.shard,
+        data_root.root_id,
+        data_root.placement_generation,
+        data_root.store,
+        data_root.blocks,
+        block_size=data_root.block_size,
+        data_dir=data_root.data_dir,
+    )
     namespace.put(fresh, "w", "outputs/b", b"the new owner writes")
 
 
@@ -158,7 +171,11 @@ def install(shard_env, fence: RootFence | None, *, root_id=None, extra=(), predi
             owner_epoch=shard_env.shard.owner_epoch,
             request_id=new_id16(),
             read_version=shard_env.shard.commit_version,
-            predicates=tuple(predicates if predicates is not None else ([Absent("root_fence", key)] if raw is None else [ValueEquals("root_fence", key, raw)])),
+            predicates=tuple(
+                predicates
+                if predicates is not None
+                else ([Absent("root_fence", key)] if raw is None else [ValueEquals("root_fence", key, raw)])
+            ),
             mutations=tuple(mutations),
             events=tuple(events),
             fence_install=True,
@@ -181,7 +198,17 @@ def test_a_fence_installation_writes_the_fence_and_nothing_else(shard_env):
         dict(fence=None, extra=[Put("path_current", K1, b"\x02smuggled")]),
         dict(fence=fence(shard_env, RootActivationState.Draining), events=[b"\x02event"]),
         dict(fence=fence(shard_env, RootActivationState.Draining), predicates=[Absent("path_current", K1)]),
-        dict(fence=fence(shard_env, RootActivationState.Installing), root_id=other_root, extra=[Put("root_fence", keys.RootFenceKey(shard_env.root_id).encode(), fence(shard_env, RootActivationState.Fenced))]),
+        dict(
+            fence=fence(shard_env, RootActivationState.Installing),
+            root_id=other_root,
+            extra=[
+                Put(
+                    "root_fence",
+                    keys.RootFenceKey(shard_env.root_id).encode(),
+                    fence(shard_env, RootActivationState.Fenced),
+                )
+            ],
+        ),
     ]
     for case in cases:
         with pytest.raises(FenceError, match="fence_install"):

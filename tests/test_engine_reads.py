@@ -44,7 +44,7 @@ def children(view, prefix_path=None, limit=MAX_ITEMS_PER_CALL):
 
 def test_point_reads_at_every_retained_version(shard_env):
     versions = {}
-    for i, value in enumerate([b"\x02a", b"\x02b", None, b"\x02c"]):
+    for _i, value in enumerate([b"\x02a", b"\x02b", None, b"\x02c"]):
         mutation = Put("path_current", pkey("k"), value) if value else Delete("path_current", pkey("k"))
         versions[shard_env.apply(mutations=[mutation]).commit_version] = value
     first = min(versions)
@@ -127,7 +127,7 @@ def test_recursive_prefix_scan_is_bounded_and_ordered(shard_env):
                 break
             marker = page.next_marker
     assert seen == sorted(pkey(p) for p in paths)
-    assert ["/".join(unordered_path(k[len(ROOT):])) for k in seen] == sorted(paths, key=lambda p: pkey(p))
+    assert ["/".join(unordered_path(k[len(ROOT) :])) for k in seen] == sorted(paths, key=lambda p: pkey(p))
 
 
 def test_listing_at_an_old_version_sees_exactly_what_was_there(shard_env):
@@ -178,7 +178,7 @@ def test_mvcc_reads_and_scans_equal_a_replayed_model(shard_env, ops, seed):
                     break
                 marker = page.next_marker
             assert dict(got) == expected and [k for k, _ in got] == sorted(expected)
-            top = {k[len(prefix):].split(b"\x00")[0].rstrip(b"\x01") for k in expected}
+            top = {k[len(prefix) :].split(b"\x00")[0].rstrip(b"\x01") for k in expected}
             listed = list_children(view, "path_current", prefix)
             assert {i.child for i in listed.items} == top
     with shard_env.shard.read(base) as view:

@@ -20,79 +20,104 @@ B16 = b"\xb2" * 16
 C32 = b"\xc3" * 32
 D32 = b"\xd4" * 32
 E32 = b"\xe5" * 32
-X_HEX = "00000001" "78"  # "x" (u32 length)
-K_HEX = "00000001" "6b"  # b"k"
+X_HEX = "0000000178"  # "x" (u32 length)
+K_HEX = "000000016b"  # b"k"
 
 # record -> (sample, expected hex, offsets of enum bytes)
 GOLDEN = {
-    E.SchemaMarker: (E.SchemaMarker(1, "x", 8), "01" "00000001" + X_HEX + "00000008", ()),
+    E.SchemaMarker: (E.SchemaMarker(1, "x", 8), "0100000001" + X_HEX + "00000008", ()),
     E.TreeRegistry: (
         E.TreeRegistry((E.TreeEntry("x", 3), E.TreeEntry("x", 0))),
-        "01" "00000002" + X_HEX + "03" + X_HEX + "00",
+        "0100000002" + X_HEX + "03" + X_HEX + "00",
         (),
     ),
     E.ShardIdentity: (E.ShardIdentity(A16, 7), "01" + "a1" * 16 + "0000000000000007", ()),
-    E.CommitClock: (E.CommitClock(9), "01" "0000000000000009", ()),
-    E.RecoveryTail: (E.RecoveryTail(5, C32), "01" "0000000000000005" + "c3" * 32, ()),
-    E.OwnerRecord: (E.OwnerRecord(2), "01" "0000000000000002", ()),
-    E.LeaseClock: (E.LeaseClock(1_700_000_000_000), "01" "0000018bcfe56800", ()),
-    E.HistoryFloor: (E.HistoryFloor(12), "01" "000000000000000c", ()),
+    E.CommitClock: (E.CommitClock(9), "010000000000000009", ()),
+    E.RecoveryTail: (E.RecoveryTail(5, C32), "010000000000000005" + "c3" * 32, ()),
+    E.OwnerRecord: (E.OwnerRecord(2), "010000000000000002", ()),
+    E.LeaseClock: (E.LeaseClock(1_700_000_000_000), "010000018bcfe56800", ()),
+    E.HistoryFloor: (E.HistoryFloor(12), "01000000000000000c", ()),
     E.StateDigest: (
         E.StateDigest((E.TreeDigest("x", 3, C32),)),
-        "01" "00000001" + X_HEX + "0000000000000003" + "c3" * 32,
+        "0100000001" + X_HEX + "0000000000000003" + "c3" * 32,
         (),
     ),
-    E.HistoryValue: (E.HistoryValue(b"k"), "01" "01" + K_HEX, ()),
+    E.HistoryValue: (E.HistoryValue(b"k"), "0101" + K_HEX, ()),
     E.OutboxHeader: (
         E.OutboxHeader(OutboxRecordKind.HistoryPrune, 6, 1, 40, C32, D32, E32),
-        "01" "04" "0000000000000006" "00000001" "0000000000000028" + "c3" * 32 + "d4" * 32 + "e5" * 32,
+        "01040000000000000006000000010000000000000028" + "c3" * 32 + "d4" * 32 + "e5" * 32,
         (1,),
     ),
     E.OutboxChunk: (E.OutboxChunk(b"k"), "01" + K_HEX, ()),
     E.OutboxDeflatedChunk: (E.OutboxDeflatedChunk(b"k"), "02" + K_HEX, ()),
     E.RetentionFloors: (
         E.RetentionFloors(3, C32, 2, 9, 1_700_000_000_000, 8),
-        "01" "0000000000000003" + "c3" * 32 + "0000000000000002" "0000000000000009" "0000018bcfe56800" "0000000000000008",
+        "010000000000000003" + "c3" * 32 + "000000000000000200000000000000090000018bcfe568000000000000000008",
         (),
     ),
     E.OutboxTruncateRecord: (
-        E.OutboxTruncateRecord(owner_epoch=2, through_lsn=5, through_chain_digest=C32, through_commit_version=4, removed_records=5),
-        "01" "0000000000000002" "0000000000000005" + "c3" * 32 + "0000000000000004" "0000000000000005",
+        E.OutboxTruncateRecord(
+            owner_epoch=2, through_lsn=5, through_chain_digest=C32, through_commit_version=4, removed_records=5
+        ),
+        "0100000000000000020000000000000005" + "c3" * 32 + "00000000000000040000000000000005",
         (),
     ),
     E.RetentionPruneRecord: (
-        E.RetentionPruneRecord(owner_epoch=2, family=RetainedFamily.CommandDedupe, floor_version=17,
-                               horizon_ms=1_700_000_000_000, start_key=b"", end_key=None, pruned_rows=3, pruned_digest=C32),
-        "01" "0000000000000002" "02" "0000000000000011" "0000018bcfe56800" "00000000" "00" "0000000000000003" + "c3" * 32,
+        E.RetentionPruneRecord(
+            owner_epoch=2,
+            family=RetainedFamily.CommandDedupe,
+            floor_version=17,
+            horizon_ms=1_700_000_000_000,
+            start_key=b"",
+            end_key=None,
+            pruned_rows=3,
+            pruned_digest=C32,
+        ),
+        "0100000000000000020200000000000000110000018bcfe5680000000000000000000000000003" + "c3" * 32,
         (9,),
     ),
     E.CommandRecord: (
         E.CommandRecord(
-            schema_id="x", root_id=A16, logical_shard_id=B16, placement_generation=1, owner_epoch=2,
-            request_id=A16, command_digest=C32, read_version=3, commit_version=4, fence_install=False,
+            schema_id="x",
+            root_id=A16,
+            logical_shard_id=B16,
+            placement_generation=1,
+            owner_epoch=2,
+            request_id=A16,
+            command_digest=C32,
+            read_version=3,
+            commit_version=4,
+            fence_install=False,
             predicates=(E.PredicateRow(PredicateKind.Exists, "x", b"k", None, None, None, None),),
             mutations=(E.MutationRow(MutationKind.Put, "x", b"k", b"k"),),
-            events=(b"k",), result=b"",
+            events=(b"k",),
+            result=b"",
         ),
-        "02" + X_HEX + "a1" * 16 + "b2" * 16 + "0000000000000001" "0000000000000002" + "a1" * 16 + "c3" * 32
-        + "0000000000000003" "0000000000000004" "00"
-        + "00000001" "01" + X_HEX + K_HEX + "00" "00" "00" "00"
-        + "00000001" "01" + X_HEX + K_HEX + "01" + K_HEX
-        + "00000001" + K_HEX
-        + "00000000",
+        "02" + X_HEX + "a1" * 16 + "b2" * 16 + "0000000000000001"
+        "0000000000000002" + "a1" * 16 + "c3" * 32 + "0000000000000003"
+        "0000000000000004"
+        "00" + "00000001"
+        "01" + X_HEX + K_HEX + "00"
+        "00"
+        "00"
+        "00" + "00000001"
+        "01" + X_HEX + K_HEX + "01" + K_HEX + "00000001" + K_HEX + "00000000",
         (123, 142),
     ),
-    E.LeaseClockRecord: (E.LeaseClockRecord(1_700_000_000_000), "02" "0000018bcfe56800", ()),
-    E.OwnerEpochRecord: (E.OwnerEpochRecord(3), "02" "0000000000000003", ()),
+    E.LeaseClockRecord: (E.LeaseClockRecord(1_700_000_000_000), "020000018bcfe56800", ()),
+    E.OwnerEpochRecord: (E.OwnerEpochRecord(3), "020000000000000003", ()),
     E.HistoryPruneRecord: (
-        E.HistoryPruneRecord(owner_epoch=2, floor_version=17, start_key=b"", end_key=b"k", pruned_rows=4096, pruned_digest=C32),
-        "02" "0000000000000002" "0000000000000011" "00000000" "01" + K_HEX + "0000000000001000" + "c3" * 32,
+        E.HistoryPruneRecord(
+            owner_epoch=2, floor_version=17, start_key=b"", end_key=b"k", pruned_rows=4096, pruned_digest=C32
+        ),
+        "02000000000000000200000000000000110000000001" + K_HEX + "0000000000001000" + "c3" * 32,
         (),
     ),
 }
 
 ENGINE_VALUE_RECORDS = [
-    cls for _, cls in inspect.getmembers(E, inspect.isclass)
+    cls
+    for _, cls in inspect.getmembers(E, inspect.isclass)
     if cls.__module__ == E.__name__ and getattr(cls, "VERSION", None) is not None
 ]
 IDS = [cls.__name__ for cls in GOLDEN]

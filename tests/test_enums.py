@@ -123,8 +123,15 @@ def test_path_attributes_changed_is_extension_discriminant_12_in_a_change_event(
     revision = bytes(range(16))
     event = ChangeEvent("wb-1", b"\xb2" * 16, enums.ChangeEventKind.PathAttributesChanged, "a/b", revision, revision)
     expected = (
-        "02" + "00000004" + b"wb-1".hex() + "b2" * 16 + "0c"  # value version 2, workbench, incarnation, kind 12
-        + "01" + "00000003" + b"a/b".hex() + ("01" + "00000010" + revision.hex()) * 2
+        "02"
+        + "00000004"
+        + b"wb-1".hex()
+        + "b2" * 16
+        + "0c"  # value version 2, workbench, incarnation, kind 12
+        + "01"
+        + "00000003"
+        + b"a/b".hex()
+        + ("01" + "00000010" + revision.hex()) * 2
     )
     assert event.encode().hex() == expected
     assert ChangeEvent.decode(bytes.fromhex(expected)) == event

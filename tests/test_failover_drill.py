@@ -61,7 +61,9 @@ def log_of(path: str) -> str:
         return f.read()
 
 
-@pytest.mark.damages_store("A's write that never reached the bucket leaves blocks C does not reference: checked at the end")
+@pytest.mark.damages_store(
+    "A's write that never reached the bucket leaves blocks C does not reference: checked at the end"
+)
 def test_failover_drill(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
     url = f"s3://{s3_bucket}/prod"
     a_dir, a_mnt = str(tmp_path / "a" / "data"), str(tmp_path / "a" / "mnt")
@@ -71,7 +73,11 @@ def test_failover_drill(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
     a = start_daemon(a_dir, a_mnt, str(tmp_path / "a" / "first.log"), a_args)
     try:
         wait_mounted(a_mnt, a, str(tmp_path / "a" / "first.log"))
-        within(lambda: "published the data directory record" in log_of(str(tmp_path / "a" / "first.log")), SHOWS, "A's first push")
+        within(
+            lambda: "published the data directory record" in log_of(str(tmp_path / "a" / "first.log")),
+            SHOWS,
+            "A's first push",
+        )
         with mounted(str(tmp_path / "b"), init=False, extra_args=follow_args(url, s3_endpoint)) as b:
             # A writes, B shows it.
             write(os.path.join(a_mnt, "wb", "outputs", "x.txt"), b"written on A")
@@ -89,7 +95,17 @@ def test_failover_drill(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
 
             # C takes over with one command and mounts; B keeps following, now C.
             c_dir = str(tmp_path / "c" / "data")
-            done = nokvfs("--endpoint-url", s3_endpoint, "--data-dir", c_dir, "shard", "restore", "--from", url, "--take-ownership")
+            done = nokvfs(
+                "--endpoint-url",
+                s3_endpoint,
+                "--data-dir",
+                c_dir,
+                "shard",
+                "restore",
+                "--from",
+                url,
+                "--take-ownership",
+            )
             assert b"took ownership at owner epoch 2" in done.stdout
             with mounted(str(tmp_path / "c"), init=False, extra_args=owner_args(url, s3_endpoint)) as c:
                 assert read(c.path("wb", "outputs", "x.txt")) == b"written on A"
@@ -104,14 +120,20 @@ def test_failover_drill(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
                 a = start_daemon(a_dir, a_mnt, a_log, a_args)
                 wait_mounted(a_mnt, a, a_log)
                 lost = f"LSNs {shipped + 1}..{a_tail} of this shard were never shipped to the bucket"
-                within(lambda: lost in log_of(a_log) and "the mount is read-only from now on" in log_of(a_log), SHOWS, "A fenced")
+                within(
+                    lambda: lost in log_of(a_log) and "the mount is read-only from now on" in log_of(a_log),
+                    SHOWS,
+                    "A fenced",
+                )
                 with pytest.raises(OSError) as info:
                     write(os.path.join(a_mnt, "wb", "outputs", "late.txt"), b"after the takeover")
                 assert info.value.errno == errno.EROFS
                 assert read(os.path.join(a_mnt, "wb", "outputs", "y.txt")) == b"never shipped"  # A still reads its own
                 refused = nokvfs("--data-dir", a_dir, "put", "wb:outputs/late.txt", "-", check=False)
                 assert refused.returncode == 7 and b"owner fenced" in refused.stderr
-                status = nokvfs("--endpoint-url", s3_endpoint, "--data-dir", a_dir, "shard", "status", "--to", url).stdout
+                status = nokvfs(
+                    "--endpoint-url", s3_endpoint, "--data-dir", a_dir, "shard", "status", "--to", url
+                ).stdout
                 assert b"FENCED" in status and f"LSNs {shipped + 1}..{a_tail}".encode() in status
 
                 # C goes on; B follows it.
@@ -149,7 +171,17 @@ def test_a_live_owner_mount_turns_read_only_when_another_owner_takes_over(tmp_pa
         within(lambda: bucket_head(url, s3_endpoint) == local_tail(a.data_dir), SHOWS, "A shipped")
         writer = open(a.path("wb", "outputs", "open.txt"), "wb")  # open across the takeover
         try:
-            nokvfs("--endpoint-url", s3_endpoint, "--data-dir", str(tmp_path / "c"), "shard", "restore", "--from", url, "--take-ownership")
+            nokvfs(
+                "--endpoint-url",
+                s3_endpoint,
+                "--data-dir",
+                str(tmp_path / "c"),
+                "shard",
+                "restore",
+                "--from",
+                url,
+                "--take-ownership",
+            )
             within(lambda: "the mount is read-only from now on" in a.log(), SHOWS, "A fenced")
             assert "every record of this shard is in the bucket" in a.log()
             writer.write(b"accepted by nobody")
@@ -159,7 +191,10 @@ def test_a_live_owner_mount_turns_read_only_when_another_owner_takes_over(tmp_pa
         finally:
             if not writer.closed:
                 writer.close()
-        for attempt in (lambda: write(a.path("wb", "outputs", "new.txt"), b"x"), lambda: os.unlink(a.path("wb", "outputs", "before.txt"))):
+        for attempt in (
+            lambda: write(a.path("wb", "outputs", "new.txt"), b"x"),
+            lambda: os.unlink(a.path("wb", "outputs", "before.txt")),
+        ):
             with pytest.raises(OSError) as info:
                 attempt()
             assert info.value.errno == errno.EROFS

@@ -40,7 +40,15 @@ class Fields:
     """pyfuse3.SetattrFields as a handler sees it."""
 
     def __init__(self, **set_):
-        for name in ("update_atime", "update_mtime", "update_ctime", "update_mode", "update_uid", "update_gid", "update_size"):
+        for name in (
+            "update_atime",
+            "update_mtime",
+            "update_ctime",
+            "update_mode",
+            "update_uid",
+            "update_gid",
+            "update_size",
+        ):
             setattr(self, name, set_.get(name, False))
 
 
@@ -57,7 +65,9 @@ class Kernel:
 
     def __init__(self, root, *, read_only: bool = False):
         workers = Workers()
-        self.fs = FileSystem(root, LiveView(root, read_only=read_only), workers, NullInvalidator(), BlockFetcher(root, workers))
+        self.fs = FileSystem(
+            root, LiveView(root, read_only=read_only), workers, NullInvalidator(), BlockFetcher(root, workers)
+        )
         self.ops = Operations(self.fs)
         self.ctx = Ctx()
 
@@ -125,7 +135,9 @@ class Kernel:
         fields = {}
         for name, value in values.items():
             setattr(attr, "st_" + name, value)
-            fields["update_" + name.removesuffix("_ns").removesuffix("time") + ("time" if name.endswith("time_ns") else "")] = True
+            fields[
+                "update_" + name.removesuffix("_ns").removesuffix("time") + ("time" if name.endswith("time_ns") else "")
+            ] = True
         return self.call("setattr", self.ino(path), attr, Fields(**fields), fh, self.ctx)
 
     def mkdir(self, path: str, mode: int = 0o755):
@@ -369,9 +381,21 @@ def test_chmod_chown_and_utime_are_stored_or_refused(kernel):
     k.setattr("wb/outputs/f", uid=1234, gid=5678)
     k.setattr("wb/outputs/f", mtime_ns=1_000_000_000_123, atime_ns=2_000_000_000_456)
     st = k.stat("wb/outputs/f")
-    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_atime_ns) == (0o750, 1234, 5678, 1_000_000_000_123, 2_000_000_000_456)
-    assert k.errno_of("setattr", ROOT_INODE, pyfuse3.EntryAttributes(), Fields(update_mode=True), None, k.ctx) == errno.EPERM
-    assert k.errno_of("setattr", k.ino("wb"), pyfuse3.EntryAttributes(), Fields(update_mode=True), None, k.ctx) == errno.EPERM
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_atime_ns) == (
+        0o750,
+        1234,
+        5678,
+        1_000_000_000_123,
+        2_000_000_000_456,
+    )
+    assert (
+        k.errno_of("setattr", ROOT_INODE, pyfuse3.EntryAttributes(), Fields(update_mode=True), None, k.ctx)
+        == errno.EPERM
+    )
+    assert (
+        k.errno_of("setattr", k.ino("wb"), pyfuse3.EntryAttributes(), Fields(update_mode=True), None, k.ctx)
+        == errno.EPERM
+    )
 
 
 def test_extended_attributes_other_than_index_fields_are_not_stored(kernel):

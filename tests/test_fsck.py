@@ -84,7 +84,16 @@ def test_ref_dangling_and_path_ref_orphan(root):
     wbk, _, _ = entry_of(root)
     owner = publish.path_owner(wbk.incarnation_id, ("outputs", "ghost"))
     ghost = b"\x77" * 16
-    inject(root, [Put("revision_ref", keys.RevisionRefKey(root.root_id, ReferenceKind.Path, owner, ghost).encode(), RevisionRef(1, 1))])
+    inject(
+        root,
+        [
+            Put(
+                "revision_ref",
+                keys.RevisionRefKey(root.root_id, ReferenceKind.Path, owner, ghost).encode(),
+                RevisionRef(1, 1),
+            )
+        ],
+    )
     assert {"REF_DANGLING", "PATH_REF_ORPHAN"} <= set(codes(fsck.check(root)))
 
 
@@ -92,7 +101,15 @@ def test_ref_dangling_and_path_ref_orphan(root):
 def test_path_ref_missing(root):
     wbk, _, entry = entry_of(root)
     owner = publish.path_owner(wbk.incarnation_id, ("outputs", "a"))
-    inject(root, [Delete("revision_ref", keys.RevisionRefKey(root.root_id, ReferenceKind.Path, owner, entry.artifact_revision_id).encode())])
+    inject(
+        root,
+        [
+            Delete(
+                "revision_ref",
+                keys.RevisionRefKey(root.root_id, ReferenceKind.Path, owner, entry.artifact_revision_id).encode(),
+            )
+        ],
+    )
     assert {"PATH_REF_MISSING", "REF_COUNT"} <= set(codes(fsck.check(root)))
 
 
@@ -133,7 +150,17 @@ def test_gc_candidate_missing(root):
 @pytest.mark.damages_store("injects the damage fsck must find")
 def test_hold(root):
     snap = snapshot.get(root, "w", "s")
-    inject(root, [Delete("history_hold", keys.HistoryHoldKey(root.root_id, HistoryHoldKind.Snapshot, snap.snapshot_id.to_bytes(8, "big")).encode())])
+    inject(
+        root,
+        [
+            Delete(
+                "history_hold",
+                keys.HistoryHoldKey(
+                    root.root_id, HistoryHoldKind.Snapshot, snap.snapshot_id.to_bytes(8, "big")
+                ).encode(),
+            )
+        ],
+    )
     assert "HOLD" in codes(fsck.check(root))
 
 
@@ -219,7 +246,13 @@ def test_commit_seal_and_consumer_count(root):
     member = CommitMember.decode(member_raw)
     inject(root, [Put("commit_member", member_key, dataclasses.replace(member, logical_size=member.logical_size + 1))])
     assert "COMMIT_SEAL" in codes(fsck.check(root))
-    inject(root, [Put("commit_member", member_key, member), Put("commit", commit_key, dataclasses.replace(record, consumer_count=9))])
+    inject(
+        root,
+        [
+            Put("commit_member", member_key, member),
+            Put("commit", commit_key, dataclasses.replace(record, consumer_count=9)),
+        ],
+    )
     assert codes(fsck.check(root)) == ["CONSUMER_COUNT"]
 
 
@@ -285,7 +318,9 @@ def test_the_after_workload_check_finds_every_data_dir_and_its_damage(root, tmp_
 
 
 @pytest.mark.damages_store("injects the damage fsck must find")
-@pytest.mark.parametrize("tree", ["artifact_revision", "revision_ref", "path_current", "artifact_manifest", "commit", "operation"])
+@pytest.mark.parametrize(
+    "tree", ["artifact_revision", "revision_ref", "path_current", "artifact_manifest", "commit", "operation"]
+)
 def test_undecodable_row(root, tree):
     from nokvfs.schema.enums import OperationKind
 
@@ -330,7 +365,12 @@ def test_wide_mode_is_reported_per_area_and_repair_narrows_it(root):
     os.chmod(top, 0o755)
     os.chmod(os.path.join(top, "shard", "data.mdb"), 0o644)
     os.chmod(os.path.join(top, "nokvfs.json"), 0o604)
-    blocks = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(top, "objects")) for f in files if d.endswith("blocks")]
+    blocks = [
+        os.path.join(d, f)
+        for d, _, files in os.walk(os.path.join(top, "objects"))
+        for f in files
+        if d.endswith("blocks")
+    ]
     for path in blocks:
         os.chmod(path, 0o640)
     os.chmod(os.path.dirname(blocks[0]), 0o711)
@@ -339,7 +379,10 @@ def test_wide_mode_is_reported_per_area_and_repair_narrows_it(root):
     wide = {f.subject: f.detail for f in report.findings if f.code == "WIDE_MODE"}
     assert codes(report) == ["WIDE_MODE"]
     assert set(wide) == {".", "shard", "nokvfs.json", "objects"}
-    assert wide["objects"].startswith("1 directory wider than 0700 (e.g. ") and f"{len(blocks)} files wider than 0600" in wide["objects"]
+    assert (
+        wide["objects"].startswith("1 directory wider than 0700 (e.g. ")
+        and f"{len(blocks)} files wider than 0600" in wide["objects"]
+    )
     assert wide["shard"] == "1 file wider than 0600 (e.g. shard/data.mdb: 0644)"
     assert wide["."] == "1 directory wider than 0700 (e.g. .: 0755)"
     before = os.stat("/etc/passwd").st_mode

@@ -41,7 +41,9 @@ def any_root(request, tmp_path):
     """A root on the local store, then on the loopback S3 endpoint."""
     options = {}
     if request.param == "s3":
-        options = dict(store=f"s3://{request.getfixturevalue('s3_bucket')}/gc", endpoint_url=request.getfixturevalue("s3_endpoint"))
+        options = dict(
+            store=f"s3://{request.getfixturevalue('s3_bucket')}/gc", endpoint_url=request.getfixturevalue("s3_endpoint")
+        )
     datadir.init(str(tmp_path / "data"), block_size=BLOCK, **options)
     r = datadir.open_root(str(tmp_path / "data"))
     workbench.create(r, "w")
@@ -58,7 +60,9 @@ def stored_bytes(root):
 
 def revision(root, revision_id):
     with root.read() as view:
-        return ArtifactRevision.decode(view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, revision_id).encode()))
+        return ArtifactRevision.decode(
+            view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, revision_id).encode())
+        )
 
 
 def read(root, path):
@@ -172,7 +176,9 @@ class DeletesThatLandButTimeOut(AmbiguousDeletes):
 def candidate_of(root, revision_id):
     epoch = revision(root, revision_id).reference_epoch
     with root.read() as view:
-        return GcCandidate.decode(view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()))
+        return GcCandidate.decode(
+            view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, epoch).encode())
+        )
 
 
 def collect_with(root, store, **kw):
@@ -230,7 +236,9 @@ def test_a_killed_collector_is_resumed_by_the_next_run(root):
     epoch = revision(root, entry.artifact_revision_id).reference_epoch
     gc._advance_barrier(root)
     gc._claim(root, entry.artifact_revision_id, epoch)  # the collector dies right after claiming
-    op_key = keys.OperationKey(root.root_id, OperationKind.Gc, gc.operation_id(root.root_id, entry.artifact_revision_id, epoch)).encode()
+    op_key = keys.OperationKey(
+        root.root_id, OperationKind.Gc, gc.operation_id(root.root_id, entry.artifact_revision_id, epoch)
+    ).encode()
     report = gc.collect(root)
     assert report.freed_revisions == 1 and stored_bytes(root) == 0
     with root.read() as view:
@@ -249,7 +257,7 @@ def test_gc_never_deletes_a_referenced_object_under_concurrent_publishes(root):
                 namespace.put(root, "w", path, os.urandom(1_000 + i))
                 if i % 3 == 0:
                     namespace.remove(root, "w", path)
-            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            except Exception as exc:
                 errors.append(exc)
             i += 1
 

@@ -3,8 +3,6 @@ ArtifactRevision, manifest, GcCandidate or GcOperation rows, nor any History row
 
 from __future__ import annotations
 
-import pytest
-
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.schema import keys
 from nokvfs.schema.enums import OperationKind, RevisionState
@@ -67,7 +65,9 @@ def test_finished_collections_stay_within_the_audit_window(tmp_path):
         report = gc.collect(root)
         assert report.freed_revisions == 1 and report.records_pruned == 0
         with root.read() as view:
-            raw = view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, entry.artifact_revision_id).encode())
+            raw = view.get(
+                "artifact_revision", keys.ArtifactRevisionKey(root.root_id, entry.artifact_revision_id).encode()
+            )
         assert ArtifactRevision.decode(raw).state == RevisionState.Deleted
         datadir.set_retention(root.data_dir, versions=0)
         assert gc.collect(root).records_pruned == 1

@@ -35,7 +35,10 @@ def root(tmp_path):
 
 
 def files(root, view, workbench_id=WB) -> dict[str, bytes]:
-    return {c.name: reading.read(root, c.entry, view=view) for c in listing.list_recursive(view, root, workbench_id).children}
+    return {
+        c.name: reading.read(root, c.entry, view=view)
+        for c in listing.list_recursive(view, root, workbench_id).children
+    }
 
 
 def snapshot_files(root, selector) -> dict[str, bytes]:
@@ -98,13 +101,17 @@ def test_the_change_feed_is_the_same_before_and_after_pruning(root):
     with root.read() as view:
         _, source = workbench.visible(view, root.root_id, WB)
         kind, selector = restore.resolve_source(view, root, source, ("snapshot", "s"))
-    aborted = restore.prepare(root, restore.RestoreRequest(WB, source.incarnation_id, kind, selector, "gone", os.urandom(16)))
+    aborted = restore.prepare(
+        root, restore.RestoreRequest(WB, source.incarnation_id, kind, selector, "gone", os.urandom(16))
+    )
     restore.advance(root, aborted)  # staged paths exist, the workbench is Staging
     restore.abort(root, aborted, reason="test")  # Staging -> Retired: its events never show
     # An event of an incarnation while it is Staging must never show, even once that same
     # incarnation is Visible: the feed judges each event at its own version. (No code path emits
     # one today; it is injected so the rule -- and the History it needs -- is exercised.)
-    staged = restore.prepare(root, restore.RestoreRequest(WB, source.incarnation_id, kind, selector, "late", os.urandom(16)))
+    staged = restore.prepare(
+        root, restore.RestoreRequest(WB, source.incarnation_id, kind, selector, "late", os.urandom(16))
+    )
     restore.advance(root, staged)
     with root.read() as view:
         _, marker = workbench.read_current(view, root.root_id, "late")
@@ -132,7 +139,9 @@ def test_an_in_flight_restore_and_commit_build_keep_their_read_versions(root):
     with root.read() as view:
         _, source = workbench.visible(view, root.root_id, WB)
         kind, selector = restore.resolve_source(view, root, source, ("snapshot", "s"))
-    restoring = restore.prepare(root, restore.RestoreRequest(WB, source.incarnation_id, kind, selector, "dest", os.urandom(16)))
+    restoring = restore.prepare(
+        root, restore.RestoreRequest(WB, source.incarnation_id, kind, selector, "dest", os.urandom(16))
+    )
     churn(root, 3, "y")
     building = commit.begin(root, commit.CommitRequest(WB, os.urandom(16)))
     build_version = commit.operation(root, building).read_version

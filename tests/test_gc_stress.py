@@ -40,7 +40,9 @@ PATHS = [f"{section}/{name}" for section in ("outputs", "logs") for name in ("a"
 
 
 def tree_of(root, view, workbench_id):
-    return {c.name: read_from_store(root, view, c.entry) for c in listing.list_recursive(view, root, workbench_id).children}
+    return {
+        c.name: read_from_store(root, view, c.entry) for c in listing.list_recursive(view, root, workbench_id).children
+    }
 
 
 def read_from_store(root, view, entry):
@@ -62,7 +64,9 @@ class Model:
         rng, root = self.rng, self.root
         wbk = rng.choice(sorted(self.live))
         files = self.live[wbk]
-        op = rng.choices(["put", "append", "rename", "remove", "mint", "retire", "commit", "fork"], [6, 3, 2, 2, 1, 1, 1, 1])[0]
+        op = rng.choices(
+            ["put", "append", "rename", "remove", "mint", "retire", "commit", "fork"], [6, 3, 2, 2, 1, 1, 1, 1]
+        )[0]
         path = rng.choice(PATHS)
         mutable = sorted(p for p in files if not p.startswith("metadata/"))  # manifests are typed
         if op == "put":
@@ -154,7 +158,11 @@ def available_objects(root):
         for key, value in stored_rows(view._txn, root.shard, "artifact_revision"):
             if ArtifactRevision.decode(value).state == RevisionState.Available:
                 revision_id = key[16:]
-                out |= {r.object_key for r in publish.read_manifest(view, root, revision_id) if r.physical_owner_revision_id == revision_id}
+                out |= {
+                    r.object_key
+                    for r in publish.read_manifest(view, root, revision_id)
+                    if r.physical_owner_revision_id == revision_id
+                }
     return out
 
 
@@ -175,7 +183,7 @@ def run_workload(root, seed: int, steps: int):
                 gc.collect(root)
             except (GenerationConflict, NotFound):
                 pass
-            except Exception as exc:  # noqa: BLE001 - reported below
+            except Exception as exc:
                 failures.append(exc)
                 return
 

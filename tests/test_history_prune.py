@@ -72,14 +72,22 @@ def hold(env, read_version: int, hold_id: bytes = b"\x01" * 16, *, remove: bool 
     key = keys.HistoryHoldKey(env.root_id, HistoryHoldKind.BuildCommit, hold_id).encode()
     if remove:
         return env.apply(mutations=[Delete("history_hold", key)])
-    return env.apply(mutations=[Put("history_hold", key, HistoryHold(read_version, None, HistoryHoldState.Active, 1).encode())])
+    return env.apply(
+        mutations=[Put("history_hold", key, HistoryHold(read_version, None, HistoryHoldState.Active, 1).encode())]
+    )
 
 
 # A workload: each step is one command of puts/deletes over a few path keys and workbench markers.
 step = st.lists(
     st.one_of(
         st.tuples(st.just("path"), st.integers(0, 4), st.one_of(st.none(), st.binary(min_size=1, max_size=6))),
-        st.tuples(st.just("ws"), st.integers(0, 2), st.one_of(st.none(), st.tuples(st.integers(0, 2), st.sampled_from(list(WorkspaceState)), st.integers(1, 9)))),
+        st.tuples(
+            st.just("ws"),
+            st.integers(0, 2),
+            st.one_of(
+                st.none(), st.tuples(st.integers(0, 2), st.sampled_from(list(WorkspaceState)), st.integers(1, 9))
+            ),
+        ),
     ),
     min_size=1,
     max_size=4,
@@ -111,7 +119,9 @@ def test_reads_at_and_above_the_floor_are_unchanged_and_visibility_stays_exact_b
         expected = run_workload(env, steps)
         shard = env.shard
         floor = data.draw(st.integers(0, shard.commit_version), label="floor")
-        reached, pruned, _ = prune_all(shard, floor, max_rows=data.draw(st.integers(1, 50), label="max_rows"), max_visits=7)
+        reached, pruned, _ = prune_all(
+            shard, floor, max_rows=data.draw(st.integers(1, 50), label="max_rows"), max_visits=7
+        )
         assert reached == floor == shard.history_floor
         for version, rows in expected.items():
             with shard.read() as view:
@@ -120,7 +130,9 @@ def test_reads_at_and_above_the_floor_are_unchanged_and_visibility_stays_exact_b
                         view.at(version)
                     at = view.at(version, visibility=True)
                     for n in range(3):
-                        assert visibility(at.get("workspace_current", wkey(n))) == visibility(rows.get(("workspace_current", wkey(n))))
+                        assert visibility(at.get("workspace_current", wkey(n))) == visibility(
+                            rows.get(("workspace_current", wkey(n)))
+                        )
                     continue
                 at = view.at(version)
                 for n in range(5):
@@ -133,7 +145,7 @@ def test_reads_at_and_above_the_floor_are_unchanged_and_visibility_stays_exact_b
                     seen.append(found)
                     position = found[0] + b"\x00"
                 assert seen == sorted((k, v) for (t, k), v in rows.items() if t == "path_current")
-        for key, value in history_rows(shard):
+        for key, _value in history_rows(shard):
             tag, user, version = keys.decode_history_key(key)
             if version <= floor:
                 # Below the floor only WorkspaceCurrent rows that change the visibility remain.
@@ -145,7 +157,12 @@ def test_reads_at_and_above_the_floor_are_unchanged_and_visibility_stays_exact_b
 
 def test_visibility_views_point_read_only_the_retained_trees(shard_env):
     shard_env.apply(mutations=[Put("workspace_current", wkey(0), marker(0, WorkspaceState.Staging, 1))])
-    shard_env.apply(mutations=[Put("workspace_current", wkey(0), marker(0, WorkspaceState.Visible, 2)), Put("path_current", pkey(0), b"\x02a")])
+    shard_env.apply(
+        mutations=[
+            Put("workspace_current", wkey(0), marker(0, WorkspaceState.Visible, 2)),
+            Put("path_current", pkey(0), b"\x02a"),
+        ]
+    )
     for n in range(3):
         shard_env.apply(mutations=[Put("workspace_current", wkey(0), marker(0, WorkspaceState.Visible, 3 + n))])
     before = len(history_rows(shard_env.shard))
@@ -156,7 +173,10 @@ def test_visibility_views_point_read_only_the_retained_trees(shard_env):
     with shard_env.shard.read() as view:
         at = view.at(floor - 3, visibility=True)  # the Staging -> Visible command
         assert visibility(at.get("workspace_current", wkey(0))) == (INCARNATIONS[0], WorkspaceState.Visible)
-        assert visibility(view.at(floor - 4, visibility=True).get("workspace_current", wkey(0))) == (INCARNATIONS[0], WorkspaceState.Staging)
+        assert visibility(view.at(floor - 4, visibility=True).get("workspace_current", wkey(0))) == (
+            INCARNATIONS[0],
+            WorkspaceState.Staging,
+        )
         assert view.at(floor - 5, visibility=True).get("workspace_current", wkey(0)) is None
         with pytest.raises(HistoryNotRetained):
             at.get("path_current", pkey(0))
@@ -212,7 +232,9 @@ def test_a_batch_that_changes_nothing_writes_no_record(shard_env):
     shard_env.apply(mutations=[Put("path_current", pkey(0), b"\x02a")])
     assert prune_all(shard_env.shard, shard_env.shard.commit_version)[2] == 1
     tail = shard_env.shard.recovery_tail
-    outcome = shard_env.shard.prune_history(owner_epoch=shard_env.shard.owner_epoch, floor_version=shard_env.shard.commit_version)
+    outcome = shard_env.shard.prune_history(
+        owner_epoch=shard_env.shard.owner_epoch, floor_version=shard_env.shard.commit_version
+    )
     assert (outcome.pruned_rows, outcome.recovery_lsn, outcome.next_key) == (0, None, None)
     assert shard_env.shard.recovery_tail == tail
 
@@ -220,10 +242,16 @@ def test_a_batch_that_changes_nothing_writes_no_record(shard_env):
 def test_prunable_history_counts_exactly_what_a_pass_removes(shard_env):
     rng = random.Random(3)
     for n in range(40):
-        shard_env.apply(mutations=[
-            Put("path_current", pkey(rng.randrange(6)), b"\x02%d" % n),
-            Put("workspace_current", wkey(rng.randrange(2)), marker(rng.randrange(2), rng.choice(list(WorkspaceState)), n + 1)),
-        ])
+        shard_env.apply(
+            mutations=[
+                Put("path_current", pkey(rng.randrange(6)), b"\x02%d" % n),
+                Put(
+                    "workspace_current",
+                    wkey(rng.randrange(2)),
+                    marker(rng.randrange(2), rng.choice(list(WorkspaceState)), n + 1),
+                ),
+            ]
+        )
     target = shard_env.shard.commit_version - 10
     floor, count = shard_env.shard.prunable_history(target)
     assert floor == target and count > 0
@@ -247,13 +275,25 @@ def _rows_but_identity(shard) -> dict:
 
 def test_replaying_the_prune_records_builds_an_identical_replica(shard_env, tmp_path):
     rng = random.Random(7)
-    for round_ in range(4):
+    for _round in range(4):
         for n in range(30):
-            shard_env.apply(mutations=[
-                Put("path_current", pkey(rng.randrange(8)), b"\x02%d" % n),
-                Put("workspace_current", wkey(rng.randrange(3)), marker(rng.randrange(3), rng.choice(list(WorkspaceState)), n + 1)),
-            ], events=[b"\x02e"])
-        prune_all(shard_env.shard, shard_env.shard.commit_version - rng.randrange(20), max_rows=rng.randint(1, 40), max_visits=rng.randint(5, 200))
+            shard_env.apply(
+                mutations=[
+                    Put("path_current", pkey(rng.randrange(8)), b"\x02%d" % n),
+                    Put(
+                        "workspace_current",
+                        wkey(rng.randrange(3)),
+                        marker(rng.randrange(3), rng.choice(list(WorkspaceState)), n + 1),
+                    ),
+                ],
+                events=[b"\x02e"],
+            )
+        prune_all(
+            shard_env.shard,
+            shard_env.shard.commit_version - rng.randrange(20),
+            max_rows=rng.randint(1, 40),
+            max_visits=rng.randint(5, 200),
+        )
     kinds = [e.header.record_kind for e in shard_env.shard.outbox_entries()]
     assert kinds.count(OutboxRecordKind.HistoryPrune) > 4
     replica = _replica(tmp_path, shard_env.shard)
@@ -318,7 +358,13 @@ def _pruner(path, ready):
     shard = Shard.open(path, verify=False)
     start = b""
     while True:
-        outcome = shard.prune_history(owner_epoch=shard.owner_epoch, floor_version=shard.commit_version, start_key=start, max_rows=5, max_visits=20)
+        outcome = shard.prune_history(
+            owner_epoch=shard.owner_epoch,
+            floor_version=shard.commit_version,
+            start_key=start,
+            max_rows=5,
+            max_visits=20,
+        )
         ready.set()
         start = outcome.next_key or b""
         if outcome.next_key is None:
@@ -328,7 +374,12 @@ def _pruner(path, ready):
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
 def test_a_pruner_killed_mid_pass_leaves_whole_batches_and_a_later_pass_finishes(shard_env, delay):
     for n in range(600):
-        shard_env.apply(mutations=[Put("path_current", pkey(n % 7), b"\x02%d" % n), Put("workspace_current", wkey(n % 3), marker(n % 2, WorkspaceState.Visible, n + 1))])
+        shard_env.apply(
+            mutations=[
+                Put("path_current", pkey(n % 7), b"\x02%d" % n),
+                Put("workspace_current", wkey(n % 3), marker(n % 2, WorkspaceState.Visible, n + 1)),
+            ]
+        )
     with shard_env.shard.read() as view:
         final = {n: view.get("path_current", pkey(n)) for n in range(7)}
     shard_env.shard.close()

@@ -58,12 +58,8 @@ _tricky_text = st.lists(
 KIND_STRATEGIES = {
     IndexKind.Null: st.just(ic.null()),
     IndexKind.Bool: st.booleans().map(ic.boolean),
-    IndexKind.Int: st.one_of(
-        st.integers(I64_MIN, I64_MAX), st.sampled_from([I64_MIN, I64_MAX, -1, 0, 1])
-    ).map(ic.int_),
-    IndexKind.UInt: st.one_of(st.integers(0, U64_MAX), st.sampled_from([0, 1, U64_MAX, 2**63])).map(
-        ic.uint
-    ),
+    IndexKind.Int: st.one_of(st.integers(I64_MIN, I64_MAX), st.sampled_from([I64_MIN, I64_MAX, -1, 0, 1])).map(ic.int_),
+    IndexKind.UInt: st.one_of(st.integers(0, U64_MAX), st.sampled_from([0, 1, U64_MAX, 2**63])).map(ic.uint),
     IndexKind.Float: st.one_of(
         st.floats(allow_nan=False, allow_infinity=False),
         st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 1.7976931348623157e308, -1.7976931348623157e308]),
@@ -74,9 +70,7 @@ KIND_STRATEGIES = {
 }
 
 any_value = st.one_of(*KIND_STRATEGIES.values())
-same_kind_pair = st.sampled_from(list(IndexKind)).flatmap(
-    lambda k: st.tuples(KIND_STRATEGIES[k], KIND_STRATEGIES[k])
-)
+same_kind_pair = st.sampled_from(list(IndexKind)).flatmap(lambda k: st.tuples(KIND_STRATEGIES[k], KIND_STRATEGIES[k]))
 
 
 # --- order ------------------------------------------------------------------------------------------
@@ -221,7 +215,10 @@ def test_negative_zero_normalised():
         (ic.float_(0.0), "01058000000000000000"),
         (ic.float_(-0.0), "01058000000000000000"),
         (ic.timestamp_ns(0), "01068000000000000000"),
-        (ic.timestamp_ns(1_700_000_000_000_000_000), "0106" + (1_700_000_000_000_000_000 + 2**63).to_bytes(8, "big").hex()),
+        (
+            ic.timestamp_ns(1_700_000_000_000_000_000),
+            "0106" + (1_700_000_000_000_000_000 + 2**63).to_bytes(8, "big").hex(),
+        ),
         (ic.bytes_(b""), "01070000"),
         (ic.bytes_(b"a\x00b"), "01076100ff620000"),
         (ic.string(""), "01080000"),

@@ -71,7 +71,8 @@ def pristine(tmp_path_factory) -> Pristine:
         prefix = bytes([tag]) + len(path_key).to_bytes(4, "big") + path_key
         with root.shard._env.begin() as txn:
             (history_key,) = [
-                k for k, v in txn.cursor(root.shard._dbs["history"])
+                k
+                for k, v in txn.cursor(root.shard._dbs["history"])
                 if k.startswith(prefix) and HistoryValue.decode(rows.unseal("history", k, v)).previous is not None
             ]
         lsn = root.shard.recovery_tail.applied_lsn
@@ -148,6 +149,7 @@ def _read_paths(data_dir: str, pristine: Pristine, cli=None) -> dict:
     except IntegrityError:
         return {"open": "refused"}
     try:
+
         def stat():
             with root.read() as view:
                 e = listing.stat(view, root, "w", "outputs/f3").entry
@@ -181,8 +183,14 @@ def _read_paths(data_dir: str, pristine: Pristine, cli=None) -> dict:
             digest, entries = root.shard.outbox_after(0)
             return digest, [(e.lsn, e.header.chain_digest, e.payload) for e in entries]
 
-        for name, fn in (("stat", stat), ("get", get), ("ls", ls), ("as-of", as_of_before_replace),
-                         ("point+scan", point_and_scan), ("replication", replication)):
+        for name, fn in (
+            ("stat", stat),
+            ("get", get),
+            ("ls", ls),
+            ("as-of", as_of_before_replace),
+            ("point+scan", point_and_scan),
+            ("replication", replication),
+        ):
             attempt(name, fn)
     finally:
         root.close()
@@ -233,7 +241,9 @@ def _matrix(data_dir: str, pristine: Pristine, spans, patterns, cli=None) -> Cou
                         tally["served the original"] += 1
                     else:
                         tally["served wrong"] += 1
-                        raise AssertionError(f"byte {offset} ^ {pattern:#x}: {path} served {value!r}, not {expected[path]!r}")
+                        raise AssertionError(
+                            f"byte {offset} ^ {pattern:#x}: {path} served {value!r}, not {expected[path]!r}"
+                        )
     assert _read_paths(data_dir, pristine, cli) == expected  # restored: everything as before
     return tally
 
@@ -375,7 +385,8 @@ def test_a_damaged_row_reads_as_eio_in_the_mount_and_the_daemon_goes_on(tmp_path
         m.facade(
             "for i in range(5):\n"
             "    namespace.put(root, 'wb', f'outputs/a{i}', b'a'); namespace.put(root, 'wb', f'outputs/z{i}', b'z')\n"
-            "namespace.put(root, 'wb', 'outputs/damaged.bin', b'd' * 300); namespace.put(root, 'wb', 'input/fine.bin', b'f' * 300)"
+            "namespace.put(root, 'wb', 'outputs/damaged.bin', b'd' * 300); namespace.put(root, 'wb', 'input/fine.bin', "
+            "b'f' * 300)"
         )
         root = datadir.open_root(m.data_dir, recover=False)
         try:

@@ -29,7 +29,7 @@ F16 = b"\xf6" * 16
 C32 = b"\xc3" * 32
 E32 = b"\xe5" * 32
 R_HEX = "10" * 16
-AB_ORDERED = "62" "00" "63" "01"  # ("a", "b"): a+1, NUL, b+1, terminator
+AB_ORDERED = "62006301"  # ("a", "b"): a+1, NUL, b+1, terminator
 
 # The seed's "Tree / Tag" table, transcribed.
 SEED_TREES = [
@@ -69,12 +69,10 @@ def stub_decode_prefix(data, pos):
 # layout -> list of (key, expected hex)
 GOLDEN = {
     K.RootFenceKey: [(K.RootFenceKey(ROOT), R_HEX)],
-    K.WorkspaceCurrentKey: [(K.WorkspaceCurrentKey(ROOT, "wb-1"), R_HEX + "00000004" "77622d31")],
+    K.WorkspaceCurrentKey: [(K.WorkspaceCurrentKey(ROOT, "wb-1"), R_HEX + "0000000477622d31")],
     K.PathCurrentKey: [(K.PathCurrentKey(ROOT, B16, ("a", "b")), R_HEX + "b2" * 16 + AB_ORDERED)],
     K.ArtifactRevisionKey: [(K.ArtifactRevisionKey(ROOT, A16), R_HEX + "a1" * 16)],
-    K.ArtifactManifestKey: [
-        (K.ArtifactManifestKey(ROOT, A16, 5), R_HEX + "a1" * 16 + "0000000000000005")
-    ],
+    K.ArtifactManifestKey: [(K.ArtifactManifestKey(ROOT, A16, 5), R_HEX + "a1" * 16 + "0000000000000005")],
     K.RevisionRefKey: [
         (
             K.RevisionRefKey.path(ROOT, B16, ("a", "b"), A16),
@@ -86,11 +84,9 @@ GOLDEN = {
     K.CommitKey: [(K.CommitKey(ROOT, C32), R_HEX + "c3" * 32)],
     K.CommitMemberKey: [(K.CommitMemberKey(ROOT, C32, ("a", "b")), R_HEX + "c3" * 32 + AB_ORDERED)],
     K.WorkbenchCommitHeadKey: [(K.WorkbenchCommitHeadKey(ROOT, B16), R_HEX + "b2" * 16)],
-    K.TagKey: [(K.TagKey(ROOT, B16, "v1"), R_HEX + "b2" * 16 + "0002" "7631")],
+    K.TagKey: [(K.TagKey(ROOT, B16, "v1"), R_HEX + "b2" * 16 + "00027631")],
     K.SnapshotRefKey: [(K.SnapshotRefKey(ROOT, B16, 42), R_HEX + "b2" * 16 + "000000000000002a")],
-    K.SnapshotAliasKey: [
-        (K.SnapshotAliasKey(ROOT, B16, "nightly"), R_HEX + "b2" * 16 + "0007" "6e696768746c79")
-    ],
+    K.SnapshotAliasKey: [(K.SnapshotAliasKey(ROOT, B16, "nightly"), R_HEX + "b2" * 16 + "00076e696768746c79")],
     K.HistoryHoldKey: [
         (K.HistoryHoldKey.snapshot(ROOT, 42), R_HEX + "01" + "000000000000002a"),
         (K.HistoryHoldKey(ROOT, HistoryHoldKind.BuildCommit, F16), R_HEX + "02" + "f6" * 16),
@@ -103,7 +99,7 @@ GOLDEN = {
         ),
         (
             K.CommitConsumerKey(ROOT, C32, CommitConsumerKind.Tag, K.tag_consumer_owner(B16, "v1")),
-            R_HEX + "c3" * 32 + "02" + "b2" * 16 + "0002" "7631",
+            R_HEX + "c3" * 32 + "02" + "b2" * 16 + "00027631",
         ),
         (
             K.CommitConsumerKey(ROOT, C32, CommitConsumerKind.Lease, K.lease_consumer_owner(F16)),
@@ -117,7 +113,7 @@ GOLDEN = {
     K.SecondaryIndexKey: [
         (
             K.SecondaryIndexKey(ROOT, "size", b"\x05\x06", B16, ("a", "b")),
-            R_HEX + "0004" "73697a65" + "0506" + "b2" * 16 + AB_ORDERED,
+            R_HEX + "000473697a65" + "0506" + "b2" * 16 + AB_ORDERED,
         )
     ],
     K.ChangeEventKey: [(K.ChangeEventKey(ROOT, 7, 3), R_HEX + "0000000000000007" + "00000003")],
@@ -294,7 +290,7 @@ def test_secondary_index_keys_delimit_the_value_through_the_index_codec():
     key = K.SecondaryIndexKey(ROOT, "size", b"\x01\x01", B16, ("a",))  # value bytes may hold 0x01
     assert K.SecondaryIndexKey.decode(key.encode(), decode_prefix=stub_decode_prefix) == key
     assert key.encode().startswith(K.secondary_index_prefix(ROOT, "size", b"\x01\x01"))
-    assert K.secondary_index_prefix(ROOT, "size").hex() == R_HEX + "0004" "73697a65"
+    assert K.secondary_index_prefix(ROOT, "size").hex() == R_HEX + "000473697a65"
     data = key.encode()
     with pytest.raises(CorruptRecord):  # a path that does not end in 0x01
         K.SecondaryIndexKey.decode(data[:-1] + b"\x02", decode_prefix=stub_decode_prefix)
@@ -342,7 +338,7 @@ def test_keys_refuse_paths_their_decoder_would_refuse():
 
 def test_path_subtree_keys_share_the_subtree_prefix():
     prefix = K.path_subtree_prefix(ROOT, B16, ("a",))
-    assert prefix.hex() == R_HEX + "b2" * 16 + "62" "00"
+    assert prefix.hex() == R_HEX + "b2" * 16 + "6200"
     below = [("a", "b"), ("a", "b", "c"), ("a", "z")]
     for path in below:
         key = K.path_current_key(ROOT, B16, path)
@@ -378,8 +374,10 @@ def test_prefix_helpers_are_prefixes_of_their_keys():
         assert encoded.startswith(K.revision_ref_prefix(ROOT, key.reference_kind, key.reference_owner_id))
     # a path owner prefix never matches a longer path's owner
     owner_a = K.path_reference_owner(B16, ("a",))
-    assert not K.RevisionRefKey.path(ROOT, B16, ("ab",), A16).encode().startswith(
-        K.revision_ref_prefix(ROOT, ReferenceKind.Path, owner_a)
+    assert (
+        not K.RevisionRefKey.path(ROOT, B16, ("ab",), A16)
+        .encode()
+        .startswith(K.revision_ref_prefix(ROOT, ReferenceKind.Path, owner_a))
     )
     assert K.operation_key(ROOT, OperationKind.Gc, F16) == K.OperationKey(ROOT, OperationKind.Gc, F16).encode()
 
@@ -389,10 +387,10 @@ def test_prefix_helpers_are_prefixes_of_their_keys():
 
 def test_history_key_golden_bytes_and_round_trip():
     key = K.history_key(0x03, b"\x01\x02", 1)
-    assert key.hex() == "03" "00000002" "0102" "fffffffffffffffe"
+    assert key.hex() == "03000000020102fffffffffffffffe"
     assert K.decode_history_key(key) == (0x03, b"\x01\x02", 1)
     assert key.startswith(K.history_key_prefix(0x03, b"\x01\x02"))
-    assert K.history_key(0x17, b"", 0).hex() == "17" "00000000" "ffffffffffffffff"
+    assert K.history_key(0x17, b"", 0).hex() == "1700000000ffffffffffffffff"
 
 
 def test_history_keys_sort_newer_versions_first():

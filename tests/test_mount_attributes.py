@@ -39,7 +39,9 @@ def make_tree(base, files: int = 300) -> None:
         with open(path, "w") as f:
             f.write(f"file {index}\n" * (index % 11))
         os.chmod(path, 0o755 if index % 5 == 0 else 0o640 if index % 5 == 1 else 0o644)
-        os.utime(path, ns=(1_600_000_000_000_000_000 + index * 1_000_003, 1_500_000_000_000_000_000 + index * 7_000_000_011))
+        os.utime(
+            path, ns=(1_600_000_000_000_000_000 + index * 1_000_003, 1_500_000_000_000_000_000 + index * 7_000_000_011)
+        )
     os.symlink("d0/e0/f0000.txt", os.path.join(base, "link-to-file"))
     os.symlink("../d1", os.path.join(base, "d0", "link-to-dir"))
     os.symlink("nowhere", os.path.join(base, "dangling"))
@@ -167,7 +169,9 @@ def test_directory_times_move_when_their_contents_change(mount):
 
 def _second_user():
     name = f"nokvt{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
     return name
 
 
@@ -195,7 +199,17 @@ def test_permissions_are_enforced_for_other_users_with_allow_other():
             assert refused.returncode != 0 and "Permission denied" in refused.stderr
             allowed = as_user(public)
             assert allowed.returncode == 0 and allowed.stdout == "for everyone"
-            written = run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sh", "-c", f"echo x > {m.path('wb', 'outputs', 'intruder')}"])
+            written = run(
+                [
+                    "setpriv",
+                    f"--reuid={uid}",
+                    f"--regid={uid}",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                    f"echo x > {m.path('wb', 'outputs', 'intruder')}",
+                ]
+            )
             assert written.returncode != 0  # the section is 0755 root's: no entry for others
     finally:
         subprocess.run(["userdel", user], capture_output=True)

@@ -75,14 +75,24 @@ def test_many_processes_read_and_write_at_once(mount):
     digest = hashlib.sha256(big).hexdigest()
     readers = [
         subprocess.Popen(
-            [sys.executable, "-c", f"import hashlib,sys; d=open(sys.argv[1],'rb').read(); assert hashlib.sha256(d).hexdigest()=={digest!r}"
-             , mount.path("wb", "input", "shared.bin")],
+            [
+                sys.executable,
+                "-c",
+                "import hashlib,sys; d=open(sys.argv[1],'rb').read(); "
+                f"assert hashlib.sha256(d).hexdigest()=={digest!r}",
+                mount.path("wb", "input", "shared.bin"),
+            ],
             env=env(),
         )
         for _ in range(3)
     ]
     writers = [
-        subprocess.Popen([sys.executable, "-c", WORKER, base, str(me), str(WORKERS), str(FILES)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, base, str(me), str(WORKERS), str(FILES)],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for me in range(WORKERS)
     ]
     for proc in writers:

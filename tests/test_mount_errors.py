@@ -57,7 +57,10 @@ def test_sections_and_workbenches_cannot_be_removed_renamed_or_shadowed(two):
     assert errno_of(os.rmdir, section) == errno.EPERM
     assert errno_of(os.rename, section, two.path("wb", "outputs2")) == errno.EPERM
     # Replacing a section by a file: the kernel itself answers EISDIR before asking the daemon.
-    assert errno_of(os.rename, two.path("wb", "outputs", "f.txt"), two.path("wb", "logs")) in (errno.EISDIR, errno.EPERM)
+    assert errno_of(os.rename, two.path("wb", "outputs", "f.txt"), two.path("wb", "logs")) in (
+        errno.EISDIR,
+        errno.EPERM,
+    )
     os.mkdir(two.path("wb", "outputs", "empty"))
     assert errno_of(os.rename, two.path("wb", "outputs", "empty"), two.path("wb", "logs")) == errno.EPERM
     assert errno_of(os.rmdir, two.path("wb")) == errno.EPERM

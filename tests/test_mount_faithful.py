@@ -120,7 +120,8 @@ def test_every_ordinary_sequence_of_one_process_succeeds(mount):
         cp a c; cat b >> c; mv c a
         : > d; echo gone > d; : > d
         echo keep > e; exec 3>>e; echo more >&3; exec 3>&-
-        python3 -c "import os; fd=os.open('f', os.O_CREAT|os.O_WRONLY|os.O_TRUNC); os.write(fd, b'12345'); os.ftruncate(fd, 2); os.close(fd)"
+        python3 -c "import os; fd=os.open('f', os.O_CREAT|os.O_WRONLY|os.O_TRUNC); \
+            os.write(fd, b'12345'); os.ftruncate(fd, 2); os.close(fd)"
         python3 -c "f=open('f','r+b'); f.seek(5); f.write(b'Z'); f.close()"
         """
     )
@@ -177,7 +178,9 @@ def test_two_processes_writing_one_file_both_land(mount):
         """
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", writer, path, str(offset), byte], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", writer, path, str(offset), byte], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         for offset, byte in ((0, "x"), (4096, "y"))
     ]
     time.sleep(0.3)  # both are open before either writes
@@ -218,7 +221,10 @@ def test_sqlite_with_two_connections_in_one_mount(mount):
 def test_a_conflict_comes_only_from_outside_the_mount(mount):
     """Another process replaces the file while this mount writes it: close(2) says EBUSY and the
     written bytes are kept, described, for `nokvfs spool`."""
-    assert close_after_a_replacement(mount, "outputs/contended.txt", b"this mount", b"another process").errno == errno.EBUSY
+    assert (
+        close_after_a_replacement(mount, "outputs/contended.txt", b"this mount", b"another process").errno
+        == errno.EBUSY
+    )
     assert durable(mount, "outputs/contended.txt") == b"another process"
     (spool,) = kept_spools(mount, expect=1)
     with open(spool + ".json") as f:
@@ -236,7 +242,8 @@ def test_remove_and_recreate_elsewhere_is_a_conflict_not_an_overwrite(mount):
     with open(path, "w") as f:
         f.write("first")
     other = mount.facade_waiting(
-        "namespace.remove(root, 'wb', 'outputs/aba.txt')\nnamespace.put(root, 'wb', 'outputs/aba.txt', b'second file')\n"
+        "namespace.remove(root, 'wb', 'outputs/aba.txt')\nnamespace.put(root, 'wb', 'outputs/aba.txt', b'second "
+        "file')\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     os.write(fd, b" and more")
@@ -290,7 +297,12 @@ def test_readers_racing_replacements_never_read_a_torn_file(mount, tmp_path):
     with open(target, "wb") as f:
         f.write(bodies[0])
     seconds = 25.0
-    readers = [subprocess.Popen([sys.executable, "-c", TORN_READER, target, str(seconds), digests], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", TORN_READER, target, str(seconds), digests], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     replaced = 0
     deadline = time.monotonic() + seconds - 1
     try:
@@ -298,8 +310,20 @@ def test_readers_racing_replacements_never_read_a_torn_file(mount, tmp_path):
             source = sources[replaced % len(sources)]
             if replaced % 2:
                 done = subprocess.run(
-                    [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", mount.data_dir, "put", "wb:outputs/big.bin", source],
-                    capture_output=True, env=env(), cwd=REPO, timeout=60,
+                    [
+                        sys.executable,
+                        "-m",
+                        "nokvfs.cli.main",
+                        "--data-dir",
+                        mount.data_dir,
+                        "put",
+                        "wb:outputs/big.bin",
+                        source,
+                    ],
+                    capture_output=True,
+                    env=env(),
+                    cwd=REPO,
+                    timeout=60,
                 )
                 assert done.returncode == 0, done.stderr
             else:
@@ -398,7 +422,14 @@ def test_spool_list_retry_and_discard(tmp_path):
         data_dir = m.data_dir
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, *args], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, *args],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+            timeout=60,
+        )
 
     listed = cli("spool", "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -420,7 +451,9 @@ def test_spool_list_retry_and_discard(tmp_path):
 
 
 @pytest.mark.damages_store("its bucket answers at an endpoint that is gone after the test (a silent server)")
-def test_a_silent_store_gives_eio_within_the_deadline_and_the_mount_keeps_serving(tmp_path, s3_bucket, s3_endpoint, silent_server):
+def test_a_silent_store_gives_eio_within_the_deadline_and_the_mount_keeps_serving(
+    tmp_path, s3_bucket, s3_endpoint, silent_server
+):
     """An S3 endpoint that accepts connections and never answers: a 4 KiB pread and a close
     each fail with EIO within the mount's syscall deadline, and the daemon keeps serving."""
     import shutil
@@ -487,23 +520,42 @@ def test_tar_x_and_rsync_of_a_few_thousand_files_then_diff_and_fsck(tmp_path):
     assert subprocess.run(["tar", "-cf", str(archive), "-C", str(tmp_path), "source"]).returncode == 0
     with mounted(str(tmp_path / "m")) as m:
         outputs, inputs = m.path("wb", "outputs"), m.path("wb", "input")
-        extracted = subprocess.run(["tar", "-xpf", str(archive), "-C", outputs], capture_output=True, text=True, timeout=900)
+        extracted = subprocess.run(
+            ["tar", "-xpf", str(archive), "-C", outputs], capture_output=True, text=True, timeout=900
+        )
         assert extracted.returncode == 0, extracted.stderr
-        synced = subprocess.run(["rsync", "-a", f"{source}/", f"{inputs}/tree/"], capture_output=True, text=True, timeout=900)
+        synced = subprocess.run(
+            ["rsync", "-a", f"{source}/", f"{inputs}/tree/"], capture_output=True, text=True, timeout=900
+        )
         assert synced.returncode == 0, synced.stderr
         for copy in (os.path.join(outputs, "source"), os.path.join(inputs, "tree")):
-            compared = subprocess.run(["diff", "-r", "--no-dereference", str(source), copy], capture_output=True, text=True, timeout=600)
+            compared = subprocess.run(
+                ["diff", "-r", "--no-dereference", str(source), copy], capture_output=True, text=True, timeout=600
+            )
             assert compared.returncode == 0, compared.stdout[:2000]
         # Tree walkers see every file: a directory's st_nlink stays 2 whatever it holds (README).
-        found = subprocess.run(["find", os.path.join(outputs, "source"), "-type", "f"], capture_output=True, text=True, timeout=600)
+        found = subprocess.run(
+            ["find", os.path.join(outputs, "source"), "-type", "f"], capture_output=True, text=True, timeout=600
+        )
         assert found.returncode == 0 and len(found.stdout.split()) == 2500
-        counted = subprocess.run(["du", "-a", os.path.join(inputs, "tree")], capture_output=True, text=True, timeout=600)
-        assert counted.returncode == 0 and len(counted.stdout.splitlines()) == 2500 + 1 + 50 * 4 + 1  # files, link, dirs, top
-        again = subprocess.run(["rsync", "-a", "-i", f"{source}/", f"{inputs}/tree/"], capture_output=True, text=True, timeout=900)
+        counted = subprocess.run(
+            ["du", "-a", os.path.join(inputs, "tree")], capture_output=True, text=True, timeout=600
+        )
+        assert (
+            counted.returncode == 0 and len(counted.stdout.splitlines()) == 2500 + 1 + 50 * 4 + 1
+        )  # files, link, dirs, top
+        again = subprocess.run(
+            ["rsync", "-a", "-i", f"{source}/", f"{inputs}/tree/"], capture_output=True, text=True, timeout=900
+        )
         assert again.returncode == 0 and again.stdout == ""  # nothing differs: nothing itemized
         assert subprocess.run(["tar", "-df", str(archive), "-C", outputs], capture_output=True).returncode == 0
         data_dir = m.data_dir
     with mounted(str(tmp_path / "m"), init=False) as m:  # a fresh daemon reads what was published
-        compared = subprocess.run(["diff", "-r", "--no-dereference", str(source), m.path("wb", "input", "tree")], capture_output=True, text=True, timeout=600)
+        compared = subprocess.run(
+            ["diff", "-r", "--no-dereference", str(source), m.path("wb", "input", "tree")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert compared.returncode == 0, compared.stdout[:2000]
     fsck_clean(data_dir)

@@ -37,7 +37,11 @@ def write(path: str, data: bytes) -> None:
 
 def nokvfs(*argv, check=True, extra_env=None) -> subprocess.CompletedProcess:
     done = subprocess.run(
-        [sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, env={**env(), **(extra_env or {})}, cwd=REPO, timeout=120
+        [sys.executable, "-m", "nokvfs.cli.main", *argv],
+        capture_output=True,
+        env={**env(), **(extra_env or {})},
+        cwd=REPO,
+        timeout=120,
     )
     if check:
         assert done.returncode == 0, done.stderr.decode()
@@ -60,19 +64,27 @@ def follow_args(url: str, endpoint: str) -> tuple:
     return ("--follow", url, "--follow-endpoint-url", endpoint, "--follow-interval", "0.2")
 
 
-def test_the_follower_mount_shows_the_owners_writes_invalidates_as_the_owner_does_and_refuses_writes(tmp_path, s3_bucket, s3_endpoint):
+def test_the_follower_mount_shows_the_owners_writes_invalidates_as_the_owner_does_and_refuses_writes(
+    tmp_path, s3_bucket, s3_endpoint
+):
     url = f"s3://{s3_bucket}/dr"
     init_owner(str(tmp_path / "a" / "data"), s3_bucket, s3_endpoint)
     with mounted(str(tmp_path / "a"), init=False, extra_args=owner_args(url, s3_endpoint)) as a:
         within(lambda: b"replicating shard" in open(a.log_path, "rb").read(), 30, "owner replicating")
-        within(lambda: b"published the data directory record" in open(a.log_path, "rb").read(), 30, "data directory record")
+        within(
+            lambda: b"published the data directory record" in open(a.log_path, "rb").read(), 30, "data directory record"
+        )
         with mounted(str(tmp_path / "b"), init=False, extra_args=follow_args(url, s3_endpoint)) as b:
             assert read(b.path("wb", "input", "a.txt")) == b"alpha\n"
             write(a.path("wb", "outputs", "x.txt"), b"one")
             within(lambda: read(b.path("wb", "outputs", "x.txt")) == b"one", SHOWS, "a new file")
             assert os.stat(b.path("wb", "outputs", "x.txt")).st_size == 3  # cached by the follower's kernel now
             write(a.path("wb", "outputs", "x.txt"), b"two, and longer")
-            within(lambda: read(b.path("wb", "outputs", "x.txt")) == b"two, and longer", INVALIDATES + SHOWS / 3, "a rewrite")
+            within(
+                lambda: read(b.path("wb", "outputs", "x.txt")) == b"two, and longer",
+                INVALIDATES + SHOWS / 3,
+                "a rewrite",
+            )
             assert os.stat(b.path("wb", "outputs", "x.txt")).st_size == len(b"two, and longer")
             os.unlink(a.path("wb", "input", "a.txt"))
             within(lambda: not os.path.exists(b.path("wb", "input", "a.txt")), SHOWS, "a removal")
@@ -103,7 +115,11 @@ def test_the_follower_mount_shows_the_owners_writes_invalidates_as_the_owner_doe
             def caught_up():
                 with open(os.path.join(b.data_dir, "run", "follower.json")) as f:
                     status = json.load(f)
-                return status["pid"] == b.proc.pid and status["lag"]["records_behind"] == 0 and status["lag"]["since_poll_ms"] < 5000
+                return (
+                    status["pid"] == b.proc.pid
+                    and status["lag"]["records_behind"] == 0
+                    and status["lag"]["since_poll_ms"] < 5000
+                )
 
             within(caught_up, SHOWS, "the follower's status")
 
@@ -114,13 +130,25 @@ def test_the_follower_mount_shows_the_owners_writes_invalidates_as_the_owner_doe
 
             def follower_caught_up():
                 s = asked(b)
-                return s["mode"] == "follower" and s["replication"]["started"] and s["replication"]["records_behind"] == 0
+                return (
+                    s["mode"] == "follower" and s["replication"]["started"] and s["replication"]["records_behind"] == 0
+                )
+
             within(follower_caught_up, SHOWS, "the follower's `nokvfs status`")
-            assert asked(b)["replication"]["bucket"].startswith(url + "/shards/") and f"is a follower of {url}" in asked(b)["read_only_reason"]
+            assert (
+                asked(b)["replication"]["bucket"].startswith(url + "/shards/")
+                and f"is a follower of {url}" in asked(b)["read_only_reason"]
+            )
 
             def owner_shipped():
                 s = asked(a)["replication"]
-                return s["role"] == "owner" and s["started"] and s["records_behind"] == 0 and s["last_push_unix"] is not None
+                return (
+                    s["role"] == "owner"
+                    and s["started"]
+                    and s["records_behind"] == 0
+                    and s["last_push_unix"] is not None
+                )
+
             within(owner_shipped, SHOWS, "the owner's `nokvfs status`")
             assert asked(a)["mode"] == "owner" and asked(a)["replication"]["last_error"] is None
             b_log = b.log_path
@@ -163,7 +191,9 @@ def test_mount_follow_with_only_a_mountpoint_uses_the_xdg_cache_home(tmp_path, s
         unmount(mountpoint)
 
 
-def test_a_follower_re_bootstraps_without_unmounting_when_its_increments_were_cleaned_up(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
+def test_a_follower_re_bootstraps_without_unmounting_when_its_increments_were_cleaned_up(
+    tmp_path, s3_bucket, s3_endpoint, cuttable_proxy
+):
     from nokvfs.engine.shard import Shard
     from nokvfs.replicate import Replicator
 
@@ -223,7 +253,9 @@ def test_a_restored_data_directory_mounts_at_once_and_follows_its_bucket(tmp_pat
         assert "is a follower of" in m.log()
 
 
-def test_a_follower_mounts_while_its_bucket_is_unreachable_and_follows_once_it_is_back(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
+def test_a_follower_mounts_while_its_bucket_is_unreachable_and_follows_once_it_is_back(
+    tmp_path, s3_bucket, s3_endpoint, cuttable_proxy
+):
     from nokvfs.replicate.restore import restore_data_dir
 
     url = f"s3://{s3_bucket}/dr"

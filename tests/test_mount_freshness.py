@@ -26,7 +26,14 @@ DEADLINE = 1.0
 
 
 def cli(m, *args, input=None):
-    done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, *args], input=input, capture_output=True, env=env(), cwd=REPO, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, *args],
+        input=input,
+        capture_output=True,
+        env=env(),
+        cwd=REPO,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr.decode()
     return done
 
@@ -72,7 +79,12 @@ def test_a_cli_put_is_visible_in_the_mount_within_a_second(mount):
     within(lambda: not os.path.exists(mount.path("wb", "outputs", "new")))
 
     cli(mount, "mv", "wb:outputs/existing.txt", "wb:outputs/moved.txt")
-    within(lambda: not os.path.exists(existing) and read(mount.path("wb", "outputs", "moved.txt")) == b"replaced by another process")
+    within(
+        lambda: (
+            not os.path.exists(existing)
+            and read(mount.path("wb", "outputs", "moved.txt")) == b"replaced by another process"
+        )
+    )
 
     cli(mount, "workbench", "create", "later")
     within(lambda: "later" in os.listdir(mount.mountpoint))

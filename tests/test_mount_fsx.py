@@ -13,8 +13,23 @@ pytestmark = needs_fuse
 
 def exercise(path: str, *, ops: int, seed: int, max_size: int) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.exerciser", path, "--ops", str(ops), "--seed", str(seed), "--max-size", str(max_size)],
-        capture_output=True, text=True, env=env(), cwd=REPO, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "tests.exerciser",
+            path,
+            "--ops",
+            str(ops),
+            "--seed",
+            str(seed),
+            "--max-size",
+            str(max_size),
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=REPO,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -33,7 +33,14 @@ pytestmark = needs_fuse
 def nokvfs(*args, extra_env=None, timeout=60):
     environment = env()
     environment.update(extra_env or {})
-    return subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *args], capture_output=True, text=True, env=environment, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def alive(pid: int) -> bool:
@@ -103,7 +110,13 @@ def test_readiness_is_sent_to_systemd(tmp_path):
     environment["NOTIFY_SOCKET"] = address
     log = str(tmp_path / "daemon.log")
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"], stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            cwd=REPO,
+        )
     try:
         message = sock.recv(4096).decode()
         assert "READY=1" in message and f"MAINPID={proc.pid}" in message
@@ -150,7 +163,11 @@ def test_a_killed_daemon_leaves_nothing_the_next_mount_cannot_recover(tmp_path):
         assert "dead mount" in m.log()
         assert f"(pid {proc.pid}) ended before publishing it" in m.log() and "wb:outputs/unfinished.bin" in m.log()
     # The spool of the file that was never closed is kept and described by its sidecar.
-    (spool,) = [p for p in glob.glob(os.path.join(data, "spool", "mount", "*.spool")) if open(p, "rb").read() == b"written, never closed"]
+    (spool,) = [
+        p
+        for p in glob.glob(os.path.join(data, "spool", "mount", "*.spool"))
+        if open(p, "rb").read() == b"written, never closed"
+    ]
     with open(spool + ".json") as f:
         record = json.load(f)
     assert record["state"] == "kept" and record["path"] == "outputs/unfinished.bin" and record["workbench"] == "wb"

@@ -95,7 +95,10 @@ def test_attributes_are_truthful(mount):
     directory = os.stat(mount.path("wb", "outputs", "data"))
     assert stat.S_ISDIR(directory.st_mode) and directory.st_size == 0
     assert os.getxattr(mount.path("wb", "outputs", "data", "blob.bin"), "user.nokvfs.generation") == b"1"
-    assert os.getxattr(mount.path("wb", "outputs", "data", "blob.bin"), "user.nokvfs.revision").decode() == entry["revision"]
+    assert (
+        os.getxattr(mount.path("wb", "outputs", "data", "blob.bin"), "user.nokvfs.revision").decode()
+        == entry["revision"]
+    )
     assert os.listxattr(mount.path("wb", "outputs", "data", "blob.bin")) == []
     stats = os.statvfs(mount.mountpoint)
     assert stats.f_blocks > 0 and stats.f_bavail <= stats.f_blocks and stats.f_namemax == 255
@@ -200,7 +203,11 @@ def test_ordinary_tools_read_the_mount(mount, tmp_path):
     code = "\n".join(f"namespace.put(root, 'wb', {p!r}, {b!r})" for p, b in tree.items())
     mount.facade(code)
     out = subprocess.run(["grep", "-rl", "needle", mount.path("wb")], capture_output=True, text=True)
-    assert sorted(os.path.relpath(p, mount.path("wb")) for p in out.stdout.split()) == ["logs/deep/er/b.log", "scripts/lib/util.py", "scripts/run.sh"]
+    assert sorted(os.path.relpath(p, mount.path("wb")) for p in out.stdout.split()) == [
+        "logs/deep/er/b.log",
+        "scripts/lib/util.py",
+        "scripts/run.sh",
+    ]
     copy = str(tmp_path / "copy")
     shutil.copytree(mount.path("wb"), copy)
     for path, body in tree.items():

@@ -19,7 +19,12 @@ pytestmark = needs_fuse
 
 def cli(m, *argv) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, *argv], capture_output=True, text=True, env=env(), cwd=REPO, timeout=120,
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, *argv],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=REPO,
+        timeout=120,
     )
 
 
@@ -50,7 +55,12 @@ def test_mv_of_a_directory_moves_everything_below_it_at_once(mount):
     with open(os.path.join(final, "sub", "open.log")) as f:
         assert f.read() == "first line\nsecond line\n"
     listed = cli(mount, "ls", "-R", "wb:outputs")  # another process sees only the new paths
-    assert listed.returncode == 0 and sorted(listed.stdout.split()) == ["final/a.txt", "final/link", "final/sub/b.txt", "final/sub/open.log"]
+    assert listed.returncode == 0 and sorted(listed.stdout.split()) == [
+        "final/a.txt",
+        "final/link",
+        "final/sub/b.txt",
+        "final/sub/open.log",
+    ]
     fsck_clean(mount.data_dir)
 
 
@@ -90,8 +100,8 @@ def test_a_renamed_tree_survives_a_remount(tmp_path):
 
 
 def test_a_tree_bigger_than_one_command_is_exdev_and_mv_copies_it(tmp_path):
-    from tests.mount_fixtures import init_data_dir
     from nokvfs.workspace import datadir
+    from tests.mount_fixtures import init_data_dir
 
     data_dir = str(tmp_path / "data")
     init_data_dir(data_dir)
@@ -107,6 +117,8 @@ def test_a_tree_bigger_than_one_command_is_exdev_and_mv_copies_it(tmp_path):
             os.rename(big, m.path("wb", "outputs", "moved"))
         assert refused.value.errno == errno.EXDEV
         assert len(os.listdir(big)) == 1001  # nothing moved
-        done = subprocess.run(["mv", big, m.path("wb", "outputs", "moved")], capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            ["mv", big, m.path("wb", "outputs", "moved")], capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr
         assert not os.path.exists(big) and len(os.listdir(m.path("wb", "outputs", "moved"))) == 1001

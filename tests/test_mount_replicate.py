@@ -134,9 +134,20 @@ def test_a_bucket_that_cannot_be_reached_never_breaks_the_mount(tmp_path, aws_te
             time.sleep(0.2)
         with open(m.path("wb", "outputs", "f.txt"), "rb") as f:
             assert f.read() == b"still served"
-        asked = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "status", m.mountpoint, "--json"], capture_output=True, text=True, timeout=60, env=env())
+        asked = subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", "status", m.mountpoint, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env(),
+        )
         replication = json.loads(asked.stdout)["replication"]  # status says what the log says
-        assert replication == {"role": "owner", "bucket": "s3://nowhere/prefix", "started": False, "local_lsn": replication["local_lsn"]}
+        assert replication == {
+            "role": "owner",
+            "bucket": "s3://nowhere/prefix",
+            "started": False,
+            "local_lsn": replication["local_lsn"],
+        }
         log_path = m.log_path
         ending = time.monotonic()
     assert time.monotonic() - ending < 10  # a retry in flight does not hold up the unmount
@@ -145,7 +156,10 @@ def test_a_bucket_that_cannot_be_reached_never_breaks_the_mount(tmp_path, aws_te
     # Opening the bucket is retried in the background; at unmount the operator is told how to
     # ship what this mount could not.
     assert "cannot open s3://nowhere/prefix yet" in log
-    assert "replication to s3://nowhere/prefix never started" in log and "nokvfs shard push --to s3://nowhere/prefix" in log
+    assert (
+        "replication to s3://nowhere/prefix never started" in log
+        and "nokvfs shard push --to s3://nowhere/prefix" in log
+    )
     assert "unmounted" in log and "Traceback" not in log
 
 

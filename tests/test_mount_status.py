@@ -96,7 +96,10 @@ def test_status_of_a_mount_under_load(mount):
     assert final["mode"] == "owner" and final["data_dir"] == mount.data_dir
     assert final["mountpoint"] == mount.mountpoint and final["pid"] == mount.proc.pid
     assert 10 << 20 < final["rss_bytes"] < 2 << 30
-    assert final["rss_anon_bytes"] + final["rss_file_bytes"] + final["rss_shmem_bytes"] == final["rss_bytes"] and final["rss_anon_bytes"] > 0
+    assert (
+        final["rss_anon_bytes"] + final["rss_file_bytes"] + final["rss_shmem_bytes"] == final["rss_bytes"]
+        and final["rss_anon_bytes"] > 0
+    )
     assert final["spools"] == {"open": 0, "live": 0, "kept": 0, "kept_bytes": 0, "kept_by_reason": {}}
     assert final["change_feed"]["versions_behind"] >= 0 and final["replication"] is None
     assert final["publications"]["buckets"][-1] == ["+Inf", final["publications"]["count"]]
@@ -107,7 +110,10 @@ def test_status_of_a_mount_under_load(mount):
 
 
 def test_a_conflict_is_counted_and_its_spool_shown(mount):
-    assert close_after_a_replacement(mount, "outputs/contended.txt", b"this mount", b"another process").errno == errno.EBUSY
+    assert (
+        close_after_a_replacement(mount, "outputs/contended.txt", b"this mount", b"another process").errno
+        == errno.EBUSY
+    )
     deadline = time.monotonic() + 10
     while (s := status(mount))["spools"]["kept"] != 1 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -134,18 +140,26 @@ print("answered", s.recv(1 << 20).decode().strip())
 def ask_as(uid: int, path: str) -> str:
     done = subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-S", "-c", ASK, path],
-        capture_output=True, text=True, timeout=60, cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"), reason="needs root to make a second user")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"),
+    reason="needs root to make a second user",
+)
 def test_only_the_owner_and_root_may_ask():
     from nokvfs.fs.status import StatusServer
 
     user = f"nokvs{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True, capture_output=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True, capture_output=True
+    )
     base = tempfile.mkdtemp(prefix="nokvfs-status-", dir="/tmp")
     try:
         os.chmod(base, 0o755)
@@ -230,7 +244,9 @@ def test_metrics_endpoint_parsed_by_the_client_library(tmp_path):
     assert value("nokvfs_syscall_timeouts", "nokvfs_syscall_timeouts_total") == 0
     assert value("nokvfs_spools_kept", "nokvfs_spools_kept") == 0
     assert value("nokvfs_resident_memory_bytes", "nokvfs_resident_memory_bytes") > 10 << 20
-    assert value("nokvfs_shard_commit_version", "nokvfs_shard_commit_version") >= s["change_feed"]["shard_commit_version"]
+    assert (
+        value("nokvfs_shard_commit_version", "nokvfs_shard_commit_version") >= s["change_feed"]["shard_commit_version"]
+    )
 
 
 def _non_loopback_address() -> str | None:

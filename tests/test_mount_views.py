@@ -111,7 +111,11 @@ def test_a_snapshot_keeps_showing_the_past_byte_for_byte_while_the_live_view_cha
     assert tree_bytes(snap) == files
     listing_then, sizes_then = ls_lr(snap), sizes(snap)
     assert sizes_then == {p: len(d) for p, d in files.items()}
-    snapshot_id = facade_json(mount, "print(json.dumps(__import__('nokvfs.workspace.snapshot', fromlist=['x']).get(root, 'wb', 'before').snapshot_id))")
+    snapshot_id = facade_json(
+        mount,
+        "print(json.dumps(__import__('nokvfs.workspace.snapshot', fromlist=['x']).get(root, 'wb', "
+        "'before').snapshot_id))",
+    )
     assert sorted(os.listdir(mount.path("wb", ".snapshots"))) == sorted([str(snapshot_id), "before"])
 
     # The live view moves on: through the mount and from another process.
@@ -121,7 +125,9 @@ def test_a_snapshot_keeps_showing_the_past_byte_for_byte_while_the_live_view_cha
     os.rename(os.path.join(live, "scripts/run.sh"), os.path.join(live, "scripts/renamed.sh"))
     write(os.path.join(live, "outputs/deep/new.txt"), b"new")
     mount.facade("namespace.put(root, 'wb', 'outputs/deep/er/model.bin', b'replaced by another process')")
-    within(lambda: os.path.getsize(os.path.join(live, "outputs/deep/er/model.bin")) == len(b"replaced by another process"))
+    within(
+        lambda: os.path.getsize(os.path.join(live, "outputs/deep/er/model.bin")) == len(b"replaced by another process")
+    )
 
     # The snapshot shows exactly what it showed: bytes, listing, sizes -- under both names, and
     # under the id, which this kernel has never looked up before the changes.
@@ -163,12 +169,21 @@ def test_mkdir_mints_and_rmdir_retires_in_dot_snapshots(mount):
     assert errno_of(os.rmdir, os.path.join(snapshots, "never")) == errno.ENOENT
 
     os.rmdir(os.path.join(snapshots, "s1"))
-    assert facade_json(mount, "from nokvfs.workspace import snapshot\nprint(json.dumps(snapshot.get(root, 'wb', 's1').ref.state.name))") == "Retired"
+    assert (
+        facade_json(
+            mount,
+            "from nokvfs.workspace import snapshot\nprint(json.dumps(snapshot.get(root, 'wb', 's1').ref.state.name))",
+        )
+        == "Retired"
+    )
     assert os.listdir(snapshots) == []
     assert not os.path.exists(os.path.join(snapshots, "s1")) and not os.path.exists(os.path.join(snapshots, str(sid)))
 
     # Minted and retired by another process: the kernel's entries follow within the feed's poll.
-    held = facade_json(mount, "from nokvfs.workspace import snapshot\nprint(json.dumps(snapshot.mint(root, 'wb', alias='cli').snapshot_id))")
+    held = facade_json(
+        mount,
+        "from nokvfs.workspace import snapshot\nprint(json.dumps(snapshot.mint(root, 'wb', alias='cli').snapshot_id))",
+    )
     within(lambda: os.path.isdir(os.path.join(snapshots, "cli")))
     assert os.listdir(os.path.join(snapshots, "cli", "outputs")) == ["f.txt"]
     mount.facade(f"from nokvfs.workspace import snapshot\nsnapshot.retire(root, 'wb', {held})")
@@ -184,7 +199,8 @@ def test_mkdir_mints_and_rmdir_retires_in_dot_snapshots(mount):
         with root.read() as view:
             _, source = wbm.visible(view, root.root_id, 'wb')
             kind, selector = restore.resolve_source(view, root, source, ('snapshot', 'held'))
-        restore.prepare(root, restore.RestoreRequest('wb', source.incarnation_id, kind, selector, 'forked', os.urandom(16)))
+        request = restore.RestoreRequest('wb', source.incarnation_id, kind, selector, 'forked', os.urandom(16))
+        restore.prepare(root, request)
         """
     )
     assert errno_of(os.rmdir, os.path.join(snapshots, "held")) == errno.EBUSY
@@ -198,7 +214,9 @@ def test_mkdir_mints_and_rmdir_retires_in_dot_snapshots(mount):
 @needs_fuse
 def test_commits_by_full_id_and_unique_prefix_an_ambiguous_prefix_is_enoent_and_tags(mount):
     write(mount.path("wb", "outputs", "a.txt"), b"v1")
-    first = facade_json(mount, "from nokvfs.workspace import commit\nprint(json.dumps(commit.build(root, 'wb').commit_id.hex()))")
+    first = facade_json(
+        mount, "from nokvfs.workspace import commit\nprint(json.dumps(commit.build(root, 'wb').commit_id.hex()))"
+    )
     write(mount.path("wb", "outputs", "a.txt"), b"version two")
     write(mount.path("wb", "logs", "l.log"), b"log")
     # More commits until two share a first hex digit (at most 17 by pigeonhole).
@@ -235,16 +253,20 @@ def test_commits_by_full_id_and_unique_prefix_an_ambiguous_prefix_is_enoent_and_
     shared = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
     matches = sorted(i for i in ids if i.startswith(shared))
     assert errno_of(os.stat, os.path.join(commits, shared)) == errno.ENOENT
-    line = next(l for l in mount.log().splitlines() if "ambiguous" in l and f"/.commits/{shared} " in l)
+    line = next(ln for ln in mount.log().splitlines() if "ambiguous" in ln and f"/.commits/{shared} " in ln)
     assert "WARNING" in line and all(m in line for m in matches)
     assert errno_of(os.stat, os.path.join(commits, "f" * 65)) == errno.ENOENT
     assert errno_of(os.stat, os.path.join(commits, "XYZ")) == errno.ENOENT
 
     # A commit made by another process appears in .commits/ and under its id.
-    latest = facade_json(mount, "from nokvfs.workspace import commit\nprint(json.dumps(commit.build(root, 'wb').commit_id.hex()))")
+    latest = facade_json(
+        mount, "from nokvfs.workspace import commit\nprint(json.dumps(commit.build(root, 'wb').commit_id.hex()))"
+    )
     within(lambda: os.path.isdir(os.path.join(commits, latest)))
     assert latest in os.listdir(commits)
-    within(lambda: json.loads(open(mount.path("wb", "metadata", "run_manifest.json"), "rb").read())["commit_id"] == latest)
+    within(
+        lambda: json.loads(open(mount.path("wb", "metadata", "run_manifest.json"), "rb").read())["commit_id"] == latest
+    )
 
     # Tags: .tags/<tag>/ is the tagged commit's tree, and follows the tag when it moves.
     tags = mount.path("wb", ".tags")
@@ -272,7 +294,11 @@ def test_every_write_inside_a_view_is_erofs(mount):
         print(json.dumps(c.hex()))
         """,
     )
-    views = [mount.path("wb", ".snapshots", "s"), mount.path("wb", ".commits", commit_id), mount.path("wb", ".commits", commit_id[:10])]
+    views = [
+        mount.path("wb", ".snapshots", "s"),
+        mount.path("wb", ".commits", commit_id),
+        mount.path("wb", ".commits", commit_id[:10]),
+    ]
     within(lambda: os.path.isdir(mount.path("wb", ".tags", "t")))
     views.append(mount.path("wb", ".tags", "t"))
     live_file = mount.path("wb", "outputs", "live.txt")
@@ -288,7 +314,9 @@ def test_every_write_inside_a_view_is_erofs(mount):
             "open to append": lambda: open(f, "ab"),
             "truncating open": lambda: open(f, "wb"),
             "create": lambda: open(os.path.join(d, "new.txt"), "wb"),
-            "exclusive create": lambda: os.open(os.path.join(view, "outputs", "x"), os.O_CREAT | os.O_EXCL | os.O_WRONLY),
+            "exclusive create": lambda: os.open(
+                os.path.join(view, "outputs", "x"), os.O_CREAT | os.O_EXCL | os.O_WRONLY
+            ),
             "unlink": lambda: os.unlink(f),
             "rename inside": lambda: os.rename(f, os.path.join(d, "g.txt")),
             "rename out": lambda: os.rename(f, mount.path("wb", "outputs", "stolen.txt")),
@@ -363,11 +391,17 @@ def test_mint_retire_commit_and_tag_events_invalidate_the_view_names(root):
 
     minted = snapshot.mint(root, "wb", alias="nightly")
     follower.poll()
-    assert set(invalidator.calls) == {(history[".snapshots"].ino, "nightly"), (history[".snapshots"].ino, str(minted.snapshot_id))}
+    assert set(invalidator.calls) == {
+        (history[".snapshots"].ino, "nightly"),
+        (history[".snapshots"].ino, str(minted.snapshot_id)),
+    }
     invalidator.calls.clear()
     snapshot.retire(root, "wb", "nightly")
     follower.poll()
-    assert set(invalidator.calls) == {(history[".snapshots"].ino, "nightly"), (history[".snapshots"].ino, str(minted.snapshot_id))}
+    assert set(invalidator.calls) == {
+        (history[".snapshots"].ino, "nightly"),
+        (history[".snapshots"].ino, str(minted.snapshot_id)),
+    }
 
     invalidator.calls.clear()
     second = commit.build(root, "wb").commit_id

@@ -24,7 +24,14 @@ WB = ("--write-back",)
 
 
 def _cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *args], capture_output=True, text=True, env=env(), cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def _tree(base: str, files: int = 240) -> str:
@@ -42,7 +49,13 @@ def _tree(base: str, files: int = 240) -> str:
 
 
 def _published(data_dir: str, path: str) -> bytes:
-    done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "get", f"wb:{path}"], capture_output=True, env=env(), cwd=REPO, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", data_dir, "get", f"wb:{path}"],
+        capture_output=True,
+        env=env(),
+        cwd=REPO,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -63,8 +76,12 @@ def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
         assert m.proc.poll() is not None, "umount returned before the daemon exited"
         assert m.proc.returncode == 0
         assert "write-back: publishing" in m.log()
-        assert not glob.glob(os.path.join(m.data_dir, "spool", "mount", "*.spool")), "every accepted spool was published"
-        assert not glob.glob(os.path.join(m.data_dir, "spool", "mount", "writeback-*.journal")), "a clean unmount removes the journal"
+        assert not glob.glob(os.path.join(m.data_dir, "spool", "mount", "*.spool")), (
+            "every accepted spool was published"
+        )
+        assert not glob.glob(os.path.join(m.data_dir, "spool", "mount", "writeback-*.journal")), (
+            "a clean unmount removes the journal"
+        )
         for i in (0, 1, 119, 239):
             rel = f"d{i % 6}/e{i % 4}/f{i:04d}.txt"
             with open(os.path.join(src, rel), "rb") as f:
@@ -72,7 +89,12 @@ def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
     # Mounted again (in either mode), the tree is the source's, modes included.
     for extra in ((), WB):
         with mounted(base, init=False, extra_args=extra) as m:
-            diff = subprocess.run(["diff", "-r", "--no-dereference", src, m.path("wb", "outputs", "tree")], capture_output=True, text=True, timeout=120)
+            diff = subprocess.run(
+                ["diff", "-r", "--no-dereference", src, m.path("wb", "outputs", "tree")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert diff.returncode == 0, diff.stdout + diff.stderr
             assert os.stat(m.path("wb", "outputs", "tree", "d1", "e1", "f0001.txt")).st_mode & 0o777 == 0o600
             assert os.stat(m.path("wb", "outputs", "tree", "d0", "e0", "f0000.txt")).st_mode & 0o777 == 0o755
@@ -118,8 +140,10 @@ def test_a_daemon_killed_before_publishing_is_replayed_at_the_next_mount(tmp_pat
     (journal,) = glob.glob(os.path.join(data, "spool", "mount", "writeback-*.journal"))
     with open(journal, "rb") as f:
         records = writeback.decode_records(f.read())
-    assert sorted(m["path"] for kind, m, _ in records if kind == writeback.ACCEPTED) == sorted(f"outputs/{name}" for name in accepted)
-    for kind, meta, body in records:
+    assert sorted(m["path"] for kind, m, _ in records if kind == writeback.ACCEPTED) == sorted(
+        f"outputs/{name}" for name in accepted
+    )
+    for _kind, meta, body in records:
         assert meta["state"] == "pending" and (body is None) == (meta["path"] == "outputs/f03.txt")
     # The next mount (default mode) publishes every accepted file, in order, with its mode.
     with mounted(base, init=False) as m:

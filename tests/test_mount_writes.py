@@ -230,7 +230,9 @@ def test_a_tree_extracted_with_tar_round_trips(mount, tmp_path):
         assert subprocess.run(["diff", "-r", str(source), mount.path("wb", "input", "synced")]).returncode == 0
         (source / "file0.dat").write_bytes(b"changed since the first sync")
         (source / "big.bin").unlink()
-        subprocess.run(["rsync", "-a", "--delete", str(source) + "/", mount.path("wb", "input", "synced") + "/"], check=True)
+        subprocess.run(
+            ["rsync", "-a", "--delete", str(source) + "/", mount.path("wb", "input", "synced") + "/"], check=True
+        )
         assert subprocess.run(["diff", "-r", str(source), mount.path("wb", "input", "synced")]).returncode == 0
     # cp -r into the mount too
     subprocess.run(["cp", "-r", str(source), mount.path("wb", "scripts", "copied")], check=True)
@@ -266,6 +268,8 @@ def test_editors_save_through_the_mount(mount):
     subprocess.run(["sed", "-i", "s/beta/gamma/", path], check=True)  # temp file + rename over
     assert durable(mount, "scripts/conf.txt")["sha"] == sha(b"alpha\ngamma\n")
     if shutil.which("vim"):
-        subprocess.run(["vim", "-u", "NONE", "-N", "-es", "-c", "%s/alpha/delta/", "-c", "wq", path], check=True, timeout=60)
+        subprocess.run(
+            ["vim", "-u", "NONE", "-N", "-es", "-c", "%s/alpha/delta/", "-c", "wq", path], check=True, timeout=60
+        )
         assert durable(mount, "scripts/conf.txt")["sha"] == sha(b"delta\ngamma\n")
     assert os.listdir(mount.path("wb", "scripts")) == ["conf.txt"]  # no temporary or swap files left

@@ -92,7 +92,9 @@ def test_a_views_file_keeps_the_index_fields_it_had_and_refuses_changes_with_ero
     mount.facade(FIELDS)
     live = mount.path("wb", "outputs", "run", "result.json")
     os.mkdir(mount.path("wb", ".snapshots", "with-fields"))
-    commit_id = mount.facade("from nokvfs.workspace import commit\nprint(commit.build(root, 'wb').commit_id.hex())").stdout.strip()
+    commit_id = mount.facade(
+        "from nokvfs.workspace import commit\nprint(commit.build(root, 'wb').commit_id.hex())"
+    ).stdout.strip()
     # Rewritten through the mount (a publication without index fields): the live file has none now.
     with open(live, "wb") as f:
         f.write(b"rewritten")

@@ -68,11 +68,7 @@ def test_workbench_ids_are_case_sensitive():
 @given(st.text(max_size=140))
 def test_workbench_id_rule_matches_reference(value):
     # Reference, straight from the seed's bullet list.
-    ok = (
-        0 < len(value.encode("utf-8")) <= 128
-        and value[0] in _LEAD
-        and all(ch in _BODY for ch in value)
-    )
+    ok = 0 < len(value.encode("utf-8")) <= 128 and value[0] in _LEAD and all(ch in _BODY for ch in value)
     if ok:
         assert check_workbench_id(value) == value
     else:

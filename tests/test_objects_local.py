@@ -32,7 +32,7 @@ from nokvfs.objects.local import LocalStore
 from nokvfs.objects.store import open_store
 
 pytest.register_assert_rewrite("tests.object_store_contract")
-from tests.object_store_contract import *  # noqa: E402,F401,F403 - the shared behaviour tests
+from tests.object_store_contract import *  # noqa: E402, F403 - the shared behaviour tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -369,7 +369,13 @@ def test_artifact_block_key_is_exactly_the_documented_form():
 
 @pytest.mark.parametrize(
     "args",
-    [(SHARD[:15], ROOT, REV, 0), (SHARD, ROOT + b"\0", REV, 0), (SHARD, ROOT, "rev", 0), (SHARD, ROOT, REV, -1), (SHARD, ROOT, REV, 2**64)],
+    [
+        (SHARD[:15], ROOT, REV, 0),
+        (SHARD, ROOT + b"\0", REV, 0),
+        (SHARD, ROOT, "rev", 0),
+        (SHARD, ROOT, REV, -1),
+        (SHARD, ROOT, REV, 2**64),
+    ],
 )
 def test_artifact_block_key_checks_widths(args):
     with pytest.raises(IdInvalid):
@@ -399,7 +405,14 @@ def test_sha256_uri_round_trips_and_refuses_malformed_uris():
     assert uri == "sha256:" + digest.hex()
     assert parse_sha256_uri(uri) == digest
     assert sha256_uri_of(b"") == "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    for bad in ("sha256:" + digest.hex().upper(), "sha256:" + digest.hex()[:-1], "SHA256:" + digest.hex(), "blake3:" + digest.hex(), digest.hex(), None):
+    for bad in (
+        "sha256:" + digest.hex().upper(),
+        "sha256:" + digest.hex()[:-1],
+        "SHA256:" + digest.hex(),
+        "blake3:" + digest.hex(),
+        digest.hex(),
+        None,
+    ):
         with pytest.raises(InvalidInput):
             parse_sha256_uri(bad)
     with pytest.raises(InvalidInput):

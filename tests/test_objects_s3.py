@@ -23,7 +23,7 @@ from nokvfs.objects.s3 import S3Store
 from nokvfs.objects.store import MIN_PART_SIZE, MiB, StoreStats, open_store
 
 pytest.register_assert_rewrite("tests.object_store_contract")
-from tests.object_store_contract import *  # noqa: E402,F401,F403 - the shared behaviour tests
+from tests.object_store_contract import *  # noqa: E402, F403 - the shared behaviour tests
 
 pytest_plugins = ["tests.s3_fixtures"]
 
@@ -80,7 +80,9 @@ def test_open_store_parses_s3_urls(s3_bucket, s3_endpoint):
     assert store.statfs() == StoreStats(None, None, None)
 
 
-@pytest.mark.parametrize("bucket", ["ab", "Upper-case", "under_score", "-lead", "trail-", "a..b", "192.168.1.1", "x" * 64])
+@pytest.mark.parametrize(
+    "bucket", ["ab", "Upper-case", "under_score", "-lead", "trail-", "a..b", "192.168.1.1", "x" * 64]
+)
 def test_invalid_bucket_names_are_refused(bucket, s3_endpoint):
     with pytest.raises(InvalidInput):
         S3Store(bucket, endpoint_url=s3_endpoint)
@@ -405,8 +407,13 @@ def test_the_default_deadline_bounds_a_call_to_30_seconds(aws_test_env, silent_s
 
 
 def test_deadline_options_are_checked(aws_test_env):
-    for bad in (dict(deadline=0), dict(read_timeout=-1), dict(connect_timeout=20, read_timeout=20, deadline=30),
-                dict(max_attempts=0), dict(deadline="30")):
+    for bad in (
+        dict(deadline=0),
+        dict(read_timeout=-1),
+        dict(connect_timeout=20, read_timeout=20, deadline=30),
+        dict(max_attempts=0),
+        dict(deadline="30"),
+    ):
         with pytest.raises(InvalidInput):
             S3Store("nokv-options", endpoint_url="http://127.0.0.1:9", verify_bucket=False, **bad)
 

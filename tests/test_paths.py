@@ -53,7 +53,21 @@ def key_cmp(c: tuple[str, ...], d: tuple[str, ...]) -> int:
 # --- strategies -----------------------------------------------------------------------------------
 
 # A small alphabet makes shared prefixes, prefix components and multi-byte boundaries common.
-_ALPHABET = ["a", "b", "\x01", "\x7f", ".", " ", "A", "\u00e9", "e\u0301", "\u0080", "\uffff", "\U0001f600", "\U0010ffff"]
+_ALPHABET = [
+    "a",
+    "b",
+    "\x01",
+    "\x7f",
+    ".",
+    " ",
+    "A",
+    "\u00e9",
+    "e\u0301",
+    "\u0080",
+    "\uffff",
+    "\U0001f600",
+    "\U0010ffff",
+]
 _small_component = st.lists(st.sampled_from(_ALPHABET), min_size=1, max_size=3).map("".join)
 _any_component = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="/\\\x00"),

@@ -27,7 +27,11 @@ def modes(top: str) -> dict[str, int]:
 
 def assert_private(top: str) -> dict[str, int]:
     found = modes(top)
-    wrong = {p: oct(stat.S_IMODE(m)) for p, m in found.items() if stat.S_IMODE(m) != (DIR_MODE if stat.S_ISDIR(m) else FILE_MODE)}
+    wrong = {
+        p: oct(stat.S_IMODE(m))
+        for p, m in found.items()
+        if stat.S_IMODE(m) != (DIR_MODE if stat.S_ISDIR(m) else FILE_MODE)
+    }
     assert not wrong, wrong
     return found
 
@@ -83,7 +87,14 @@ def test_a_mount_keeps_its_spools_sidecars_log_and_pid_file_private(tmp_path, op
     init_data_dir(data)
 
     def nokvfs(*argv):
-        done = subprocess.run([sys.executable, "-m", "nokvfs.cli.main", *argv], capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", *argv],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         return done
 

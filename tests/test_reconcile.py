@@ -98,7 +98,7 @@ def s3_root(tmp_path, s3_bucket, s3_endpoint):
     r.close()
 
 
-class using:  # noqa: N801 - a context manager, like open()
+class using:
     """Swap the root's store for a wrapper of it for a `with` block."""
 
     def __init__(self, root, **outage):
@@ -124,7 +124,11 @@ def stored_keys(root) -> set[str]:
 def snapshot_ref(root, snap) -> SnapshotRef:
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, WB)
-        return SnapshotRef.decode(view.get("snapshot_ref", keys.SnapshotRefKey(root.root_id, workbench.incarnation_id, snap.snapshot_id).encode()))
+        return SnapshotRef.decode(
+            view.get(
+                "snapshot_ref", keys.SnapshotRefKey(root.root_id, workbench.incarnation_id, snap.snapshot_id).encode()
+            )
+        )
 
 
 def restore_hold(root, op_id) -> bytes | None:
@@ -159,7 +163,7 @@ def test_a_quarantined_restore_is_reconciled_once_the_store_recovers(root):
             restore.restore(root, WB, ("snapshot", snap.snapshot_id), DEST)
     op_id, op = only_restore(root)
     assert op.phase == RestorePhase.Quarantined
-    (attempt_id, attempt), = restore.attempts_of(op_id).made(root)
+    ((attempt_id, attempt),) = restore.attempts_of(op_id).made(root)
     assert attempt.phase == PublishPhase.Quarantined
     # Everything the restore held is still held: consumer, hold, destination name.
     assert snapshot_ref(root, snap).consumer_count == 1 and restore_hold(root, op_id) is not None
@@ -172,8 +176,14 @@ def test_a_quarantined_restore_is_reconciled_once_the_store_recovers(root):
     manifest_keys = stored_keys(root) - {row.object_key for row in _live_manifest_rows(root)}
     assert len(manifest_keys) == 1  # the landed PUT
     findings = quarantined_findings(root)
-    assert any(s.startswith(f"restore {op_id.hex()}") and f"snapshot {snap.snapshot_id}" in s and repr(DEST) in s for s in findings)
-    assert any(s.startswith(f"publish {attempt_id.hex()}") and f"1 object(s), {attempt.logical_size} bytes" in s for s in findings)
+    assert any(
+        s.startswith(f"restore {op_id.hex()}") and f"snapshot {snap.snapshot_id}" in s and repr(DEST) in s
+        for s in findings
+    )
+    assert any(
+        s.startswith(f"publish {attempt_id.hex()}") and f"1 object(s), {attempt.logical_size} bytes" in s
+        for s in findings
+    )
 
     # The store still does not answer: nothing is guessed, nothing changes.
     with using(root, down=True):
@@ -265,7 +275,9 @@ def test_a_publish_leaked_by_an_outage_is_reported_and_gc_leaves_no_unreferenced
         ((op_id, op),) = publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined)
     assert op.path == "outputs/big.bin"
     (finding,) = quarantined_findings(root)
-    assert finding.startswith(f"publish {op_id.hex()} (outputs/big.bin)") and f"14 object(s), {len(body)} bytes" in finding
+    assert (
+        finding.startswith(f"publish {op_id.hex()} (outputs/big.bin)") and f"14 object(s), {len(body)} bytes" in finding
+    )
     assert not [f for f in fsck.check(root).findings if f.code == "ORPHAN_OBJECT"]  # owned, not orphaned
 
     with using(root, down=True):
@@ -324,12 +336,24 @@ def test_a_killed_reaper_is_resumed_by_the_next(tmp_path):
         states = [snapshot.get(root, WB, s.snapshot_id).ref.state for s in snaps]
         assert states == [SnapshotState.ReapClaimed, SnapshotState.Active, SnapshotState.Active]
         with root.read() as view:
-            assert view.get("history_hold", keys.HistoryHoldKey(root.root_id, HistoryHoldKind.Snapshot, snaps[0].snapshot_id.to_bytes(8, "big")).encode()) is None
+            assert (
+                view.get(
+                    "history_hold",
+                    keys.HistoryHoldKey(
+                        root.root_id, HistoryHoldKind.Snapshot, snaps[0].snapshot_id.to_bytes(8, "big")
+                    ).encode(),
+                )
+                is None
+            )
         far = int(time.time() * 1000) + 10_000_000
         assert snapshot.reap(root, skew_grace_ms=0, now_ms=far) == [s.snapshot_id for s in snaps]
         assert [snapshot.get(root, WB, s.snapshot_id).ref.state for s in snaps] == [SnapshotState.Reaped] * 3
         assert snapshot.reap(root, skew_grace_ms=0, now_ms=far) == []
-        retired = [c for c in changes.read_changes(root, workbench_id=WB, limit=1000).changes if c.kind == ChangeEventKind.SnapshotRetired]
+        retired = [
+            c
+            for c in changes.read_changes(root, workbench_id=WB, limit=1000).changes
+            if c.kind == ChangeEventKind.SnapshotRetired
+        ]
         assert sorted(int.from_bytes(c.before, "big") for c in retired) == [s.snapshot_id for s in snaps]
         assert fsck.check(root).ok
     finally:

@@ -52,14 +52,14 @@ URI = "sha256:" + "ab" * 32
 URI2 = "sha256:" + "cd" * 32
 
 # Hand-encoded fields (u32 length, then the UTF-8 bytes).
-URI_HEX = "00000047" "7368613235363a" + "6162" * 32  # 71 = 0x47 bytes: "sha256:" + 64 hex chars
-URI2_HEX = "00000047" "7368613235363a" + "6364" * 32
-TEXT_PLAIN_HEX = "0000000a" "746578742f706c61696e"  # "text/plain"
-AGENT_HEX = "00000005" "6167656e74"  # "agent"
-WB1_HEX = "00000004" "77622d31"  # "wb-1"
-AB_HEX = "00000003" "612f62"  # "a/b"
-X_HEX = "00000001" "78"  # "x"
-B0102_HEX = "00000002" "0102"  # b"\x01\x02"
+URI_HEX = "000000477368613235363a" + "6162" * 32  # 71 = 0x47 bytes: "sha256:" + 64 hex chars
+URI2_HEX = "000000477368613235363a" + "6364" * 32
+TEXT_PLAIN_HEX = "0000000a746578742f706c61696e"  # "text/plain"
+AGENT_HEX = "000000056167656e74"  # "agent"
+WB1_HEX = "0000000477622d31"  # "wb-1"
+AB_HEX = "00000003612f62"  # "a/b"
+X_HEX = "0000000178"  # "x"
+B0102_HEX = "000000020102"  # b"\x01\x02"
 EMPTY_HEX = "00000000"  # b""
 IDX = R.IndexField("x", b"\x01\x02")
 IDX_HEX = "00000001" + X_HEX + B0102_HEX  # list of one IndexField
@@ -79,8 +79,15 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
     ),
     R.WorkspaceCurrent: (
         R.WorkspaceCurrent(B16, 5, WorkspaceState.Staging, R.OperationRef(OperationKind.Restore, A16), 9, 10),
-        "02" + "b2" * 16 + "0000000000000005" + "01" + "01" + "03" + "a1" * 16
-        + "0000000000000009" + "000000000000000a",
+        "02"
+        + "b2" * 16
+        + "0000000000000005"
+        + "01"
+        + "01"
+        + "03"
+        + "a1" * 16
+        + "0000000000000009"
+        + "000000000000000a",
         (25, 27),
     ),
     R.WorkspaceIncarnationClaim: (
@@ -90,26 +97,66 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
     ),
     R.PathEntry: (
         R.PathEntry(
-            generation=3, artifact_revision_id=A16, logical_size=0x100, body_digest_uri=URI,
-            manifest_digest_uri=URI2, dependency_count=1, dependency_depth=2,
-            content_type="text/plain", producer="agent", manifest_id=A16, created_version=4,
-            modified_version=6, typed_index_projection=(IDX,),
+            generation=3,
+            artifact_revision_id=A16,
+            logical_size=0x100,
+            body_digest_uri=URI,
+            manifest_digest_uri=URI2,
+            dependency_count=1,
+            dependency_depth=2,
+            content_type="text/plain",
+            producer="agent",
+            manifest_id=A16,
+            created_version=4,
+            modified_version=6,
+            typed_index_projection=(IDX,),
         ),
-        "02" + "0000000000000003" + "a1" * 16 + "0000000000000100" + URI_HEX + URI2_HEX
-        + "00000001" + "00000002" + TEXT_PLAIN_HEX + AGENT_HEX + "a1" * 16
-        + "0000000000000004" + "0000000000000006" + IDX_HEX,
+        "02"
+        + "0000000000000003"
+        + "a1" * 16
+        + "0000000000000100"
+        + URI_HEX
+        + URI2_HEX
+        + "00000001"
+        + "00000002"
+        + TEXT_PLAIN_HEX
+        + AGENT_HEX
+        + "a1" * 16
+        + "0000000000000004"
+        + "0000000000000006"
+        + IDX_HEX,
         (),
     ),
     R.ArtifactRevision: (
         R.ArtifactRevision(
-            logical_size=0x100, body_digest_uri=URI, manifest_digest_uri=URI2, block_count=2,
-            dependency_count=0, dependency_depth=0, dependency_digest=C32,
-            content_type="text/plain", state=RevisionState.Available, reference_epoch=3,
-            strong_reference_count=1, last_zero_ref_version=0, created_version=4,
+            logical_size=0x100,
+            body_digest_uri=URI,
+            manifest_digest_uri=URI2,
+            block_count=2,
+            dependency_count=0,
+            dependency_depth=0,
+            dependency_digest=C32,
+            content_type="text/plain",
+            state=RevisionState.Available,
+            reference_epoch=3,
+            strong_reference_count=1,
+            last_zero_ref_version=0,
+            created_version=4,
         ),
-        "02" + "0000000000000100" + URI_HEX + URI2_HEX + "0000000000000002" + "00000000"
-        + "00000000" + "c3" * 32 + TEXT_PLAIN_HEX + "01" + "0000000000000003"
-        + "0000000000000001" + "0000000000000000" + "0000000000000004",
+        "02"
+        + "0000000000000100"
+        + URI_HEX
+        + URI2_HEX
+        + "0000000000000002"
+        + "00000000"
+        + "00000000"
+        + "c3" * 32
+        + TEXT_PLAIN_HEX
+        + "01"
+        + "0000000000000003"
+        + "0000000000000001"
+        + "0000000000000000"
+        + "0000000000000004",
         (221,),
     ),
     R.RevisionRef: (
@@ -119,32 +166,86 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
     ),
     R.ArtifactManifest: (
         R.ArtifactManifest(A16, 5, "x", 0, 0x10, 0x20, URI, R.AppendSegment(2, URI2)),
-        "02" + "a1" * 16 + "0000000000000005" + X_HEX + "0000000000000000" + "0000000000000010"
-        + "0000000000000020" + URI_HEX + "01" + "00000002" + URI2_HEX,
+        "02"
+        + "a1" * 16
+        + "0000000000000005"
+        + X_HEX
+        + "0000000000000000"
+        + "0000000000000010"
+        + "0000000000000020"
+        + URI_HEX
+        + "01"
+        + "00000002"
+        + URI2_HEX,
         (),
     ),
     R.Commit: (
         R.Commit(
-            source_workspace_incarnation_id=B16, source_workbench_id="wb-1",
-            projection_input_digest=C32, committed_at_unix_seconds=1_700_000_000,
-            build_operation_id=A16, tree_manifest_revision=7, run_manifest_revision_id=F16,
-            tree_digest_uri=URI, member_count=2, member_digest=D32, unique_revision_count=1,
-            revision_digest=E32, parents=(C32,), parent_count=1, parent_digest=D32,
-            producer="agent", lineage="x", consumer_count=1, consumer_epoch=2,
-            last_zero_consumer_version=0, state=CommitState.Sealed, retirement_cursor=b"",
+            source_workspace_incarnation_id=B16,
+            source_workbench_id="wb-1",
+            projection_input_digest=C32,
+            committed_at_unix_seconds=1_700_000_000,
+            build_operation_id=A16,
+            tree_manifest_revision=7,
+            run_manifest_revision_id=F16,
+            tree_digest_uri=URI,
+            member_count=2,
+            member_digest=D32,
+            unique_revision_count=1,
+            revision_digest=E32,
+            parents=(C32,),
+            parent_count=1,
+            parent_digest=D32,
+            producer="agent",
+            lineage="x",
+            consumer_count=1,
+            consumer_epoch=2,
+            last_zero_consumer_version=0,
+            state=CommitState.Sealed,
+            retirement_cursor=b"",
             created_version=8,
         ),
-        "02" + "b2" * 16 + WB1_HEX + "c3" * 32 + T_1700000000 + "a1" * 16 + "0000000000000007"
-        + "f6" * 16 + URI_HEX + "0000000000000002" + "d4" * 32 + "0000000000000001" + "e5" * 32
-        + "00000001" + "c3" * 32 + "00000001" + "d4" * 32 + AGENT_HEX + X_HEX
-        + "0000000000000001" + "0000000000000002" + "0000000000000000" + "01" + EMPTY_HEX
+        "02"
+        + "b2" * 16
+        + WB1_HEX
+        + "c3" * 32
+        + T_1700000000
+        + "a1" * 16
+        + "0000000000000007"
+        + "f6" * 16
+        + URI_HEX
+        + "0000000000000002"
+        + "d4" * 32
+        + "0000000000000001"
+        + "e5" * 32
+        + "00000001"
+        + "c3" * 32
+        + "00000001"
+        + "d4" * 32
+        + AGENT_HEX
+        + X_HEX
+        + "0000000000000001"
+        + "0000000000000002"
+        + "0000000000000000"
+        + "01"
+        + EMPTY_HEX
         + "0000000000000008",
         (370,),
     ),
     R.CommitMember: (
         R.CommitMember(A16, 3, URI, URI2, 0x100, 0, 0, "text/plain", "agent", A16, (IDX,)),
-        "02" + "a1" * 16 + "0000000000000003" + URI_HEX + URI2_HEX + "0000000000000100"
-        + "00000000" + "00000000" + TEXT_PLAIN_HEX + AGENT_HEX + "a1" * 16 + IDX_HEX,
+        "02"
+        + "a1" * 16
+        + "0000000000000003"
+        + URI_HEX
+        + URI2_HEX
+        + "0000000000000100"
+        + "00000000"
+        + "00000000"
+        + TEXT_PLAIN_HEX
+        + AGENT_HEX
+        + "a1" * 16
+        + IDX_HEX,
         (),
     ),
     R.WorkbenchCommitHead: (
@@ -164,8 +265,8 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
     ),
     R.SnapshotRef: (
         R.SnapshotRef(5, "nightly", 0x0102030405060708, SnapshotState.Active, 0, 1, "x"),
-        "01" + "0000000000000005" + "01" + "0007" "6e696768746c79" + "0102030405060708" + "01"
-        + "0000000000000000" + "0000000000000001" + "01" + X_HEX,
+        "01" + "0000000000000005" + "01" + "0007"
+        "6e696768746c79" + "0102030405060708" + "01" + "0000000000000000" + "0000000000000001" + "01" + X_HEX,
         (27,),
     ),
     R.SnapshotAlias: (
@@ -200,7 +301,7 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
     ),
     R.StagedObject: (
         R.StagedObject(A16, "x", "u1", 0x20, URI, StagedProviderState.Uploaded, StagedCleanupState.Owned),
-        "01" + "a1" * 16 + X_HEX + "01" + "00000002" "7531" + "0000000000000020" + URI_HEX + "03" + "01",
+        "01" + "a1" * 16 + X_HEX + "01" + "000000027531" + "0000000000000020" + URI_HEX + "03" + "01",
         (112, 113),
     ),
     R.GcCandidate: (
@@ -215,80 +316,217 @@ GOLDEN: dict[type, tuple[object, str, tuple[int, ...]]] = {
     ),
     R.PublishOperation: (
         R.PublishOperation(
-            workbench_id="wb-1", workspace_incarnation_id=B16, path="a/b", artifact_revision_id=A16,
-            expected_generation=3, base_revision_id=None, phase=PublishPhase.Finalizing,
-            object_count=2, reused_count=0, logical_size=0x100, body_digest_uri=URI,
-            content_type="text/plain", producer="agent", index_fields=(),
-            event_kind=ChangeEventKind.PathPut, request_id=F16, created_version=5,
-            result=None, terminal_error=None, cleanup_cursor=b"", expected_revision_id=B16,
+            workbench_id="wb-1",
+            workspace_incarnation_id=B16,
+            path="a/b",
+            artifact_revision_id=A16,
+            expected_generation=3,
+            base_revision_id=None,
+            phase=PublishPhase.Finalizing,
+            object_count=2,
+            reused_count=0,
+            logical_size=0x100,
+            body_digest_uri=URI,
+            content_type="text/plain",
+            producer="agent",
+            index_fields=(),
+            event_kind=ChangeEventKind.PathPut,
+            request_id=F16,
+            created_version=5,
+            result=None,
+            terminal_error=None,
+            cleanup_cursor=b"",
+            expected_revision_id=B16,
         ),
-        "02" + WB1_HEX + "b2" * 16 + AB_HEX + "a1" * 16 + "01" "0000000000000003" + "00" + "02"
-        + "00000002" + "00000000" + "0000000000000100" + URI_HEX + TEXT_PLAIN_HEX + AGENT_HEX
-        + "00000000" + "02" + "f6" * 16 + "0000000000000005" + "00" + "00" + EMPTY_HEX
-        + "01" + "b2" * 16,
+        "02" + WB1_HEX + "b2" * 16 + AB_HEX + "a1" * 16 + "01"
+        "0000000000000003"
+        + "00"
+        + "02"
+        + "00000002"
+        + "00000000"
+        + "0000000000000100"
+        + URI_HEX
+        + TEXT_PLAIN_HEX
+        + AGENT_HEX
+        + "00000000"
+        + "02"
+        + "f6" * 16
+        + "0000000000000005"
+        + "00"
+        + "00"
+        + EMPTY_HEX
+        + "01"
+        + "b2" * 16,
         (58, 58 + 1 + 4 + 4 + 8 + len(URI_HEX) // 2 + len(TEXT_PLAIN_HEX) // 2 + len(AGENT_HEX) // 2 + 4),
     ),
     R.BuildCommitOperation: (
         R.BuildCommitOperation(
-            initialization_digest=C32, projection_input_digest=D32, commit_id=E32,
-            workbench_id="wb-1", source_workspace_incarnation_id=B16, read_version=5,
-            tree_revision=4, expected_head=None, expected_head_generation=0,
-            content_digest_uri=URI, manifest_digest_uri=URI2, replace=True,
-            run_manifest_expected_generation=None, committed_at_unix_seconds=1_700_000_000,
-            producer="agent", lineage="x", parents=(C32,), request_id=F16,
+            initialization_digest=C32,
+            projection_input_digest=D32,
+            commit_id=E32,
+            workbench_id="wb-1",
+            source_workspace_incarnation_id=B16,
+            read_version=5,
+            tree_revision=4,
+            expected_head=None,
+            expected_head_generation=0,
+            content_digest_uri=URI,
+            manifest_digest_uri=URI2,
+            replace=True,
+            run_manifest_expected_generation=None,
+            committed_at_unix_seconds=1_700_000_000,
+            producer="agent",
+            lineage="x",
+            parents=(C32,),
+            request_id=F16,
             phase=BuildCommitPhase.Sealing,
             run_manifest=R.RunManifestBinding(B16, A16, 0x20, URI, URI2, "text/plain", F16),
-            member_cursor=b"\x01\x02", member_count=2, member_digest=D32, revision_cursor=b"",
-            unique_revision_count=1, revision_digest=E32, parent_cursor=b"", parent_count=1,
-            parent_digest=C32, cleanup_cursor=b"", result=None, terminal_error=None,
+            member_cursor=b"\x01\x02",
+            member_count=2,
+            member_digest=D32,
+            revision_cursor=b"",
+            unique_revision_count=1,
+            revision_digest=E32,
+            parent_cursor=b"",
+            parent_count=1,
+            parent_digest=C32,
+            cleanup_cursor=b"",
+            result=None,
+            terminal_error=None,
             created_version=6,
         ),
-        "05" + "c3" * 32 + "d4" * 32 + "e5" * 32 + WB1_HEX + "b2" * 16 + "0000000000000005"
-        + "0000000000000004" + "00" + "0000000000000000" + URI_HEX + URI2_HEX + "01" + "00"
-        + T_1700000000 + AGENT_HEX + X_HEX + "00000001" + "c3" * 32 + "f6" * 16 + "02"
-        + "01" + "b2" * 16 + "a1" * 16 + "0000000000000020" + URI_HEX + URI2_HEX + TEXT_PLAIN_HEX
+        "05"
+        + "c3" * 32
+        + "d4" * 32
+        + "e5" * 32
+        + WB1_HEX
+        + "b2" * 16
+        + "0000000000000005"
+        + "0000000000000004"
+        + "00"
+        + "0000000000000000"
+        + URI_HEX
+        + URI2_HEX
+        + "01"
+        + "00"
+        + T_1700000000
+        + AGENT_HEX
+        + X_HEX
+        + "00000001"
+        + "c3" * 32
         + "f6" * 16
-        + B0102_HEX + "0000000000000002" + "d4" * 32 + EMPTY_HEX + "0000000000000001" + "e5" * 32
-        + EMPTY_HEX + "00000001" + "c3" * 32 + EMPTY_HEX + "00" + "00" + "0000000000000006",
+        + "02"
+        + "01"
+        + "b2" * 16
+        + "a1" * 16
+        + "0000000000000020"
+        + URI_HEX
+        + URI2_HEX
+        + TEXT_PLAIN_HEX
+        + "f6" * 16
+        + B0102_HEX
+        + "0000000000000002"
+        + "d4" * 32
+        + EMPTY_HEX
+        + "0000000000000001"
+        + "e5" * 32
+        + EMPTY_HEX
+        + "00000001"
+        + "c3" * 32
+        + EMPTY_HEX
+        + "00"
+        + "00"
+        + "0000000000000006",
         (372,),
     ),
     R.RestoreOperation: (
         R.RestoreOperation(
-            identity_digest=C32, initialization_digest=D32, source_workbench_id="wb-1",
-            source_workspace_incarnation_id=B16, source_kind=RestoreSourceKind.Snapshot,
-            source_selector=R.snapshot_selector(42), source_read_version=5,
-            destination_workbench_id="x", destination_workspace_incarnation_id=A16,
-            restore_manifest_entry=b"\x01\x02", phase=RestorePhase.Copying, source_cursor=b"",
-            member_sequence=3, source_eof=False, member_count=0, member_digest=R.ZERO_DIGEST,
-            cleanup_cursor=b"", result=None, terminal_error=None, created_version=6,
+            identity_digest=C32,
+            initialization_digest=D32,
+            source_workbench_id="wb-1",
+            source_workspace_incarnation_id=B16,
+            source_kind=RestoreSourceKind.Snapshot,
+            source_selector=R.snapshot_selector(42),
+            source_read_version=5,
+            destination_workbench_id="x",
+            destination_workspace_incarnation_id=A16,
+            restore_manifest_entry=b"\x01\x02",
+            phase=RestorePhase.Copying,
+            source_cursor=b"",
+            member_sequence=3,
+            source_eof=False,
+            member_count=0,
+            member_digest=R.ZERO_DIGEST,
+            cleanup_cursor=b"",
+            result=None,
+            terminal_error=None,
+            created_version=6,
         ),
-        "04" + "c3" * 32 + "d4" * 32 + WB1_HEX + "b2" * 16 + "01" + "00000008" "000000000000002a"
-        + "0000000000000005" + X_HEX + "a1" * 16 + B0102_HEX + "02" + EMPTY_HEX
-        + "0000000000000003" + "00" + "0000000000000000" + "00" * 32 + EMPTY_HEX + "00" + "00"
+        "04" + "c3" * 32 + "d4" * 32 + WB1_HEX + "b2" * 16 + "01" + "00000008"
+        "000000000000002a"
+        + "0000000000000005"
+        + X_HEX
+        + "a1" * 16
+        + B0102_HEX
+        + "02"
+        + EMPTY_HEX
+        + "0000000000000003"
+        + "00"
+        + "0000000000000000"
+        + "00" * 32
+        + EMPTY_HEX
+        + "00"
+        + "00"
         + "0000000000000006",
         (89, 137),
     ),
     R.CommitRetireOperation: (
-        R.CommitRetireOperation(
-            C32, 4, CommitRetirePhase.Releasing, b"", b"\x01\x02", b"", 2, 1, 0, None, "x", 7
-        ),
-        "01" + "c3" * 32 + "0000000000000004" + "02" + EMPTY_HEX + B0102_HEX + EMPTY_HEX
-        + "0000000000000002" + "0000000000000001" + "0000000000000000" + "00" + "01" + X_HEX
+        R.CommitRetireOperation(C32, 4, CommitRetirePhase.Releasing, b"", b"\x01\x02", b"", 2, 1, 0, None, "x", 7),
+        "01"
+        + "c3" * 32
+        + "0000000000000004"
+        + "02"
+        + EMPTY_HEX
+        + B0102_HEX
+        + EMPTY_HEX
+        + "0000000000000002"
+        + "0000000000000001"
+        + "0000000000000000"
+        + "00"
+        + "01"
+        + X_HEX
         + "0000000000000007",
         (41,),
     ),
     R.GcOperation: (
         R.GcOperation(A16, 3, GcPhase.Deleting, 2, b"\x01\x02", 1, b"", b"\x01\x02", None, 8),
-        "01" + "a1" * 16 + "0000000000000003" + "03" + "0000000000000002" + B0102_HEX
-        + "0000000000000001" + EMPTY_HEX + "01" + B0102_HEX + "00" + "0000000000000008",
+        "01"
+        + "a1" * 16
+        + "0000000000000003"
+        + "03"
+        + "0000000000000002"
+        + B0102_HEX
+        + "0000000000000001"
+        + EMPTY_HEX
+        + "01"
+        + B0102_HEX
+        + "00"
+        + "0000000000000008",
         (25,),
     ),
 }
 
 EXPECTED_VERSIONS = {
-    R.WorkspaceCurrent: 2, R.PathEntry: 2, R.ArtifactRevision: 2, R.ArtifactManifest: 2,
-    R.Commit: 2, R.CommitMember: 2, R.ChangeEvent: 2, R.CommandDedupe: 2,
-    R.BuildCommitOperation: 5, R.RestoreOperation: 4,
+    R.WorkspaceCurrent: 2,
+    R.PathEntry: 2,
+    R.ArtifactRevision: 2,
+    R.ArtifactManifest: 2,
+    R.Commit: 2,
+    R.CommitMember: 2,
+    R.ChangeEvent: 2,
+    R.CommandDedupe: 2,
+    R.BuildCommitOperation: 5,
+    R.RestoreOperation: 4,
     # nokvfs extension: version 2 adds the exact expected revision (README, "Durable format").
     R.PublishOperation: 2,
 }

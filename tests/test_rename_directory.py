@@ -57,7 +57,10 @@ def test_the_whole_subtree_moves_in_one_command_with_its_revisions_and_attribute
     renamed = sorted((c.path, c.before.decode()) for c in page.changes if c.kind.name == "PathRenamed")
     assert [c.commit_version for c in page.changes] == [before_version + 1] * 5
     assert ("outputs/renamed/run2/a.txt", "outputs/run/a.txt") in renamed
-    assert (f"outputs/renamed/run2/sub/{attributes.DIRECTORY_MARKER}", f"outputs/run/sub/{attributes.DIRECTORY_MARKER}") in renamed
+    assert (
+        f"outputs/renamed/run2/sub/{attributes.DIRECTORY_MARKER}",
+        f"outputs/run/sub/{attributes.DIRECTORY_MARKER}",
+    ) in renamed
     assert marker is not None and marker.mode & 0o777 == 0o750
     report = fsck.check(root)
     assert report.ok, report.findings  # references, indexes and digests agree after the move

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from nokvfs.engine.history import CURRENT_ONLY_TREES
 from nokvfs.engine.command import Absent, Delete, Exists, Generation, Put, ValueEquals
+from nokvfs.engine.history import CURRENT_ONLY_TREES
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import (
     AlreadyExists,
@@ -259,8 +259,12 @@ def test_history_pruning_replays_to_an_identical_replica(source, store, tmp_path
         shard = source.shard
         start = b""
         while True:  # prune in small batches, each one outbox record
-            outcome = shard.prune_history(owner_epoch=shard.owner_epoch, floor_version=shard.commit_version - rng.randrange(10),
-                                          start_key=start, max_rows=rng.randint(3, 30))
+            outcome = shard.prune_history(
+                owner_epoch=shard.owner_epoch,
+                floor_version=shard.commit_version - rng.randrange(10),
+                start_key=start,
+                max_rows=rng.randint(3, 30),
+            )
             if outcome.next_key is None:
                 break
             start = outcome.next_key
@@ -469,7 +473,9 @@ def test_a_pack_retry_accepts_existing_bytes_only_when_sha256_and_size_match(sou
     bucket.upload(relative, data=data, sha256=sha, size=len(data), kind="increment", generation=2)  # a retry
     other = b"other bytes"
     with pytest.raises(PackConflict):
-        bucket.upload(relative, data=other, sha256=hashlib.sha256(other).digest(), size=len(other), kind="increment", generation=2)
+        bucket.upload(
+            relative, data=other, sha256=hashlib.sha256(other).digest(), size=len(other), kind="increment", generation=2
+        )
     with pytest.raises(PackConflict):
         bucket.upload(relative, data=data + b"!", sha256=sha, size=len(data) + 1, kind="increment", generation=2)
 
@@ -604,7 +610,9 @@ def test_a_local_shard_with_another_history_is_never_published(source, store, tm
 # --- checkpoints, retention, cleanup -------------------------------------------------------------
 
 
-def test_a_checkpoint_after_n_increments_and_cleanup_deletes_only_older_keys_never_current(source, store, s3_client, s3_bucket):
+def test_a_checkpoint_after_n_increments_and_cleanup_deletes_only_older_keys_never_current(
+    source, store, s3_client, s3_bucket
+):
     replicator = Replicator(source.shard, store, checkpoint_packs=3, retained_checkpoints=1)
     bucket = replicator.bucket
     replicator.push_once()
@@ -639,7 +647,9 @@ def test_a_checkpoint_after_n_increments_and_cleanup_deletes_only_older_keys_nev
     assert store.head(bucket.key(mf.CURRENT)) is not None
 
 
-def test_cleanup_rereads_current_before_each_batch_of_at_most_1000_and_follows_continuations(source, store, s3_client, s3_bucket):
+def test_cleanup_rereads_current_before_each_batch_of_at_most_1000_and_follows_continuations(
+    source, store, s3_client, s3_bucket
+):
     replicator = Replicator(source.shard, store, auto_checkpoint=False)
     replicator.push_once()
     prefix = f"{PREFIX}/{replicator.bucket.prefix}"
@@ -689,7 +699,9 @@ def test_a_checkpoint_while_writers_run_restores_to_the_same_shard(source, store
         pass
     _, restored = restored_shard(store, tmp_path)
     with restored:
-        assert_equal_shards(source.shard, restored, versions=range(source.shard.commit_version - 5, source.shard.commit_version + 1))
+        assert_equal_shards(
+            source.shard, restored, versions=range(source.shard.commit_version - 5, source.shard.commit_version + 1)
+        )
 
 
 def test_a_failed_cleanup_never_fails_the_push_and_is_retried_later(source, store):

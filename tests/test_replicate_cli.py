@@ -44,7 +44,9 @@ def cli(s3_endpoint, monkeypatch, source):
     return run
 
 
-def test_push_status_checkpoint_and_restore_from_the_command_line(cli, source, s3_bucket, s3_endpoint, tmp_path, capsys):
+def test_push_status_checkpoint_and_restore_from_the_command_line(
+    cli, source, s3_bucket, s3_endpoint, tmp_path, capsys
+):
     url = f"s3://{s3_bucket}/backups/prod"
     data_dir = str(tmp_path / "data")
     assert cli("--data-dir", data_dir, "shard", "push", "--to", url) == 0

@@ -58,9 +58,14 @@ def test_the_record_has_golden_bytes_and_round_trips():
     assert record().dumps() == GOLDEN
     assert dr.loads(GOLDEN, logical_shard_id=SHARD) == record()
     assert record().config() == {
-        "root_id": ROOT.hex(), "logical_shard_id": SHARD.hex(), "store": "s3://artifacts/lab",
-        "endpoint_url": "http://127.0.0.1:9000", "region": None, "block_size": 4194304,
-        "cache_bytes": 536870912, "history_retention_versions": 0,
+        "root_id": ROOT.hex(),
+        "logical_shard_id": SHARD.hex(),
+        "store": "s3://artifacts/lab",
+        "endpoint_url": "http://127.0.0.1:9000",
+        "region": None,
+        "block_size": 4194304,
+        "cache_bytes": 536870912,
+        "history_retention_versions": 0,
     }
 
 
@@ -75,7 +80,9 @@ def test_an_unknown_field_at_any_level_is_refused(path):
         dr.loads(canonical_json.dumps(obj))
 
 
-@pytest.mark.parametrize("path, name", [((), "rootId"), (("placement",), "lifecycle"), (("config",), "store"), (("config",), "region")])
+@pytest.mark.parametrize(
+    "path, name", [((), "rootId"), (("placement",), "lifecycle"), (("config",), "store"), (("config",), "region")]
+)
 def test_a_missing_or_null_field_is_refused(path, name):
     for value in ("missing", None):
         obj = canonical_json.loads(GOLDEN)
@@ -139,7 +146,9 @@ def test_the_record_is_created_if_none_match_then_replaced_only_if_match(s3_buck
     first = bucket.publish_datadir(record(generation=1), None)
     assert store.calls[-1][2] == {"if_none_match": True}
     with pytest.raises(Contention):
-        ShardBucket(store, SHARD).publish_datadir(record(generation=1, publication_id="0190a1b2c3d47e5f8a1b2c3d4e5f6a7c"), None)
+        ShardBucket(store, SHARD).publish_datadir(
+            record(generation=1, publication_id="0190a1b2c3d47e5f8a1b2c3d4e5f6a7c"), None
+        )
     read, etag = bucket.read_datadir()
     assert read == first
     second = record(generation=2, publication_id="0190a1b2c3d47e5f8a1b2c3d4e5f6a7d", block_size=65536)
@@ -163,7 +172,9 @@ ROLE_GOLDEN = (
 
 
 def test_the_role_file_has_golden_bytes_and_is_written_atomically(tmp_path):
-    role = replica.ReplicaRole(replica.FENCED, "s3://dr/lab/", None, SHARD, owned_epoch=2, unshipped=(41, 57), reason="taken over")
+    role = replica.ReplicaRole(
+        replica.FENCED, "s3://dr/lab/", None, SHARD, owned_epoch=2, unshipped=(41, 57), reason="taken over"
+    )
     replica.write_role(str(tmp_path), role)
     assert (tmp_path / "replica.json").read_bytes() == ROLE_GOLDEN
     assert replica.read_role(str(tmp_path)) == role
@@ -203,7 +214,9 @@ def test_a_duplicate_name_in_the_role_file_is_refused(tmp_path):
         replica.read_role(str(tmp_path))
 
 
-def test_the_owner_republishes_the_record_only_when_the_directory_changed_and_gives_up_on_endless_races(tmp_path, s3_bucket, s3_endpoint):
+def test_the_owner_republishes_the_record_only_when_the_directory_changed_and_gives_up_on_endless_races(
+    tmp_path, s3_bucket, s3_endpoint
+):
     from nokvfs.replicate import Replicator
     from nokvfs.workspace import datadir
 
@@ -215,7 +228,11 @@ def test_the_owner_republishes_the_record_only_when_the_directory_changed_and_gi
         replicator = Replicator(root.shard, store, data_dir=data_dir, max_attempts=2)
         replicator.push_once()
         first = replicator.bucket.read_datadir()[0]
-        assert first.generation == 1 and first.root_id == root.root_id and first.store == datadir.read_config(data_dir)["store"]
+        assert (
+            first.generation == 1
+            and first.root_id == root.root_id
+            and first.store == datadir.read_config(data_dir)["store"]
+        )
         assert replicator.sync_datadir() == first  # nothing changed: nothing written
         assert sum(1 for call in store.calls if call[0] == "put" and call[1].endswith("/datadir")) == 1
         config = datadir.read_config(data_dir)

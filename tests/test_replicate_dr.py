@@ -99,7 +99,9 @@ def test_a_restored_follower_refuses_every_write_before_anything_changes(owner, 
     source.write_bytes(b"local write")
     assert cli("--data-dir", new, "put", "wb:input/x.txt", str(source), endpoint=s3_endpoint) == cli_main.EXIT_FENCED
     assert "follows s3://" in capsys.readouterr().err
-    assert cli("--data-dir", new, "snapshot", "mint", "wb", "--alias", "s", endpoint=s3_endpoint) == cli_main.EXIT_FENCED
+    assert (
+        cli("--data-dir", new, "snapshot", "mint", "wb", "--alias", "s", endpoint=s3_endpoint) == cli_main.EXIT_FENCED
+    )
     assert cli("--data-dir", new, "shard", "push", endpoint=s3_endpoint) == cli_main.EXIT_FENCED
     with datadir.open_root(new) as root:  # writes through the facade meet the guard too
         with pytest.raises(ReadOnlyReplica):
@@ -132,7 +134,9 @@ def test_a_record_that_disagrees_with_the_shard_materialises_nothing(owner, url,
     from nokvfs.replicate.manifest import new_uuid7_hex
 
     moved = dataclasses.replace(
-        record, generation=2, publication_id=new_uuid7_hex(),
+        record,
+        generation=2,
+        publication_id=new_uuid7_hex(),
         placement=dataclasses.replace(record.placement, placement_generation=record.placement.placement_generation + 1),
     )
     bucket.publish_datadir(moved, etag)
@@ -143,7 +147,9 @@ def test_a_record_that_disagrees_with_the_shard_materialises_nothing(owner, url,
 
 
 @pytest.mark.damages_store("the fenced owner's unshipped publication leaves blocks the new owner does not reference")
-def test_take_ownership_fences_the_old_owners_pushes_and_commands_and_names_what_it_never_shipped(owner, url, s3_endpoint, tmp_path, capsys):
+def test_take_ownership_fences_the_old_owners_pushes_and_commands_and_names_what_it_never_shipped(
+    owner, url, s3_endpoint, tmp_path, capsys
+):
     push(owner, url, s3_endpoint)
     shipped = tail(owner)
     put(owner, "input/late.txt", b"written on the old owner after its last push")
@@ -188,7 +194,10 @@ def test_an_old_owner_that_shipped_everything_lost_nothing(owner, url, s3_endpoi
         old = Replicator.from_url(shard, url, endpoint_url=s3_endpoint, data_dir=owner)
         with pytest.raises(OwnerFenced):
             old.push_once()
-        assert old.fencing.unshipped is None and "every record of this shard is in the bucket" in old.fencing.describe_unshipped()
+        assert (
+            old.fencing.unshipped is None
+            and "every record of this shard is in the bucket" in old.fencing.describe_unshipped()
+        )
     assert replica.read_role(owner).unshipped is None
 
 
@@ -231,7 +240,9 @@ def test_a_follower_bootstraps_then_applies_each_increment_and_reports_its_lag(o
     with datadir.open_root(cache) as a, datadir.open_root(owner) as b:
         from nokvfs.workspace import changes
 
-        assert changes.read_changes(a, workbench_id="wb", limit=1000) == changes.read_changes(b, workbench_id="wb", limit=1000)
+        assert changes.read_changes(a, workbench_id="wb", limit=1000) == changes.read_changes(
+            b, workbench_id="wb", limit=1000
+        )
     # A second bootstrap of the same directory reuses it; of another bucket is refused.
     assert follower.bootstrap(url, cache, endpoint_url=s3_endpoint) == role
     from nokvfs.errors import InvalidInput
@@ -292,7 +303,9 @@ def test_a_follower_whose_increments_were_cleaned_up_re_bootstraps_in_place(owne
     assert files_of(cache) == files_of(owner)
 
 
-def test_a_follower_catches_up_through_a_retained_generation_without_re_bootstrapping(owner, url, s3_endpoint, tmp_path):
+def test_a_follower_catches_up_through_a_retained_generation_without_re_bootstrapping(
+    owner, url, s3_endpoint, tmp_path
+):
     push(owner, url, s3_endpoint, checkpoint_packs=100)
     cache = str(tmp_path / "f")
     follower.bootstrap(url, cache, endpoint_url=s3_endpoint)
@@ -409,7 +422,9 @@ def test_wait_shipped_raises_owner_fenced_once_another_owner_took_over(owner, ur
 
 
 @pytest.mark.parametrize("damage", ["interrupted re-bootstrap", "torn data file"])
-def test_a_follower_whose_shard_is_missing_or_damaged_rebuilds_it_at_bootstrap(owner, url, s3_endpoint, tmp_path, damage):
+def test_a_follower_whose_shard_is_missing_or_damaged_rebuilds_it_at_bootstrap(
+    owner, url, s3_endpoint, tmp_path, damage
+):
     push(owner, url, s3_endpoint)
     cache = str(tmp_path / "f")
     follower.bootstrap(url, cache, endpoint_url=s3_endpoint)

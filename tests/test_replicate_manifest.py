@@ -136,8 +136,15 @@ def test_a_duplicate_member_name_is_refused_before_any_value_is_decoded(name):
 
 @pytest.mark.parametrize(
     "path, name",
-    [((), "ownerEpoch"), ((), "ownerId"), ((), "retained"), (("head",), "lsn"), (("checkpoint",), "size"), (("increments", 1), "previousChainDigest"),
-     (("retained", 0), "head")],
+    [
+        ((), "ownerEpoch"),
+        ((), "ownerId"),
+        ((), "retained"),
+        (("head",), "lsn"),
+        (("checkpoint",), "size"),
+        (("increments", 1), "previousChainDigest"),
+        (("retained", 0), "head"),
+    ],
 )
 def test_a_missing_field_is_refused(path, name):
     obj = valid_json()
@@ -151,8 +158,14 @@ def test_a_missing_field_is_refused(path, name):
 
 @pytest.mark.parametrize(
     "path, name",
-    [((), "publicationId"), ((), "version"), (("head",), "chainDigest"), (("checkpoint",), "key"),
-     (("increments", 2), "size"), (("retained", 0, "checkpoint"), "id")],
+    [
+        ((), "publicationId"),
+        ((), "version"),
+        (("head",), "chainDigest"),
+        (("checkpoint",), "key"),
+        (("increments", 2), "size"),
+        (("retained", 0, "checkpoint"), "id"),
+    ],
 )
 def test_an_explicit_null_is_refused(path, name):
     obj = valid_json()
@@ -188,7 +201,14 @@ def test_wrong_types_ranges_and_id_forms_are_malformed(mutate):
 
 
 def test_a_manifest_that_is_not_strict_json_is_malformed():
-    for data in (b"", b"[]", b"{", valid_manifest().dumps() + b"x", b'{"version": 1.0}', "{\"version\":1}".encode("utf-16")):
+    for data in (
+        b"",
+        b"[]",
+        b"{",
+        valid_manifest().dumps() + b"x",
+        b'{"version": 1.0}',
+        '{"version":1}'.encode("utf-16"),
+    ):
         with pytest.raises(FormatError):
             load(data)
 

@@ -91,8 +91,13 @@ def test_a_checkpoint_pack_streams_into_a_sink_that_checks_its_header(shard_env,
     data_path = str(tmp_path / "copy" / "data.mdb")
     pack_path = str(tmp_path / "c.pack")
     _, size = write_checkpoint_pack(
-        data_path, pack_path, logical_shard_id=shard_env.shard.logical_shard_id, through_lsn=point.applied_lsn,
-        commit_version=point.commit_version, chain_digest=point.chain_digest, owner_epoch=point.owner_epoch,
+        data_path,
+        pack_path,
+        logical_shard_id=shard_env.shard.logical_shard_id,
+        through_lsn=point.applied_lsn,
+        commit_version=point.commit_version,
+        chain_digest=point.chain_digest,
+        owner_epoch=point.owner_epoch,
     )
     with open(pack_path, "rb") as f:
         raw = f.read()

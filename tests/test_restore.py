@@ -97,7 +97,12 @@ def without_restore_manifest(files: dict) -> dict:
 
 def snapshot_ref(root, snap) -> SnapshotRef:
     with root.read() as view:
-        return SnapshotRef.decode(view.get("snapshot_ref", keys.SnapshotRefKey(root.root_id, snap.workbench.incarnation_id, snap.snapshot_id).encode()))
+        return SnapshotRef.decode(
+            view.get(
+                "snapshot_ref",
+                keys.SnapshotRefKey(root.root_id, snap.workbench.incarnation_id, snap.snapshot_id).encode(),
+            )
+        )
 
 
 def restore_hold(root, op_id):
@@ -156,7 +161,9 @@ def test_a_restore_from_a_snapshot_copies_every_file_as_of_the_snapshot_byte_for
     namespace.remove(root, WB, "logs/l.txt")
     namespace.put(root, WB, "outputs/new", b"new")
     result = restore.restore(root, WB, ("snapshot", "before"), DEST, batch=2)
-    assert result.source_kind == RestoreSourceKind.Snapshot and result.source_selector == snap.snapshot_id.to_bytes(8, "big")
+    assert result.source_kind == RestoreSourceKind.Snapshot and result.source_selector == snap.snapshot_id.to_bytes(
+        8, "big"
+    )
     assert_restored(root, result, expected)
     assert result.member_count == len(FILES)
     ref = snapshot_ref(root, snap)
@@ -234,9 +241,13 @@ def test_nothing_of_the_destination_is_visible_before_the_final_command(bench):
             assert DEST not in [w.workbench_id for w in wb.list_visible(view, root.root_id)]
             with pytest.raises(NotFound):
                 listing.stat(view, root, DEST, "outputs/x")
-        assert [c for c in changes.read_changes(root, after_commit_version=version).changes if c.workbench_id == DEST] == []
+        assert [
+            c for c in changes.read_changes(root, after_commit_version=version).changes if c.workbench_id == DEST
+        ] == []
         assert fsck.check(root).findings == []  # staged paths and references agree at every step
-    assert phases[0] == RestorePhase.Copying and phases[-1] == RestorePhase.Ready and RestorePhase.SourceSealed in phases
+    assert (
+        phases[0] == RestorePhase.Copying and phases[-1] == RestorePhase.Ready and RestorePhase.SourceSealed in phases
+    )
     staged = staged_rows(root, request.destination_incarnation)
     assert len(staged) == len(FILES) + 1  # every file and the restore manifest, staged
     assert len(path_refs_of(root, request.destination_incarnation)) == len(FILES) + 1
@@ -255,11 +266,13 @@ def test_identity_and_initialization_digests_follow_the_contract(bench):
     identity = hashlib.sha256(
         b"nokv.restore.operation.v2\0"
         + root.root_id
-        + U32.pack(len(WB)) + WB.encode()
+        + U32.pack(len(WB))
+        + WB.encode()
         + request.source_incarnation
         + b"\x01"
         + snap.snapshot_id.to_bytes(8, "big")
-        + U32.pack(len(DEST)) + DEST.encode()
+        + U32.pack(len(DEST))
+        + DEST.encode()
         + request.destination_incarnation
     ).digest()
     assert op_id == identity[:16]
@@ -267,12 +280,22 @@ def test_identity_and_initialization_digests_follow_the_contract(bench):
     assert op.identity_digest == identity
     path = b"metadata/restore_manifest.json"
     init = hashlib.sha256(
-        b"nokv.restore.initialization.v3\0" + identity + U32.pack(1) + b"\x01" + U32.pack(len(path)) + path + U32.pack(len(op.restore_manifest_entry)) + op.restore_manifest_entry
+        b"nokv.restore.initialization.v3\0"
+        + identity
+        + U32.pack(1)
+        + b"\x01"
+        + U32.pack(len(path))
+        + path
+        + U32.pack(len(op.restore_manifest_entry))
+        + op.restore_manifest_entry
     ).digest()
     assert op.initialization_digest == init
     result = restore.resume(root, op_id)
     with root.read() as view:
-        raw = view.get("path_current", keys.path_current_key(root.root_id, result.destination_incarnation, restore.RESTORE_MANIFEST))
+        raw = view.get(
+            "path_current",
+            keys.path_current_key(root.root_id, result.destination_incarnation, restore.RESTORE_MANIFEST),
+        )
     assert raw == op.restore_manifest_entry  # the put entry is exactly the sealed descriptor
     manifest = canonical_json.loads(tree(root, DEST)[restore.RESTORE_MANIFEST_PATH])
     assert manifest == {
@@ -483,7 +506,9 @@ def test_a_restore_killed_after_any_command_resumes_to_the_same_destination(tmp_
         assert result.operation_id == op_id
         if expected is None:
             with root.read() as view:
-                expected = {p: reading.read(root, e, view=view) for p, e in asof.at_commit(view, root, source[1]).files()}
+                expected = {
+                    p: reading.read(root, e, view=view) for p, e in asof.at_commit(view, root, source[1]).files()
+                }
         assert_restored(root, result, expected)
 
     assert _every_kill_point(tmp_path, source_kind, then) > 6
@@ -507,7 +532,12 @@ def test_a_restore_killed_after_any_command_is_cleaned_by_its_members(tmp_path, 
             assert lease_consumers(root, source[1]) == []
         else:
             with root.read() as view:
-                ref = SnapshotRef.decode(view.get("snapshot_ref", keys.SnapshotRefKey(root.root_id, op.source_workspace_incarnation_id, source[1]).encode()))
+                ref = SnapshotRef.decode(
+                    view.get(
+                        "snapshot_ref",
+                        keys.SnapshotRefKey(root.root_id, op.source_workspace_incarnation_id, source[1]).encode(),
+                    )
+                )
             assert ref.consumer_count == 0
         for pub in publish_ops(root).values():
             assert pub.phase in publish.TERMINAL
@@ -570,7 +600,9 @@ def _restore_worker(data_dir: str, crash_at: str, snapshot_id: int) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("crash_at", ["staged-after-begin", "restore-before-complete-command", "restore-after-complete-command"])
+@pytest.mark.parametrize(
+    "crash_at", ["staged-after-begin", "restore-before-complete-command", "restore-after-complete-command"]
+)
 def test_sigkill_then_recovery_finishes_the_restore(data_dir, crash_at):
     holder = RootHolder(data_dir)
     wb.create(holder.root, WB)

@@ -15,7 +15,7 @@ from nokvfs.engine.shard import Shard
 from nokvfs.errors import HistoryNotRetained, OwnerFenced, RequestExpired, ShardCorrupt
 from nokvfs.replicate.replicator import Replicator
 from nokvfs.schema.enums import OutboxRecordKind, RetainedFamily
-from nokvfs.schema.ids import derived_id16, new_id16, uuid7_from
+from nokvfs.schema.ids import derived_id16, uuid7_from
 from tests.conftest import make_shard_env
 from tests.test_replicate import assert_equal_shards, populate, raw_rows, restored_shard, s3_store  # noqa: F401
 
@@ -92,7 +92,9 @@ def test_the_request_horizon_never_passes_the_lease_clock_nor_moves_back(env):
     shard.observe_lease_clock(T0 - 1)
     prune_all(shard, RetainedFamily.CommandDedupe, floor_version=shard.commit_version, horizon_ms=T0 + 10**9)
     assert shard.retention_floors.request_horizon_ms == T0 - 1
-    assert any(k.endswith(old) for k in rows_of(shard, "command_dedupe")), "a request the lease clock has not passed is kept"
+    assert any(k.endswith(old) for k in rows_of(shard, "command_dedupe")), (
+        "a request the lease clock has not passed is kept"
+    )
     shard.observe_lease_clock(T0 + 10_000)
     prune_all(shard, RetainedFamily.CommandDedupe, floor_version=shard.commit_version, horizon_ms=T0 + 5)
     prune_all(shard, RetainedFamily.CommandDedupe, floor_version=0, horizon_ms=0)
@@ -124,7 +126,9 @@ def test_change_events_at_or_below_the_event_floor_go_and_newer_ones_stay(env):
     removed = prune_all(shard, RetainedFamily.ChangeEvent, floor_version=floor, max_rows=3)
     assert removed == len(below)
 
-    assert sorted(event_version(k) for k in rows_of(shard, "change_event")) == list(range(floor + 1, shard.commit_version + 1))
+    assert sorted(event_version(k) for k in rows_of(shard, "change_event")) == list(
+        range(floor + 1, shard.commit_version + 1)
+    )
     assert shard.retention_floors.event_floor_version == floor
 
 
@@ -161,7 +165,13 @@ def test_a_truncated_outbox_verifies_from_the_truncation_point_and_refuses_older
         from nokvfs.engine import outbox, rows
         from nokvfs.engine.records import OutboxChunk
 
-        rows.put(txn, shard._dbs["recovery_outbox"], "recovery_outbox", outbox.chunk_key(through, 0), OutboxChunk(b"x").encode())
+        rows.put(
+            txn,
+            shard._dbs["recovery_outbox"],
+            "recovery_outbox",
+            outbox.chunk_key(through, 0),
+            OutboxChunk(b"x").encode(),
+        )
     shard.close()
     with pytest.raises(ShardCorrupt):
         Shard.open(env.path, verify=True)
@@ -179,8 +189,13 @@ def test_a_replica_restored_after_truncation_and_retention_equals_the_source(s3_
                 shard.apply(env.command(mutations=[put(round_)], request_id=request_at(T0 + 10_000 * round_ + 1)))
                 shard.observe_lease_clock(T0 + 10_000 * (round_ + 1))
                 prune_all(shard, RetainedFamily.ChangeEvent, floor_version=shard.commit_version - 5, max_rows=4)
-                prune_all(shard, RetainedFamily.CommandDedupe, floor_version=shard.commit_version - 3,
-                          horizon_ms=T0 + 10_000 * round_, max_rows=2)
+                prune_all(
+                    shard,
+                    RetainedFamily.CommandDedupe,
+                    floor_version=shard.commit_version - 3,
+                    horizon_ms=T0 + 10_000 * round_,
+                    max_rows=2,
+                )
                 replicator.push_once()
                 durable = horizon.read(shard.path, shard.logical_shard_id)
                 if durable:
@@ -203,11 +218,15 @@ def test_the_outbox_horizon_file_golden_bytes_and_unknown_fields(tmp_path):
     assert horizon.read(path, shard_id) is None  # never published
     horizon.record(path, shard_id, 7, b"\x22" * 32)
     with open(tmp_path / horizon.HORIZON_NAME, "rb") as f:
-        assert f.read() == b'{"chainDigest":"' + b"22" * 32 + b'","logicalShardId":"' + b"11" * 16 + b'","throughLsn":7}'
+        assert (
+            f.read() == b'{"chainDigest":"' + b"22" * 32 + b'","logicalShardId":"' + b"11" * 16 + b'","throughLsn":7}'
+        )
     horizon.record(path, shard_id, 5, b"\x33" * 32)  # never moves back
     assert horizon.read(path, shard_id) == 7
     assert horizon.read(path, b"\x12" * 16) == 0  # another shard's: nothing truncated on its word
-    (tmp_path / horizon.HORIZON_NAME).write_text('{"chainDigest":"","logicalShardId":"' + "11" * 16 + '","throughLsn":7,"extra":1}')
+    (tmp_path / horizon.HORIZON_NAME).write_text(
+        '{"chainDigest":"","logicalShardId":"' + "11" * 16 + '","throughLsn":7,"extra":1}'
+    )
     assert horizon.read(path, shard_id) == 0
     (tmp_path / horizon.HORIZON_NAME).write_text("not json")
     assert horizon.read(path, shard_id) == 0

@@ -40,7 +40,11 @@ def test_ranges_follow_value_order_not_byte_order_of_text(root):
     for n in (-5, 0, 3, 10, 200, 2**40):
         put(root, f"outputs/n{n}", n=n)
     assert paths(index.search(root, "w", "n", lower=0, upper=200)) == ["outputs/n0", "outputs/n3", "outputs/n10"]
-    assert paths(index.search(root, "w", "n", lower=3, include_lower=False)) == ["outputs/n10", "outputs/n200", f"outputs/n{2**40}"]
+    assert paths(index.search(root, "w", "n", lower=3, include_lower=False)) == [
+        "outputs/n10",
+        "outputs/n200",
+        f"outputs/n{2**40}",
+    ]
     assert paths(index.search(root, "w", "n", upper=0, include_upper=True)) == ["outputs/n-5", "outputs/n0"]
 
 

@@ -164,7 +164,10 @@ CHECKS = {
     "rmdir-file": lambda p: os.rmdir(p.fresh()),
     "rmdir-section": lambda p: os.rmdir(p.path("wb", "outputs")),
     "rmdir-workbench": lambda p: os.rmdir(p.path("wb")),
-    "rmdir-snapshot": lambda p: (os.mkdir(p.path("wb", ".snapshots", "gone")), os.rmdir(p.path("wb", ".snapshots", "gone"))),
+    "rmdir-snapshot": lambda p: (
+        os.mkdir(p.path("wb", ".snapshots", "gone")),
+        os.rmdir(p.path("wb", ".snapshots", "gone")),
+    ),
     "rename": lambda p: os.rename(p.fresh(), p.path("wb", "outputs", "renamed")),
     "rename-across-workbenches": lambda p: os.rename(p.fresh(), p.path("other", "outputs", "moved")),
     "rename-dir-with-files": lambda p: os.rename(dir_with_file(p), p.path("wb", "outputs", f"moved-dir{p.count}")),
@@ -208,7 +211,7 @@ def outcome(check, place) -> str:
 def test_every_documented_row_has_a_check_and_no_check_is_undocumented():
     rows = documented()
     assert len(rows) >= 60
-    assert set(rows) == set(CHECKS), (set(rows) ^ set(CHECKS))
+    assert set(rows) == set(CHECKS), set(rows) ^ set(CHECKS)
 
 
 @pytest.fixture(scope="module")

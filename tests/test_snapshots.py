@@ -29,7 +29,10 @@ def now_ms():
 
 def hold(root, snapshot_id):
     with root.read() as view:
-        raw = view.get("history_hold", keys.HistoryHoldKey(root.root_id, HistoryHoldKind.Snapshot, snapshot_id.to_bytes(8, "big")).encode())
+        raw = view.get(
+            "history_hold",
+            keys.HistoryHoldKey(root.root_id, HistoryHoldKind.Snapshot, snapshot_id.to_bytes(8, "big")).encode(),
+        )
     return None if raw is None else HistoryHold.decode(raw)
 
 
@@ -68,7 +71,11 @@ def test_reminting_a_name_moves_it_and_the_older_snapshot_stays_addressable_by_i
     assert snapshot.get(root, "w", "x").snapshot_id == second.snapshot_id
     assert snapshot.get(root, "w", first.snapshot_id).ref.state == SnapshotState.Active
     with root.read() as view:
-        alias = SnapshotAlias.decode(view.get("snapshot_alias", keys.SnapshotAliasKey(root.root_id, first.workbench.incarnation_id, "x").encode()))
+        alias = SnapshotAlias.decode(
+            view.get(
+                "snapshot_alias", keys.SnapshotAliasKey(root.root_id, first.workbench.incarnation_id, "x").encode()
+            )
+        )
     assert alias.alias_generation == 2
 
 
@@ -146,7 +153,15 @@ def _attach_consumer(root, snap):
 
     def build(view):
         ref = SnapshotRef.decode(view.get("snapshot_ref", key))
-        return Built(mutations=[Put("snapshot_ref", key, dataclasses.replace(ref, consumer_count=1, consumer_epoch=ref.consumer_epoch + 1))])
+        return Built(
+            mutations=[
+                Put(
+                    "snapshot_ref",
+                    key,
+                    dataclasses.replace(ref, consumer_count=1, consumer_epoch=ref.consumer_epoch + 1),
+                )
+            ]
+        )
 
     root.apply(build, digest=intent_digest("test.attach", snap.snapshot_id))
 

@@ -17,14 +17,38 @@ from tests.unit_sandbox import service_settings
 
 UNIT = os.path.join(REPO, "systemd", "nokvfs@.service")
 MAX_EXPOSURE = 3.8  # `systemd-analyze security --offline=yes`: 9.6 before the hardening
-needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed (scripts/setup.sh installs it)")
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed (scripts/setup.sh installs it)"
+)
 # Each of these runs the service in its own mount namespace, whose propagation to the host is
 # cut (systemd.exec(5), MountFlags=): the FUSE mount would be invisible outside the service.
 NAMESPACING = {
-    "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateMounts", "ReadWritePaths", "ReadOnlyPaths",
-    "InaccessiblePaths", "ExecPaths", "NoExecPaths", "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem",
-    "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ProtectProc",
-    "ProcSubset", "PrivateIPC", "MountFlags", "RootDirectory", "RootImage", "LogNamespace", "PrivateUsers", "PrivateNetwork",
+    "ProtectSystem",
+    "ProtectHome",
+    "PrivateTmp",
+    "PrivateDevices",
+    "PrivateMounts",
+    "ReadWritePaths",
+    "ReadOnlyPaths",
+    "InaccessiblePaths",
+    "ExecPaths",
+    "NoExecPaths",
+    "BindPaths",
+    "BindReadOnlyPaths",
+    "TemporaryFileSystem",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectKernelLogs",
+    "ProtectControlGroups",
+    "ProtectProc",
+    "ProcSubset",
+    "PrivateIPC",
+    "MountFlags",
+    "RootDirectory",
+    "RootImage",
+    "LogNamespace",
+    "PrivateUsers",
+    "PrivateNetwork",
 }
 
 pytest_plugins = ["tests.s3_fixtures"]
@@ -45,8 +69,12 @@ def test_the_unit_parses():
 
 @needs_analyze
 def test_the_exposure_stays_low():
-    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", f"--threshold={int(MAX_EXPOSURE * 10)}", UNIT],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", f"--threshold={int(MAX_EXPOSURE * 10)}", UNIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     exposure = float(re.search(r"Overall exposure level for \S+: (\d+\.\d)", done.stdout).group(1))
     assert done.returncode == 0 and exposure <= MAX_EXPOSURE, done.stdout
 
@@ -70,17 +98,33 @@ def test_the_daemon_mounts_serves_and_unmounts_inside_the_units_sandbox(tmp_path
     os.makedirs(mnt)
     nokvfs = [sys.executable, "-m", "nokvfs.cli.main"]
     sandboxed = [sys.executable, "-m", "tests.unit_sandbox", UNIT, "--"]
-    init = subprocess.run([*nokvfs, "init", "--data-dir", data, "--store", f"s3://{s3_bucket}/unit", "--endpoint-url", s3_endpoint],
-                          capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
+    init = subprocess.run(
+        [*nokvfs, "init", "--data-dir", data, "--store", f"s3://{s3_bucket}/unit", "--endpoint-url", s3_endpoint],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert init.returncode == 0, init.stderr
-    assert subprocess.run([*nokvfs, "workbench", "create", "wb", "--data-dir", data], env=env(), cwd=REPO, timeout=120).returncode == 0
+    assert (
+        subprocess.run(
+            [*nokvfs, "workbench", "create", "wb", "--data-dir", data], env=env(), cwd=REPO, timeout=120
+        ).returncode
+        == 0
+    )
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify.sock"))
     notify.settimeout(60)
     environment = dict(env(), NOTIFY_SOCKET=str(tmp_path / "notify.sock"))
     log = open(tmp_path / "daemon.log", "ab")
-    proc = subprocess.Popen([*sandboxed, *nokvfs, "mount", "--foreground", data, mnt], stdout=log, stderr=subprocess.STDOUT,
-                            env=environment, cwd=REPO)
+    proc = subprocess.Popen(
+        [*sandboxed, *nokvfs, "mount", "--foreground", data, mnt],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=environment,
+        cwd=REPO,
+    )
     try:
         try:
             ready = notify.recv(4096).decode()
@@ -104,8 +148,14 @@ def test_the_daemon_mounts_serves_and_unmounts_inside_the_units_sandbox(tmp_path
         os.unlink(os.path.join(mnt, "wb", "outputs", "b.txt"))
         assert os.listdir(os.path.join(mnt, "wb", "outputs")) == []
         # ExecStop, sandboxed too: a clean unmount after which the daemon exits 0
-        done = subprocess.run([*sandboxed, *nokvfs, "umount", mnt, "--data-dir", data], capture_output=True, text=True,
-                              env=env(), cwd=REPO, timeout=120)
+        done = subprocess.run(
+            [*sandboxed, *nokvfs, "umount", mnt, "--data-dir", data],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert proc.wait(timeout=60) == 0, (tmp_path / "daemon.log").read_text()
         assert not os.path.ismount(mnt)
@@ -116,6 +166,11 @@ def test_the_daemon_mounts_serves_and_unmounts_inside_the_units_sandbox(tmp_path
         log.close()
         notify.close()
     # the same sandbox refuses what the unit forbids (the filter is real)
-    probe = "import os, socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\nexcept PermissionError:\n    print('refused')"
-    done = subprocess.run([*sandboxed, sys.executable, "-c", probe], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
+    probe = (
+        "import os, socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n"
+        "except PermissionError:\n    print('refused')"
+    )
+    done = subprocess.run(
+        [*sandboxed, sys.executable, "-c", probe], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60
+    )
     assert done.stdout == "refused\n", done.stderr

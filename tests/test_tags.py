@@ -41,7 +41,10 @@ def row(root, commit_id) -> Commit:
 
 def tag_consumers(root, commit_id) -> dict:
     prefix = keys.commit_consumer_prefix(root.root_id, commit_id, CommitConsumerKind.Tag)
-    return {keys.CommitConsumerKey.decode(k).owner().tag_name: CommitConsumer.decode(v) for k, v in all_rows(root, "commit_consumer", prefix)}
+    return {
+        keys.CommitConsumerKey.decode(k).owner().tag_name: CommitConsumer.decode(v)
+        for k, v in all_rows(root, "commit_consumer", prefix)
+    }
 
 
 def test_setting_a_tag_adds_one_consumer_at_the_next_epoch(two):

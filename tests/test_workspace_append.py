@@ -77,7 +77,10 @@ def test_append_reuses_the_base_rows_and_depends_on_their_owner(bench):
     rows = manifest(root, child.artifact_revision_id)
     assert rows[: len(base_rows)] == base_rows  # the base rows, unchanged (owner, index, key)
     own = rows[len(base_rows) :]
-    assert [(r.physical_owner_revision_id, r.physical_object_index) for r in own] == [(child.artifact_revision_id, 0), (child.artifact_revision_id, 1)]
+    assert [(r.physical_owner_revision_id, r.physical_object_index) for r in own] == [
+        (child.artifact_revision_id, 0),
+        (child.artifact_revision_id, 1),
+    ]
     assert [r.object_key for r in own] == block_keys(root, child.artifact_revision_id, 2)
     assert [r.logical_offset for r in rows] == [0, BLOCK, 2 * BLOCK, 2 * BLOCK + 300, 3 * BLOCK + 300]
 
@@ -92,8 +95,11 @@ def test_append_reuses_the_base_rows_and_depends_on_their_owner(bench):
     # The base lost its Path reference and gained the child's dependency: still one, epoch 3.
     base_rev = revision(root, base.artifact_revision_id)
     assert (base_rev.strong_reference_count, base_rev.reference_epoch) == (1, 3)
-    (ref_key, ref), = refs_to(root, base.artifact_revision_id)
-    assert (ref_key.reference_kind, ref_key.reference_owner_id) == (ReferenceKind.RevisionDependency, child.artifact_revision_id)
+    ((ref_key, ref),) = refs_to(root, base.artifact_revision_id)
+    assert (ref_key.reference_kind, ref_key.reference_owner_id) == (
+        ReferenceKind.RevisionDependency,
+        child.artifact_revision_id,
+    )
     assert ref.created_version == version
     assert _dependency_targets(root, child.artifact_revision_id) == {base.artifact_revision_id}
 
@@ -175,7 +181,18 @@ def _compose(root, path: str, sources: list[PathEntry]) -> PathEntry:
     rows, data, offset = [], b"", 0
     for source in sources:
         first = manifest(root, source.artifact_revision_id)[0]
-        rows.append(ArtifactManifest(first.physical_owner_revision_id, first.physical_object_index, first.object_key, offset, 0, first.length, first.digest_uri, None))
+        rows.append(
+            ArtifactManifest(
+                first.physical_owner_revision_id,
+                first.physical_object_index,
+                first.object_key,
+                offset,
+                0,
+                first.length,
+                first.digest_uri,
+                None,
+            )
+        )
         data += root.blocks.read_block(first.object_key, first.digest_uri, first.length)
         offset += first.length
     owners = sorted(_owners(rows))
@@ -204,13 +221,30 @@ def _compose(root, path: str, sources: list[PathEntry]) -> PathEntry:
         refs.add(ReferenceKind.Path, publish.path_owner(bench.incarnation_id, components), revision_id)
         for owner in owners:
             refs.add(ReferenceKind.RevisionDependency, revision_id, owner)
-        found = PathEntry(1, revision_id, offset, rev.body_digest_uri, rev.manifest_digest_uri, len(owners), 1, rev.content_type, "", revision_id, version, version, ())
+        found = PathEntry(
+            1,
+            revision_id,
+            offset,
+            rev.body_digest_uri,
+            rev.manifest_digest_uri,
+            len(owners),
+            1,
+            rev.content_type,
+            "",
+            revision_id,
+            version,
+            version,
+            (),
+        )
         predicates, mutations = refs.rows()
         key = keys.path_current_key(root.root_id, bench.incarnation_id, components)
         wb_pred, wb_mut = wb.advance_revision(root.root_id, WB, raw_wb, version)
         predicates += [Absent("path_current", key), wb_pred]
         mutations += [Put("path_current", key, found), wb_mut]
-        mutations += [Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, revision_id, i).encode(), r) for i, r in enumerate(rows)]
+        mutations += [
+            Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, revision_id, i).encode(), r)
+            for i, r in enumerate(rows)
+        ]
         return Built(predicates=predicates, mutations=mutations, value=found)
 
     _, built = root.apply(build, digest=intent_digest("test.compose", revision_id))
@@ -275,7 +309,7 @@ def test_an_append_that_loses_to_a_replace_is_cleaned(monkeypatch, bench):
 def test_concurrent_appends_have_one_winner(bench):
     root = bench
     namespace.put(root, WB, PATH, b"start|")
-    for round_ in range(5):
+    for _round in range(5):
         generation = entry(root, PATH).generation
         before = get_bytes(root, PATH)
         barrier = threading.Barrier(2)

@@ -47,7 +47,14 @@ from tests.workspace_fixtures import (  # noqa: F401 - fixtures
     root_holder_fixture,
 )
 
-SCRIPT = Attributes(mode=0o755, uid=None, gid=None, mtime_ns=1_600_000_000_500_000_000, atime_ns=1_600_000_001_000_000_000, ctime_ns=1_700_000_000_000_000_000)
+SCRIPT = Attributes(
+    mode=0o755,
+    uid=None,
+    gid=None,
+    mtime_ns=1_600_000_000_500_000_000,
+    atime_ns=1_600_000_001_000_000_000,
+    ctime_ns=1_700_000_000_000_000_000,
+)
 OLD = -86_400_000_000_000  # a day before 1970
 
 
@@ -91,7 +98,9 @@ def test_put_stores_attributes_in_the_same_command_and_they_survive_a_reopen(roo
 
 def test_set_attributes_is_metadata_only(bench, data_dir):
     root = bench
-    made = namespace.put(root, WB, "outputs/data.csv", b"a,b\n1,2\n", index_fields=index.fields({"rows": 1}), attributes=SCRIPT)
+    made = namespace.put(
+        root, WB, "outputs/data.csv", b"a,b\n1,2\n", index_fields=index.fields({"rows": 1}), attributes=SCRIPT
+    )
     objects, operations = object_files(data_dir), publish_ops(root)
     revisions = all_rows(root, "artifact_revision")
     index_rows = all_rows(root, "secondary_index")
@@ -99,14 +108,20 @@ def test_set_attributes_is_metadata_only(bench, data_dir):
         _, before_wb = wb.visible(view, root.root_id, WB)
     events = len(feed(root))
 
-    changed = namespace.set_attributes(root, WB, "outputs/data.csv", mode=0o600, mtime_ns=OLD, expected_revision_id=made.artifact_revision_id)
+    changed = namespace.set_attributes(
+        root, WB, "outputs/data.csv", mode=0o600, mtime_ns=OLD, expected_revision_id=made.artifact_revision_id
+    )
 
     # Nothing uploaded, no revision, no publish operation; generation, body and size kept.
     assert object_files(data_dir) == objects and publish_ops(root) == operations
     assert all_rows(root, "artifact_revision") == revisions
     assert all_rows(root, "secondary_index") == index_rows
     assert (changed.generation, changed.artifact_revision_id, changed.logical_size, changed.body_digest_uri) == (
-        made.generation, made.artifact_revision_id, made.logical_size, made.body_digest_uri)
+        made.generation,
+        made.artifact_revision_id,
+        made.logical_size,
+        made.body_digest_uri,
+    )
     assert changed.created_version == made.created_version and changed.modified_version > made.modified_version
     stored = attrs.of(entry(root, "outputs/data.csv"))
     assert (stored.mode, stored.mtime_ns, stored.atime_ns) == (0o600, OLD, SCRIPT.atime_ns)
@@ -118,7 +133,11 @@ def test_set_attributes_is_metadata_only(bench, data_dir):
     assert after_wb.revision == before_wb.revision + 1
     (event,) = feed(root)[events:]
     assert (event.kind, event.path, event.before, event.after) == (
-        ChangeEventKind.PathAttributesChanged, "outputs/data.csv", made.artifact_revision_id, made.artifact_revision_id)
+        ChangeEventKind.PathAttributesChanged,
+        "outputs/data.csv",
+        made.artifact_revision_id,
+        made.artifact_revision_id,
+    )
 
 
 def test_set_attributes_without_stored_ones_starts_from_what_was_shown(bench):
@@ -262,7 +281,9 @@ def test_a_directory_with_only_its_marker_is_an_empty_directory(bench):
     with bench.read() as view:
         assert listing.has_children(view, bench, bench_wb.incarnation_id, ("outputs", "empty"))
     namespace.remove(bench, WB, "outputs/empty/zzz")
-    assert namespace.remove_directory_attributes(bench, WB, "outputs/empty").content_type == attrs.DIRECTORY_CONTENT_TYPE
+    assert (
+        namespace.remove_directory_attributes(bench, WB, "outputs/empty").content_type == attrs.DIRECTORY_CONTENT_TYPE
+    )
     assert namespace.remove_directory_attributes(bench, WB, "outputs/empty") is None  # idempotent
     with bench.read() as view, pytest.raises(NotFound):
         listing.stat(view, bench, WB, "outputs/empty")

@@ -96,7 +96,7 @@ def test_paths_outside_the_sections_are_refused(bench, path):
     root = bench
     namespace.put(root, WB, "outputs/src", b"src")
     version = root.shard.commit_version
-    for name, call in _refusals(root)[:5]:
+    for _name, call in _refusals(root)[:5]:
         with pytest.raises(InvalidInput) as info:
             call(path)
         assert not isinstance(info.value, PathInvalid)
@@ -110,7 +110,7 @@ def test_sections_cannot_be_written_removed_or_shadowed(bench, section):
     root = bench
     namespace.put(root, WB, "outputs/src", b"src")
     version = root.shard.commit_version
-    for name, call in _refusals(root)[:5]:
+    for _name, call in _refusals(root)[:5]:
         with pytest.raises(InvalidInput):
             call(section)
     _nothing_happened(root, version)
@@ -122,7 +122,7 @@ def test_reserved_manifests_refuse_every_generic_write(bench, path):
     root = bench
     namespace.put(root, WB, "outputs/src", b"src")
     version = root.shard.commit_version
-    for name, call in _refusals(root)[:5]:
+    for _name, call in _refusals(root)[:5]:
         with pytest.raises(ReservedPath):
             call(path)
     _nothing_happened(root, version)

@@ -119,7 +119,16 @@ def test_children_are_in_byte_order_of_their_names(bench):
 
 def test_recursive_listing_is_in_canonical_path_order(bench):
     root = bench
-    paths = ["outputs/a/b", "outputs/a-b", "outputs/a/c/d", "outputs/ab", "outputs/a.x", "logs/z", "input/q/r/s", "outputs/b"]
+    paths = [
+        "outputs/a/b",
+        "outputs/a-b",
+        "outputs/a/c/d",
+        "outputs/ab",
+        "outputs/a.x",
+        "logs/z",
+        "input/q/r/s",
+        "outputs/b",
+    ]
     for path in paths:
         namespace.put(root, WB, path, path.encode())
     canonical = sorted(paths, key=lambda p: [c.encode() for c in normalize_path(p)])

@@ -92,12 +92,14 @@ def test_put_creates_an_available_revision_with_one_path_reference(bench):
     assert found.manifest_id == found.artifact_revision_id
     assert get_bytes(root, "outputs/a.bin") == data
 
-    rev = assert_references(root, found.artifact_revision_id, count=1, epoch=1, owners=[(ReferenceKind.Path, _owner(root, "outputs/a.bin"))])
+    rev = assert_references(
+        root, found.artifact_revision_id, count=1, epoch=1, owners=[(ReferenceKind.Path, _owner(root, "outputs/a.bin"))]
+    )
     assert rev.state == RevisionState.Available
     assert rev.created_version == version
     assert rev.block_count == 4 and rev.dependency_count == 0 and rev.dependency_depth == 0
     assert rev.body_digest_uri == found.body_digest_uri
-    (ref_key, ref), = refs_to(root, found.artifact_revision_id)
+    ((ref_key, ref),) = refs_to(root, found.artifact_revision_id)
     assert ref.reference_epoch_at_add == 1 and ref.created_version == version
     assert gc_candidates(root, found.artifact_revision_id) == {}
     rows = manifest(root, found.artifact_revision_id)
@@ -115,7 +117,9 @@ def test_empty_body_is_a_revision_with_no_blocks(bench):
     assert found.logical_size == 0
     assert get_bytes(bench, "logs/empty") == b""
     assert revision(bench, found.artifact_revision_id).block_count == 0
-    assert_references(bench, found.artifact_revision_id, count=1, epoch=1, owners=[(ReferenceKind.Path, _owner(bench, "logs/empty"))])
+    assert_references(
+        bench, found.artifact_revision_id, count=1, epoch=1, owners=[(ReferenceKind.Path, _owner(bench, "logs/empty"))]
+    )
 
 
 def test_put_from_a_stream_spools_and_publishes(bench):
@@ -212,7 +216,9 @@ def test_remove_with_a_stale_generation_is_a_conflict_and_changes_nothing(bench)
     with pytest.raises(GenerationConflict):
         namespace.remove(root, WB, "logs/a", expected_generation=1)
     assert root.shard.commit_version == version
-    assert_references(root, found.artifact_revision_id, count=1, epoch=1, owners=[(ReferenceKind.Path, _owner(root, "logs/a"))])
+    assert_references(
+        root, found.artifact_revision_id, count=1, epoch=1, owners=[(ReferenceKind.Path, _owner(root, "logs/a"))]
+    )
     namespace.remove(root, WB, "logs/a", expected_generation=2)
     assert entry(root, "logs/a") is None
 
@@ -237,7 +243,13 @@ def test_rename_moves_the_reference_in_one_command(bench):
     assert entry(root, "outputs/old") is None
     assert get_bytes(root, "outputs/sub/new") == body(2 * BLOCK, "mv")
     # add (+1) then remove (+1): one reference, epoch 3, never zero so no candidate.
-    assert_references(root, found.artifact_revision_id, count=1, epoch=3, owners=[(ReferenceKind.Path, _owner(root, "outputs/sub/new"))])
+    assert_references(
+        root,
+        found.artifact_revision_id,
+        count=1,
+        epoch=3,
+        owners=[(ReferenceKind.Path, _owner(root, "outputs/sub/new"))],
+    )
     assert gc_candidates(root, found.artifact_revision_id) == {}
 
 
@@ -253,7 +265,9 @@ def test_rename_over_an_existing_file_releases_the_target_revision(bench):
     assert moved.generation == dst.generation + 1 == 3
     assert get_bytes(root, "outputs/b") == b"A"
     assert entry(root, "outputs/a") is None
-    assert_references(root, src.artifact_revision_id, count=1, epoch=3, owners=[(ReferenceKind.Path, _owner(root, "outputs/b"))])
+    assert_references(
+        root, src.artifact_revision_id, count=1, epoch=3, owners=[(ReferenceKind.Path, _owner(root, "outputs/b"))]
+    )
     assert_references(root, dst.artifact_revision_id, count=0, epoch=2, owners=[])
     assert_gc_candidate(root, dst.artifact_revision_id, epoch=2, version=version)
 
@@ -354,7 +368,10 @@ def test_each_change_emits_one_event(bench):
         [IndexField("kind", b"")],
         [IndexField("", index_codec.encode(index_codec.null()))],
         [IndexField("a\x00b", index_codec.encode(index_codec.null()))],
-        [IndexField("k", index_codec.encode(index_codec.int_(1))), IndexField("k", index_codec.encode(index_codec.int_(2)))],
+        [
+            IndexField("k", index_codec.encode(index_codec.int_(1))),
+            IndexField("k", index_codec.encode(index_codec.int_(2))),
+        ],
     ],
 )
 def test_invalid_index_fields_are_refused_before_upload(bench, fields):

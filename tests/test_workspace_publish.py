@@ -51,11 +51,30 @@ from tests.workspace_fixtures import (  # noqa: F401 - fixtures
 
 def _publication(path: str, data: bytes, **kw) -> publish.Publication:
     b = bodies.from_bytes(data, BLOCK)
-    return publish.Publication(workbench_id=WB, components=tuple(path.split("/")), body=b, logical_size=b.size, body_digest_uri=b.digest_uri, **kw)
+    return publish.Publication(
+        workbench_id=WB,
+        components=tuple(path.split("/")),
+        body=b,
+        logical_size=b.size,
+        body_digest_uri=b.digest_uri,
+        **kw,
+    )
 
 
 def _counts(root) -> dict[str, int]:
-    return {tree: len(all_rows(root, tree)) for tree in ("artifact_revision", "artifact_manifest", "revision_ref", "path_current", "operation", "staged_object", "change_event", "command_dedupe")}
+    return {
+        tree: len(all_rows(root, tree))
+        for tree in (
+            "artifact_revision",
+            "artifact_manifest",
+            "revision_ref",
+            "path_current",
+            "operation",
+            "staged_object",
+            "change_event",
+            "command_dedupe",
+        )
+    }
 
 
 # --- phases and the ledger ------------------------------------------------------------------------
@@ -67,7 +86,7 @@ def test_the_ledger_owns_every_key_before_its_bytes_are_sent(monkeypatch, bench)
     real_put = root.store.put
 
     def checked_put(key, data, **kw):
-        (op_id, op), = [(i, o) for i, o in publish_ops(root).items() if o.phase != PublishPhase.Published]
+        ((op_id, op),) = [(i, o) for i, o in publish_ops(root).items() if o.phase != PublishPhase.Published]
         assert op.phase == PublishPhase.Uploading
         rows = {r.object_key: r for r in ledger(root, op_id)}
         assert key in rows, "uploaded a key the ledger does not own"
@@ -82,7 +101,7 @@ def test_the_ledger_owns_every_key_before_its_bytes_are_sent(monkeypatch, bench)
     data = body(3 * BLOCK + 1, "ledger")
     found = namespace.put(root, WB, "outputs/x", data)
     assert seen == block_keys(root, found.artifact_revision_id, 4)
-    (op_id, op), = publish_ops(root).items()
+    ((op_id, op),) = publish_ops(root).items()
     assert op.phase == PublishPhase.Published
     assert op.object_count == 4 and op.logical_size == len(data)
     assert ledger(root, op_id) == []  # the final command drops the ledger rows
@@ -210,7 +229,7 @@ def test_a_failed_multipart_is_aborted_from_the_ledger(monkeypatch, bench):
         namespace.put(root, WB, "outputs/mp", body(BLOCK, "mpfail"))
     (op,) = publish_ops(root).values()
     assert op.phase == PublishPhase.Cleaned
-    (key, upload_id), = recorded.items()
+    ((key, upload_id),) = recorded.items()
     # Aborted by cleanup: the staging of that upload is gone, so a late part cannot land.
     from nokvfs.errors import ObjectMissing
 
@@ -301,7 +320,7 @@ def test_a_lost_response_of_the_final_command_is_replayed_not_reapplied(monkeypa
 def test_a_replay_through_the_same_request_id_returns_the_stored_result(bench):
     root = bench
     found = namespace.put(root, WB, "outputs/q", b"once")
-    (op_id, op), = publish_ops(root).items()
+    ((op_id, op),) = publish_ops(root).items()
     version, counts = root.shard.commit_version, _counts(root)
 
     def rebuild(view):  # whatever a rebuilt retry would write, the stored result wins
@@ -329,7 +348,9 @@ def test_two_threads_replacing_one_generation_have_exactly_one_winner(bench):
         def replace(tag):
             barrier.wait()
             try:
-                outcomes[tag] = namespace.put(root, WB, "outputs/hot", body(3 * BLOCK, f"{round_}-{tag}"), expected_generation=generation)
+                outcomes[tag] = namespace.put(
+                    root, WB, "outputs/hot", body(3 * BLOCK, f"{round_}-{tag}"), expected_generation=generation
+                )
             except GenerationConflict as exc:
                 outcomes[tag] = exc
 
@@ -459,7 +480,12 @@ def test_a_final_command_that_fails_without_a_predicate_is_cleaned(monkeypatch, 
     assert publish.recover(root) == []
 
 
-@pytest.mark.xfail(strict=True, raises=KeyTooLong, reason="engine: LMDB keys are limited to 511 bytes (family keys to 498), so paths over ~440 bytes are KeyTooLong; the normalizer allows 4096")
+@pytest.mark.xfail(
+    strict=True,
+    raises=KeyTooLong,
+    reason="engine: LMDB keys are limited to 511 bytes (family keys to 498), so paths over ~440 bytes are KeyTooLong; "
+    "the normalizer allows 4096",
+)
 def test_the_longest_normalized_path_can_be_published(bench):
     path = "outputs/" + "/".join(["y" * 63] * 63)
     path = path + "z" * (4096 - len(path.encode()))

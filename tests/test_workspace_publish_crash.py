@@ -122,7 +122,9 @@ def test_sigkill_at_each_stage_then_recovery(data_dir, crash_at, existing):
             assert found.generation == (2 if existing else 1)
             assert present_keys(root.store, keys_) == keys_
             rev = revision(root, op.artifact_revision_id)
-            assert (rev.strong_reference_count, rev.reference_epoch) == (1, 1) and len(refs_to(root, op.artifact_revision_id)) == 1
+            assert (rev.strong_reference_count, rev.reference_epoch) == (1, 1) and len(
+                refs_to(root, op.artifact_revision_id)
+            ) == 1
             if existing:
                 assert revision(root, old.artifact_revision_id).strong_reference_count == 0
         # Recovery is idempotent: a second open finds nothing to do.
@@ -133,7 +135,9 @@ def test_sigkill_at_each_stage_then_recovery(data_dir, crash_at, existing):
         holder.close()
 
 
-@pytest.mark.parametrize("crash_at, phase", [("after-abort", PublishPhase.Aborting), ("after-cleaning", PublishPhase.Cleaning)])
+@pytest.mark.parametrize(
+    "crash_at, phase", [("after-abort", PublishPhase.Aborting), ("after-cleaning", PublishPhase.Cleaning)]
+)
 def test_sigkill_during_cleanup_is_finished_by_recovery(data_dir, crash_at, phase):
     old, before = _prepare(data_dir, existing=True)
     # Expecting generation 5 of a generation-1 path: the final command loses and cleanup starts.
@@ -259,7 +263,10 @@ def test_two_processes_replacing_one_generation_have_exactly_one_winner(data_dir
     for round_ in range(3):
         barrier, results = SPAWN.Barrier(2), SPAWN.Queue()
         datas = [body(6 * BLOCK, f"{round_}-p{i}") for i in range(2)]
-        procs = [SPAWN.Process(target=replacer_worker, args=(data_dir, PATH, datas[i], round_ + 1, barrier, results)) for i in range(2)]
+        procs = [
+            SPAWN.Process(target=replacer_worker, args=(data_dir, PATH, datas[i], round_ + 1, barrier, results))
+            for i in range(2)
+        ]
         for p in procs:
             p.start()
         outcomes = [results.get(timeout=120) for _ in procs]

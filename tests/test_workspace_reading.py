@@ -38,7 +38,18 @@ def published(bench):
 
 @pytest.mark.parametrize(
     "offset, size",
-    [(0, None), (0, 1), (1, BLOCK), (BLOCK - 1, 2), (BLOCK, BLOCK), (3 * BLOCK + 7, 10**9), (len(DATA) - 1, 5), (len(DATA), 10), (len(DATA) + 50, 10), (17, 0)],
+    [
+        (0, None),
+        (0, 1),
+        (1, BLOCK),
+        (BLOCK - 1, 2),
+        (BLOCK, BLOCK),
+        (3 * BLOCK + 7, 10**9),
+        (len(DATA) - 1, 5),
+        (len(DATA), 10),
+        (len(DATA) + 50, 10),
+        (17, 0),
+    ],
 )
 def test_ranges(published, offset, size):
     root, found = published

@@ -84,7 +84,9 @@ def test_publish_get_append_remove_on_s3(s3_holder, s3_bucket, s3_client):
     assert get_bytes(root, "outputs/weights.bin") == data + delta
     assert (appended.dependency_count, appended.dependency_depth) == (1, 1)
     assert manifest(root, appended.artifact_revision_id)[:6] == manifest(root, first.artifact_revision_id)
-    assert [k.reference_kind for k, _ in refs_to(root, first.artifact_revision_id)] == [ReferenceKind.RevisionDependency]
+    assert [k.reference_kind for k, _ in refs_to(root, first.artifact_revision_id)] == [
+        ReferenceKind.RevisionDependency
+    ]
 
     renamed = namespace.rename(root, WB, "outputs/weights.bin", "outputs/final.bin")
     assert get_bytes(root, "outputs/final.bin") == data + delta
@@ -210,7 +212,13 @@ def test_a_crash_between_create_and_record_leaks_no_upload(monkeypatch, tmp_path
 
 @pytest.mark.parametrize(
     "crash_at, published",
-    [("after-multipart-record-0", False), ("after-multipart-record-1", False), ("after-upload-1", False), ("after-finalize", True), ("before-publish-command", True)],
+    [
+        ("after-multipart-record-0", False),
+        ("after-multipart-record-1", False),
+        ("after-upload-1", False),
+        ("after-finalize", True),
+        ("before-publish-command", True),
+    ],
 )
 def test_sigkill_on_s3_then_recovery(tmp_path, s3_bucket, s3_endpoint, s3_client, crash_at, published):
     path = _s3_data_dir(tmp_path, s3_bucket, s3_endpoint)
@@ -264,8 +272,15 @@ def test_the_store_deadlines_are_part_of_the_data_directory(tmp_path, s3_bucket,
         assert holder.root.store.deadline == 6.0 and holder.root.store._max_attempts == 2
     finally:
         holder.close()
-    for bad, target in (({"deadline": 1, "read_timeout": 5}, f"s3://{s3_bucket}/x"), ({"retries": 3}, f"s3://{s3_bucket}/x"),
-                        ({"deadline": 5}, None)):
+    for bad, target in (
+        ({"deadline": 1, "read_timeout": 5}, f"s3://{s3_bucket}/x"),
+        ({"retries": 3}, f"s3://{s3_bucket}/x"),
+        ({"deadline": 5}, None),
+    ):
         with pytest.raises(InvalidInput):
-            datadir.init(str(tmp_path / f"bad-{len(str(bad))}-{target is None}"), store=target,
-                         endpoint_url=s3_endpoint if target else None, store_options=bad)
+            datadir.init(
+                str(tmp_path / f"bad-{len(str(bad))}-{target is None}"),
+                store=target,
+                endpoint_url=s3_endpoint if target else None,
+                store_options=bad,
+            )

@@ -51,7 +51,9 @@ def _crash_after_first_command(monkeypatch, root):
 
 def _claims(root) -> dict[bytes, str]:
     return {
-        keys.WorkspaceIncarnationClaimKey.decode(k).workspace_incarnation_id: WorkspaceIncarnationClaim.decode(v).workbench_id
+        keys.WorkspaceIncarnationClaimKey.decode(k).workspace_incarnation_id: WorkspaceIncarnationClaim.decode(
+            v
+        ).workbench_id
         for k, v in all_rows(root, "workspace_incarnation_claim", root.root_id)
     }
 
@@ -117,7 +119,12 @@ def test_a_retired_name_is_reclaimed_with_a_fresh_incarnation_and_the_old_claim_
     def retired(view):
         version = view.version + 1
         row = WorkspaceCurrent(old_incarnation, 0, WorkspaceState.Retired, None, version, version)
-        return Built(mutations=[Put("workspace_current", key, row), Put("workspace_incarnation_claim", claim_key, WorkspaceIncarnationClaim("gone"))])
+        return Built(
+            mutations=[
+                Put("workspace_current", key, row),
+                Put("workspace_incarnation_claim", claim_key, WorkspaceIncarnationClaim("gone")),
+            ]
+        )
 
     root.apply(retired, digest=intent_digest("test.retired"))
     with pytest.raises(NotFound):
@@ -162,7 +169,15 @@ def test_a_staging_row_owned_by_a_restore_is_not_taken_over(root):
     def staging(view):
         version = view.version + 1
         owner = OperationRef(OperationKind.Restore, new_id16())
-        return Built(mutations=[Put("workspace_current", key, WorkspaceCurrent(incarnation, 0, WorkspaceState.Staging, owner, version, version))])
+        return Built(
+            mutations=[
+                Put(
+                    "workspace_current",
+                    key,
+                    WorkspaceCurrent(incarnation, 0, WorkspaceState.Staging, owner, version, version),
+                )
+            ]
+        )
 
     root.apply(staging, digest=intent_digest("test.restore-staging"))
     with pytest.raises(AlreadyExists):

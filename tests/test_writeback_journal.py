@@ -13,12 +13,16 @@ from nokvfs.fs import spools, writeback
 
 ACCEPTED_META = {"spool": "wb--a--00.spool", "path": "outputs/a", "state": "pending"}
 GOLDEN_ACCEPTED = (
-    "4e4b5742" "01" "01" "00000040"
-    + b'{"path":"outputs/a","spool":"wb--a--00.spool","state":"pending"}'.hex()
-    + "01" "0000000000000002" "6869"
-    + "6e316ebd76f5911c"
+    "4e4b5742"
+    "01"
+    "01"
+    "00000040" + b'{"path":"outputs/a","spool":"wb--a--00.spool","state":"pending"}'.hex() + "01"
+    "0000000000000002"
+    "6869" + "6e316ebd76f5911c"
 )
-GOLDEN_PUBLISHED = "4e4b5742" "01" "02" "0000001b" + b'{"spool":"wb--a--00.spool"}'.hex() + "00" "0000000000000000" + "85f835325176d189"
+GOLDEN_PUBLISHED = (
+    "4e4b574201020000001b" + b'{"spool":"wb--a--00.spool"}'.hex() + "000000000000000000" + "85f835325176d189"
+)
 
 
 def test_golden_bytes():
@@ -74,14 +78,17 @@ def test_restore_turns_a_dead_daemons_journal_into_pending_spools(tmp_path):
     os.makedirs(directory)
     with open(os.path.join(directory, "big.spool"), "wb") as f:
         f.write(b"BIG")
-    path = _journal(data, [
-        writeback.encode_record(writeback.ACCEPTED, meta("small.spool", "outputs/small"), b"v1"),
-        writeback.encode_record(writeback.ACCEPTED, meta("gone.spool", "outputs/gone"), b"g1"),
-        writeback.encode_record(writeback.ACCEPTED, meta("big.spool", "outputs/big"), None),
-        writeback.encode_record(writeback.PUBLISHED, {"spool": "gone.spool"}),
-        writeback.encode_record(writeback.ACCEPTED, meta("small.spool", "outputs/small"), b"v2"),
-        writeback.encode_record(writeback.ACCEPTED, meta("never.spool", "outputs/never"), b"torn")[:-3],
-    ])
+    path = _journal(
+        data,
+        [
+            writeback.encode_record(writeback.ACCEPTED, meta("small.spool", "outputs/small"), b"v1"),
+            writeback.encode_record(writeback.ACCEPTED, meta("gone.spool", "outputs/gone"), b"g1"),
+            writeback.encode_record(writeback.ACCEPTED, meta("big.spool", "outputs/big"), None),
+            writeback.encode_record(writeback.PUBLISHED, {"spool": "gone.spool"}),
+            writeback.encode_record(writeback.ACCEPTED, meta("small.spool", "outputs/small"), b"v2"),
+            writeback.encode_record(writeback.ACCEPTED, meta("never.spool", "outputs/never"), b"torn")[:-3],
+        ],
+    )
     assert writeback.restore_journals(data) == 2
     assert not os.path.exists(path)
     with open(os.path.join(directory, "small.spool"), "rb") as f:

@@ -121,7 +121,15 @@ def open_root_alongside(data_dir: str, **options):
     finally:
         placements.close()
     store = open_store(config["store"], endpoint_url=config.get("endpoint_url"), region=config.get("region"))
-    root = Root(shard, root_id, placement.placement_generation, store, BlockReader(store, None), block_size=int(config["block_size"]), data_dir=data_dir)
+    root = Root(
+        shard,
+        root_id,
+        placement.placement_generation,
+        store,
+        BlockReader(store, None),
+        block_size=int(config["block_size"]),
+        data_dir=data_dir,
+    )
     if options.get("recover", True):
         publish.recover(root)
     return root
@@ -139,7 +147,9 @@ def entry(root, path: str, workbench_id: str = WB) -> PathEntry | None:
     """The PathEntry at `path`, or None if there is no file there."""
     with root.read() as view:
         _, bench = wb.visible(view, root.root_id, workbench_id)
-        raw = view.get("path_current", keys.path_current_key(root.root_id, bench.incarnation_id, tuple(path.split("/"))))
+        raw = view.get(
+            "path_current", keys.path_current_key(root.root_id, bench.incarnation_id, tuple(path.split("/")))
+        )
     return None if raw is None else PathEntry.decode(raw)
 
 
@@ -190,7 +200,10 @@ def refs_owned_by(root, kind: ReferenceKind, owner: bytes) -> list[keys.Revision
 def gc_candidates(root, revision_id: bytes) -> dict[int, GcCandidate]:
     """reference_epoch -> GcCandidate of one revision."""
     prefix = root.root_id + revision_id
-    return {keys.GcCandidateKey.decode(k).reference_epoch: GcCandidate.decode(v) for k, v in all_rows(root, "gc_candidate", prefix)}
+    return {
+        keys.GcCandidateKey.decode(k).reference_epoch: GcCandidate.decode(v)
+        for k, v in all_rows(root, "gc_candidate", prefix)
+    }
 
 
 def manifest(root, revision_id: bytes) -> list[ArtifactManifest]:
@@ -200,11 +213,17 @@ def manifest(root, revision_id: bytes) -> list[ArtifactManifest]:
 
 def publish_ops(root) -> dict[bytes, PublishOperation]:
     prefix = keys.operation_prefix(root.root_id, OperationKind.Publish)
-    return {keys.OperationKey.decode(k).operation_id: PublishOperation.decode(v) for k, v in all_rows(root, "operation", prefix)}
+    return {
+        keys.OperationKey.decode(k).operation_id: PublishOperation.decode(v)
+        for k, v in all_rows(root, "operation", prefix)
+    }
 
 
 def ledger(root, operation_id: bytes) -> list[StagedObject]:
-    return [StagedObject.decode(v) for _, v in all_rows(root, "staged_object", keys.staged_object_prefix(root.root_id, operation_id))]
+    return [
+        StagedObject.decode(v)
+        for _, v in all_rows(root, "staged_object", keys.staged_object_prefix(root.root_id, operation_id))
+    ]
 
 
 def workspace_row(root, workbench_id: str) -> WorkspaceCurrent | None:
@@ -246,7 +265,9 @@ def body(size: int, seed: str) -> bytes:
 # --- child-process workers (spawned: importable at module level) --------------------------------
 
 
-def crash_worker(data_dir: str, path: str, data: bytes, expected_generation, crash_at: str, store_options: dict | None = None) -> None:
+def crash_worker(
+    data_dir: str, path: str, data: bytes, expected_generation, crash_at: str, store_options: dict | None = None
+) -> None:
     """Open the root and publish `data` with NOKVFS_CRASH_AT=crash_at; expected to die by SIGKILL.
 
     `store_options` are set as attributes of the opened store (e.g. a low multipart_threshold).

@@ -57,4 +57,7 @@ def put_all(root, workbench_id: str, files: dict[str, bytes]) -> None:
 def files_of(root, workbench_id: str) -> dict[str, bytes]:
     """Every live file of the workbench, path -> bytes."""
     with root.read() as view:
-        return {c.name: reading.read(root, c.entry, view=view) for c in listing.list_recursive(view, root, workbench_id).children}
+        return {
+            c.name: reading.read(root, c.entry, view=view)
+            for c in listing.list_recursive(view, root, workbench_id).children
+        }

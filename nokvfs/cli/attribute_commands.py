@@ -112,7 +112,9 @@ def cmd_ln(args) -> int:
             if not name:
                 raise UsageError(f"{args.target!r} has no name to make the link under; give WB:PATH")
             dest = dest.child(name)
-        entry = namespace.symlink(root, dest.workbench_id, dest.path, args.target, expected_generation=None if args.force else 0)
+        entry = namespace.symlink(
+            root, dest.workbench_id, dest.path, args.target, expected_generation=None if args.force else 0
+        )
     if args.json:
         render.print_json(dict(render.write_json(dest.workbench_id, dest.path, entry), link_target=args.target))
     else:
@@ -149,8 +151,18 @@ def cmd_setattr(args) -> int:
             kind = render.entry_kind(entry)
     shown = attributes.shown(entry)
     if args.json:
-        render.print_json(dict(render.attributes_json(shown, stored=True, kind=kind), workbench=target.workbench_id, path=target.path, kind=kind))
+        render.print_json(
+            dict(
+                render.attributes_json(shown, stored=True, kind=kind),
+                workbench=target.workbench_id,
+                path=target.path,
+                kind=kind,
+            )
+        )
     else:
-        print(f"{args.command} {render.safe(target)} {render.mode_text(kind, shown.mode)} owner={render.owner_text(shown)} "
-              f"mtime={render.iso_ms(shown.mtime_ns // 1_000_000)}")
+        print(
+            f"{args.command} {render.safe(target)} {render.mode_text(kind, shown.mode)} "
+            f"owner={render.owner_text(shown)} "
+            f"mtime={render.iso_ms(shown.mtime_ns // 1_000_000)}"
+        )
     return 0

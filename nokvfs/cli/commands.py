@@ -103,7 +103,12 @@ def _generation_arg(text: str) -> int:
 
 
 def _add_if_generation(parser, what: str) -> None:
-    parser.add_argument("--if-generation", metavar="N", type=_generation_arg, help=f"{what} only if the path is at generation N (0: absent)")
+    parser.add_argument(
+        "--if-generation",
+        metavar="N",
+        type=_generation_arg,
+        help=f"{what} only if the path is at generation N (0: absent)",
+    )
 
 
 # --- init -----------------------------------------------------------------------------------
@@ -117,10 +122,16 @@ def _register_init(subparsers) -> None:
         "--endpoint-url an S3-compatible endpoint for an s3:// store.",
     )
     p.add_argument("--region", metavar="REGION", help="signing region for an s3:// store")
-    p.add_argument("--block-size", metavar="SIZE", type=_size_arg, help="artifact block size (default 4MiB; 4KiB..1GiB)")
+    p.add_argument(
+        "--block-size", metavar="SIZE", type=_size_arg, help="artifact block size (default 4MiB; 4KiB..1GiB)"
+    )
     p.add_argument("--cache-size", metavar="SIZE", type=_size_arg, help="block cache bound (default 512MiB)")
-    p.add_argument("--history-retention", metavar="N", type=count_arg("version count"),
-                   help="commit versions of History that gc keeps beyond the holds, for diagnostics (default 0)")
+    p.add_argument(
+        "--history-retention",
+        metavar="N",
+        type=count_arg("version count"),
+        help="commit versions of History that gc keeps beyond the holds, for diagnostics (default 0)",
+    )
     from nokvfs.cli.maintenance_commands import add_retention_options
 
     add_retention_options(p)
@@ -152,7 +163,10 @@ def cmd_init(args) -> int:
     if args.json:
         render.print_json(dict(config, data_dir=os.path.abspath(args.data_dir)))
     else:
-        print(f"initialised {render.safe(os.path.abspath(args.data_dir))}: root {config['root_id']}, store {render.safe(config['store'])}, block size {config['block_size']}")
+        print(
+            f"initialised {render.safe(os.path.abspath(args.data_dir))}: root {config['root_id']}, store "
+            f"{render.safe(config['store'])}, block size {config['block_size']}"
+        )
     return 0
 
 
@@ -227,7 +241,11 @@ def _register_put(subparsers) -> None:
     p = subparsers.add_parser("put", help="publish local files, directories or stdin as artifacts")
     p.add_argument("target", metavar="WB:PATH")
     p.add_argument("sources", metavar="SRC", nargs="*", help="files, directories, or '-' for stdin (the default)")
-    p.add_argument("--content-type", metavar="TYPE", help="content type (default: guessed from the path, else application/octet-stream)")
+    p.add_argument(
+        "--content-type",
+        metavar="TYPE",
+        help="content type (default: guessed from the path, else application/octet-stream)",
+    )
     p.add_argument("--producer", metavar="TEXT", default="", help="producer recorded on the revision")
     p.add_argument(
         "--index",
@@ -238,14 +256,27 @@ def _register_put(subparsers) -> None:
     )
     cond = p.add_mutually_exclusive_group()
     cond.add_argument("--if-absent", action="store_true", help="publish only if the path does not exist")
-    cond.add_argument("--if-generation", metavar="N", type=_generation_arg, help="publish only if the path is at generation N (one file only)")
-    p.add_argument("--no-preserve", dest="preserve", action="store_false",
-                   help="do not keep local files' and directories' mode and times (kept by default, like cp -p)")
+    cond.add_argument(
+        "--if-generation",
+        metavar="N",
+        type=_generation_arg,
+        help="publish only if the path is at generation N (one file only)",
+    )
+    p.add_argument(
+        "--no-preserve",
+        dest="preserve",
+        action="store_false",
+        help="do not keep local files' and directories' mode and times (kept by default, like cp -p)",
+    )
     p.add_argument("--owner", action="store_true", help="keep the owner (uid, gid) too")
     links = p.add_mutually_exclusive_group()
     links.add_argument("-l", "--links", action="store_true", help="store symlinks as links (like rsync -l)")
-    links.add_argument("-L", "--copy-links", action="store_true",
-                       help="read symlinks to files by content even when they point outside the tree")
+    links.add_argument(
+        "-L",
+        "--copy-links",
+        action="store_true",
+        help="read symlinks to files by content even when they point outside the tree",
+    )
     add_json_option(p)
     p.set_defaults(func=cmd_put)
 
@@ -264,7 +295,15 @@ def _basename(local: str) -> str:
     return name
 
 
-def plan_put(target: Target, sources: list[str], *, is_directory=lambda target: False, links: bool = False, copy_links: bool = False, directories: bool = False) -> list[Upload]:
+def plan_put(
+    target: Target,
+    sources: list[str],
+    *,
+    is_directory=lambda target: False,
+    links: bool = False,
+    copy_links: bool = False,
+    directories: bool = False,
+) -> list[Upload]:
     """Every (source, target, kind) of a put, validated before anything is uploaded.
 
     is_directory(target) says whether a target already is a directory in the workbench: a single
@@ -314,7 +353,9 @@ def plan_put(target: Target, sources: list[str], *, is_directory=lambda target: 
         seen[components] = upload.source
     for components, source in dirs.items():
         if components in seen:
-            raise UsageError(f"{seen[components]!r} and the directory {source!r} would both be put at {join(components)}")
+            raise UsageError(
+                f"{seen[components]!r} and the directory {source!r} would both be put at {join(components)}"
+            )
     return plan
 
 
@@ -343,8 +384,14 @@ def cmd_put(args) -> int:
     target = parse_target(args.target, allow_root=True, allow_into=True)
     args.index_fields = _index_fields(args.index)
     with open_root(args, write=True) as root:
-        plan = plan_put(target, args.sources or [STDIN], is_directory=lambda t: _is_directory(root, t),
-                        links=args.links, copy_links=args.copy_links, directories=args.preserve)
+        plan = plan_put(
+            target,
+            args.sources or [STDIN],
+            is_directory=lambda t: _is_directory(root, t),
+            links=args.links,
+            copy_links=args.copy_links,
+            directories=args.preserve,
+        )
         if not plan:
             warn("nothing to put")
             return 0
@@ -406,19 +453,40 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
             path = upload.target.path
             if upload.kind == local_files.DIRECTORY:
                 kept = _local_attributes(args, upload.source)
-                namespace.set_directory_attributes(root, upload.target.workbench_id, path, mode=kept.mode, uid=kept.uid,
-                                                   gid=kept.gid, mtime_ns=kept.mtime_ns, atime_ns=kept.atime_ns)
+                namespace.set_directory_attributes(
+                    root,
+                    upload.target.workbench_id,
+                    path,
+                    mode=kept.mode,
+                    uid=kept.uid,
+                    gid=kept.gid,
+                    mtime_ns=kept.mtime_ns,
+                    atime_ns=kept.atime_ns,
+                )
                 with progress.paused():
                     if args.json:
-                        out.add(dict(render.attributes_json(kept, stored=True, kind="dir"), workbench=upload.target.workbench_id, path=path, kind="dir"))
+                        out.add(
+                            dict(
+                                render.attributes_json(kept, stored=True, kind="dir"),
+                                workbench=upload.target.workbench_id,
+                                path=path,
+                                kind="dir",
+                            )
+                        )
                     else:
                         print(f"put {render.safe(upload.target)}/ directory mode={kept.mode:04o}")
                 continue
             link_target = None
             if upload.kind == local_files.LINK:
                 link_target = os.readlink(upload.source)
-                entry = namespace.symlink(root, upload.target.workbench_id, path, link_target,
-                                          attributes=_local_attributes(args, upload.source, follow=False), expected_generation=expected)
+                entry = namespace.symlink(
+                    root,
+                    upload.target.workbench_id,
+                    path,
+                    link_target,
+                    attributes=_local_attributes(args, upload.source, follow=False),
+                    expected_generation=expected,
+                )
             else:
                 content_type = args.content_type or guess_content_type(path) or publish.DEFAULT_CONTENT_TYPE
                 with contextlib.ExitStack() as stack:
@@ -446,7 +514,12 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
             progress.advance(1)
             with progress.paused():
                 if args.json:
-                    out.add(dict(render.write_json(upload.target.workbench_id, path, entry), **({"link_target": link_target} if link_target else {})))
+                    out.add(
+                        dict(
+                            render.write_json(upload.target.workbench_id, path, entry),
+                            **({"link_target": link_target} if link_target else {}),
+                        )
+                    )
                 else:
                     line = render.write_result("put", upload.target.workbench_id, path, entry)
                     print(line if link_target is None else f"{line} -> {render.safe(link_target)}")
@@ -456,20 +529,43 @@ def _put_all(root, args, plan: list[Upload], *, expected: int | None) -> None:
 
 
 def _register_get(subparsers) -> None:
-    p = subparsers.add_parser("get", help="write an artifact's bytes to stdout or a local file, or a tree into a directory (-r)")
+    p = subparsers.add_parser(
+        "get", help="write an artifact's bytes to stdout or a local file, or a tree into a directory (-r)"
+    )
     p.add_argument("source", metavar="WB:PATH")
-    p.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default); with -r a directory")
+    p.add_argument(
+        "dest",
+        metavar="DEST",
+        nargs="?",
+        help="local file (written atomically) or '-' for stdout (the default); with -r a directory",
+    )
     add_get_options(p)
     p.set_defaults(func=cmd_get)
 
 
 def add_get_options(p) -> None:
     """The options get and `as-of REF get` share."""
-    p.add_argument("-r", "-R", "--recursive", dest="recursive", action="store_true",
-                   help="write every file below PATH into the directory DEST (created if missing)")
-    p.add_argument("--no-preserve", dest="preserve", action="store_false", help="do not restore stored modes and times (restored by default)")
+    p.add_argument(
+        "-r",
+        "-R",
+        "--recursive",
+        dest="recursive",
+        action="store_true",
+        help="write every file below PATH into the directory DEST (created if missing)",
+    )
+    p.add_argument(
+        "--no-preserve",
+        dest="preserve",
+        action="store_false",
+        help="do not restore stored modes and times (restored by default)",
+    )
     p.add_argument("--owner", action="store_true", help="restore stored owners too (needs root)")
-    p.add_argument("-l", "--links", action="store_true", help="recreate links as symlinks (without it a link is refused, or skipped by -r)")
+    p.add_argument(
+        "-l",
+        "--links",
+        action="store_true",
+        help="recreate links as symlinks (without it a link is refused, or skipped by -r)",
+    )
 
 
 @dataclass(frozen=True)
@@ -523,7 +619,11 @@ def _plan_tree(tree, base: str, dest: str, args) -> list[Download]:
             warn(f"skipping the symbolic link {join(parts)!r} (--links recreates it)")
         else:
             kind = local_files.LINK if attributes.is_symlink(entry) else local_files.FILE
-            files.append(Download(os.path.join(dest, *parts), kind, entry, attributes.of(entry) if args.preserve else None, parts))
+            files.append(
+                Download(
+                    os.path.join(dest, *parts), kind, entry, attributes.of(entry) if args.preserve else None, parts
+                )
+            )
     # Directory attributes last, deepest first: writing into a directory would move its mtime.
     return files + sorted(directories, key=lambda d: len(d.below), reverse=True)
 
@@ -557,9 +657,16 @@ def run_get(tree, plan: list[Download] | None, entry, args, label: str) -> None:
             if item.below is not None:
                 local_files.ensure_directory(args.dest, item.below[:-1])
             if item.kind == local_files.LINK:
-                local_files.write_link(item.dest, tree.read_link(item.entry), attributes=item.attributes, owner=args.owner)
+                local_files.write_link(
+                    item.dest, tree.read_link(item.entry), attributes=item.attributes, owner=args.owner
+                )
             else:
-                local_files.write_atomically(item.dest, tree.chunks(item.entry, progress.body_callback()), attributes=item.attributes, owner=args.owner)
+                local_files.write_atomically(
+                    item.dest,
+                    tree.chunks(item.entry, progress.body_callback()),
+                    attributes=item.attributes,
+                    owner=args.owner,
+                )
             progress.advance(1)
 
 
@@ -585,7 +692,9 @@ def cmd_get(args) -> int:
 def _register_ls(subparsers) -> None:
     p = subparsers.add_parser("ls", help="list workbenches, a directory's children, or every file below it")
     p.add_argument("target", metavar="WB[:PATH]", nargs="?", help="omit to list workbenches")
-    p.add_argument("-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name")
+    p.add_argument(
+        "-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name"
+    )
     p.add_argument("-R", dest="recursive", action="store_true", help="every file below PATH, by its path below PATH")
     add_json_option(p)
     p.set_defaults(func=cmd_ls)
@@ -660,7 +769,9 @@ def _ls_workbenches(args) -> int:
 
 
 def _register_stat(subparsers) -> None:
-    p = subparsers.add_parser("stat", help="show a path's entry: kind, mode, owner, times, generation, revision, digests, ...")
+    p = subparsers.add_parser(
+        "stat", help="show a path's entry: kind, mode, owner, times, generation, revision, digests, ..."
+    )
     p.add_argument("target", metavar="WB:PATH")
     add_json_option(p)
     p.set_defaults(func=cmd_stat)
@@ -753,7 +864,10 @@ def cmd_mv(args) -> int:
     if args.json:
         render.print_json(dict(render.write_json(dest.workbench_id, dest.path, entry), source=source.path))
     else:
-        print(f"mv {render.safe(source)} -> {render.safe(dest)} generation={entry.generation} revision={entry.artifact_revision_id.hex()} size={entry.logical_size}")
+        print(
+            f"mv {render.safe(source)} -> {render.safe(dest)} generation={entry.generation} "
+            f"revision={entry.artifact_revision_id.hex()} size={entry.logical_size}"
+        )
     return 0
 
 
@@ -796,4 +910,3 @@ def cmd_append(args) -> int:
             data.discard()
     _print_write(args, "append", target, entry)
     return 0
-

@@ -163,12 +163,24 @@ def _register_commit(subparsers) -> None:
     p = subparsers.add_parser("commit", help="commit a workbench's current tree (sealed, immutable, the new head)")
     p.add_argument("workbench", metavar="WB")
     parents = p.add_mutually_exclusive_group()
-    parents.add_argument("--parent", metavar="COMMIT", action="append", default=[], help="a parent: hex prefix, commit:PREFIX or tag:NAME (repeatable, in order; default: the head)")
-    parents.add_argument("--no-parents", action="store_true", help="a root commit: no parents, even when there is a head")
-    p.add_argument("--tag", metavar="NAME", action="append", default=[], help="set this tag on the new commit (repeatable)")
+    parents.add_argument(
+        "--parent",
+        metavar="COMMIT",
+        action="append",
+        default=[],
+        help="a parent: hex prefix, commit:PREFIX or tag:NAME (repeatable, in order; default: the head)",
+    )
+    parents.add_argument(
+        "--no-parents", action="store_true", help="a root commit: no parents, even when there is a head"
+    )
+    p.add_argument(
+        "--tag", metavar="NAME", action="append", default=[], help="set this tag on the new commit (repeatable)"
+    )
     p.add_argument("--producer", metavar="TEXT", default="", help="producer recorded in the run manifest")
     p.add_argument("--lineage", metavar="TEXT", default="", help="lineage recorded in the run manifest")
-    p.add_argument("--no-replace", action="store_true", help="refuse (conflict) while metadata/run_manifest.json exists")
+    p.add_argument(
+        "--no-replace", action="store_true", help="refuse (conflict) while metadata/run_manifest.json exists"
+    )
     add_json_option(p)
     p.set_defaults(func=cmd_commit)
 
@@ -188,7 +200,14 @@ def cmd_commit(args) -> int:
                 raise UsageError("the same commit is named as a parent twice")
         else:
             parents = None
-        result = commit.build(root, args.workbench, parents=parents, producer=args.producer, lineage=args.lineage, replace=not args.no_replace)
+        result = commit.build(
+            root,
+            args.workbench,
+            parents=parents,
+            producer=args.producer,
+            lineage=args.lineage,
+            replace=not args.no_replace,
+        )
         tags = [tag.set(root, args.workbench, name, result.commit_id) for name in dict.fromkeys(args.tag)]
     if args.json:
         out = render.jsonable(result)
@@ -196,7 +215,10 @@ def cmd_commit(args) -> int:
         out["tags"] = [{"name": t.name, "generation": t.generation} for t in tags]
         render.print_json(out)
     else:
-        line = f"commit {result.hex} tree={result.tree_digest_uri} workbench={result.workbench_id} members={result.member_count} head_generation={result.head_generation}"
+        line = (
+            f"commit {result.hex} tree={result.tree_digest_uri} workbench={result.workbench_id} "
+            f"members={result.member_count} head_generation={result.head_generation}"
+        )
         if tags:
             line += " tags=" + ",".join(render.safe(t.name) for t in tags)
         print(line)
@@ -243,7 +265,8 @@ def _log_json(info, tags: list[str], is_head: bool) -> dict:
 def _log_line(info, tags: list[str]) -> str:
     c = info.commit
     when = render.iso_ms(c.committed_at_unix_seconds * 1000, seconds=True)
-    return f"{info.hex}  {when}  members={c.member_count}  producer={render.safe(c.producer or '-')}  tags={','.join(map(render.safe, tags)) or '-'}"
+    shown_tags = ",".join(map(render.safe, tags)) or "-"
+    return f"{info.hex}  {when}  members={c.member_count}  producer={render.safe(c.producer or '-')}  tags={shown_tags}"
 
 
 def cmd_log(args) -> int:
@@ -271,7 +294,9 @@ def _register_tag(subparsers) -> None:
     s.add_argument("workbench", metavar="WB")
     s.add_argument("name", metavar="NAME")
     s.add_argument("commit", metavar="COMMIT", help="hex prefix, commit:PREFIX or tag:NAME")
-    s.add_argument("--if-generation", metavar="N", type=_generation_arg, help="only if the tag is at generation N (0: absent)")
+    s.add_argument(
+        "--if-generation", metavar="N", type=_generation_arg, help="only if the tag is at generation N (0: absent)"
+    )
     add_json_option(s)
     s.set_defaults(func=cmd_tag_set)
     d = verbs.add_parser("delete", help="delete a tag (the commit stays)")
@@ -287,7 +312,12 @@ def _register_tag(subparsers) -> None:
 
 
 def _tag_json(info) -> dict:
-    return {"name": info.name, "commit_id": info.commit_id.hex(), "generation": info.generation, "workbench": info.workbench.workbench_id}
+    return {
+        "name": info.name,
+        "commit_id": info.commit_id.hex(),
+        "generation": info.generation,
+        "workbench": info.workbench.workbench_id,
+    }
 
 
 def cmd_tag_set(args) -> int:
@@ -364,9 +394,20 @@ def describe_consumers(root, commit_id: bytes) -> list[str]:
                 k = keys.CommitConsumerKey.decode(key)
                 owner = k.owner()
                 if k.consumer_kind == CommitConsumerKind.WorkbenchHead:
-                    out.append(f"the head of {current}" if current and commit and owner == commit.source_workspace_incarnation_id else f"a workbench head (incarnation {bytes(owner).hex()})")
+                    out.append(
+                        f"the head of {current}"
+                        if current and commit and owner == commit.source_workspace_incarnation_id
+                        else f"a workbench head (incarnation {bytes(owner).hex()})"
+                    )
                 elif k.consumer_kind == CommitConsumerKind.Tag:
-                    out.append(f"tag {owner.tag_name!r}" + (f" of {current}" if current and owner.workspace_incarnation_id == commit.source_workspace_incarnation_id else ""))
+                    out.append(
+                        f"tag {owner.tag_name!r}"
+                        + (
+                            f" of {current}"
+                            if current and owner.workspace_incarnation_id == commit.source_workspace_incarnation_id
+                            else ""
+                        )
+                    )
                 elif k.consumer_kind == CommitConsumerKind.Lease:
                     out.append(f"a restore/fork lease (operation {bytes(owner).hex()})")
                 else:
@@ -387,8 +428,12 @@ def cmd_commit_retire(args) -> int:
             users = describe_consumers(root, commit_id)
             if not users:
                 raise
-            shown = ", ".join(users[:_SHOWN_CONSUMERS]) + (f" and {len(users) - _SHOWN_CONSUMERS} more" if len(users) > _SHOWN_CONSUMERS else "")
-            raise commit.CommitInUse(f"commit {commit_id.hex()} is still consumed by {shown}; it can be retired once nothing consumes it") from exc
+            shown = ", ".join(users[:_SHOWN_CONSUMERS]) + (
+                f" and {len(users) - _SHOWN_CONSUMERS} more" if len(users) > _SHOWN_CONSUMERS else ""
+            )
+            raise commit.CommitInUse(
+                f"commit {commit_id.hex()} is still consumed by {shown}; it can be retired once nothing consumes it"
+            ) from exc
     if args.json:
         render.print_json(
             {
@@ -400,7 +445,10 @@ def cmd_commit_retire(args) -> int:
             }
         )
     else:
-        print(f"retired commit {commit_id.hex()} members={op.released_member_count} revisions={op.released_revision_count} parents={op.released_parent_count}")
+        print(
+            f"retired commit {commit_id.hex()} members={op.released_member_count} "
+            f"revisions={op.released_revision_count} parents={op.released_parent_count}"
+        )
     return 0
 
 
@@ -410,7 +458,13 @@ def cmd_commit_retire(args) -> int:
 def _register_restore(subparsers) -> None:
     p = subparsers.add_parser("restore", help="create a new workbench from a snapshot or commit of WB")
     p.add_argument("workbench", metavar="WB", help="the source workbench")
-    p.add_argument("--from", dest="source", metavar="SOURCE", required=True, help="snapshot:ID, snapshot:ALIAS, commit:PREFIX or tag:NAME")
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="SOURCE",
+        required=True,
+        help="snapshot:ID, snapshot:ALIAS, commit:PREFIX or tag:NAME",
+    )
     p.add_argument("--to", dest="dest", metavar="NEW_WB", required=True, help="the workbench to create")
     add_json_option(p)
     p.set_defaults(func=cmd_restore)
@@ -450,7 +504,10 @@ def cmd_restore(args) -> int:
             }
         )
     else:
-        print(f"restored {result.destination_workbench_id} incarnation={result.destination_incarnation.hex()} from {args.workbench}@{kind_name}:{shown} members={result.member_count}")
+        print(
+            f"restored {result.destination_workbench_id} incarnation={result.destination_incarnation.hex()} from "
+            f"{args.workbench}@{kind_name}:{shown} members={result.member_count}"
+        )
     return 0
 
 
@@ -485,13 +542,22 @@ def _register_as_of(subparsers) -> None:
     verbs = p.add_subparsers(dest="as_of_command", metavar="<ls|get|stat>", required=True)
     ls = verbs.add_parser("ls", help="a directory's children (or the file itself), or every file below with -R")
     ls.add_argument("path", metavar="PATH", nargs="?", default="", help="a path in the workbench (default: its top)")
-    ls.add_argument("-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name")
+    ls.add_argument(
+        "-l", dest="long", action="store_true", help="long format: mode, owner, size, generation, mtime (UTC), name"
+    )
     ls.add_argument("-R", dest="recursive", action="store_true", help="every file below PATH, by its path below PATH")
     add_json_option(ls)
     ls.set_defaults(func=cmd_as_of_ls)
-    get = verbs.add_parser("get", help="write a file's bytes as of REF to stdout or a local file, or a tree into a directory")
+    get = verbs.add_parser(
+        "get", help="write a file's bytes as of REF to stdout or a local file, or a tree into a directory"
+    )
     get.add_argument("path", metavar="PATH", nargs="?", default="")
-    get.add_argument("dest", metavar="DEST", nargs="?", help="local file (written atomically) or '-' for stdout (the default); with -r a directory")
+    get.add_argument(
+        "dest",
+        metavar="DEST",
+        nargs="?",
+        help="local file (written atomically) or '-' for stdout (the default); with -r a directory",
+    )
     add_get_options(get)
     get.set_defaults(func=cmd_as_of_get)
     stat = verbs.add_parser("stat", help="a path's entry as of REF")

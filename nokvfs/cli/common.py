@@ -42,7 +42,11 @@ def open_root(args, *, write: bool):
     from nokvfs.workspace import datadir
 
     return datadir.open_root(
-        args.data_dir, store=args.store, endpoint_url=args.endpoint_url, verify=getattr(args, "verify", False), recover=write
+        args.data_dir,
+        store=args.store,
+        endpoint_url=args.endpoint_url,
+        verify=getattr(args, "verify", False),
+        recover=write,
     )
 
 

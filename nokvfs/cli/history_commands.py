@@ -1,11 +1,11 @@
 """`nokvfs snapshot` and `nokvfs changes`: leased snapshots and the change feed.
 
-    nokvfs snapshot mint WB [--alias NAME] [--lease SECONDS] [--note TEXT] [--json]
-    nokvfs snapshot renew WB ID|ALIAS [--lease SECONDS]
-    nokvfs snapshot retire WB ID|ALIAS
-    nokvfs snapshot list WB [--json]
-    nokvfs snapshot reap [--grace-ms MS]
-    nokvfs changes [--workbench WB] [--after VERSION] [--follow] [--json]
+nokvfs snapshot mint WB [--alias NAME] [--lease SECONDS] [--note TEXT] [--json]
+nokvfs snapshot renew WB ID|ALIAS [--lease SECONDS]
+nokvfs snapshot retire WB ID|ALIAS
+nokvfs snapshot list WB [--json]
+nokvfs snapshot reap [--grace-ms MS]
+nokvfs changes [--workbench WB] [--after VERSION] [--follow] [--json]
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def cmd_mint(args) -> int:
 
     with open_root(args, write=True) as root:
         s = snapshot.mint(root, args.workbench, alias=args.alias, lease_seconds=args.lease, annotation=args.note)
-    print_json(_snapshot_json(s)) if args.json else print(f"snapshot {s.snapshot_id}" + (f" ({safe(s.ref.alias)})" if s.ref.alias else ""))
+    print_json(_snapshot_json(s)) if args.json else print(
+        f"snapshot {s.snapshot_id}" + (f" ({safe(s.ref.alias)})" if s.ref.alias else "")
+    )
     return 0
 
 
@@ -139,16 +141,17 @@ def _change_json(c) -> dict:
 def cmd_changes(args) -> int:
     import json
 
-    from nokvfs.workspace import changes
-
     from nokvfs.cli.main import EXIT_NOT_FOUND
     from nokvfs.errors import CursorExpired
+    from nokvfs.workspace import changes
 
     with open_root(args, write=False) as root:
         cursor, after = None, args.after
         while True:
             try:
-                page = changes.read_changes(root, workbench_id=args.workbench, cursor=cursor, after_commit_version=after, limit=1000)
+                page = changes.read_changes(
+                    root, workbench_id=args.workbench, cursor=cursor, after_commit_version=after, limit=1000
+                )
             except CursorExpired as exc:
                 # Events this feed had not printed yet were removed by retention: say how to resync.
                 print(

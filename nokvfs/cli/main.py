@@ -185,17 +185,39 @@ def add_global_options(parser, *, defaults: dict | None) -> None:
     def default(name):
         return argparse.SUPPRESS if defaults is None else defaults[name]
 
-    group.add_argument("--data-dir", metavar="DIR", default=default("data_dir"),
-                       help="the data directory (default: $NOKVFS_DATA_DIR, else $XDG_DATA_HOME/nokvfs or ~/.local/share/nokvfs)")
-    group.add_argument("--store", metavar="URL", default=default("store"),
-                       help="object store URL (file:///abs or s3://bucket/prefix): for init the store to use, else overriding the data directory's")
-    group.add_argument("--endpoint-url", metavar="URL", default=default("endpoint_url"), help="S3-compatible endpoint for an s3:// store")
+    group.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        default=default("data_dir"),
+        help="the data directory (default: $NOKVFS_DATA_DIR, else $XDG_DATA_HOME/nokvfs or ~/.local/share/nokvfs)",
+    )
+    group.add_argument(
+        "--store",
+        metavar="URL",
+        default=default("store"),
+        help="object store URL (file:///abs or s3://bucket/prefix): for init the store to use, else overriding the "
+        "data directory's",
+    )
+    group.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        default=default("endpoint_url"),
+        help="S3-compatible endpoint for an s3:// store",
+    )
     group.add_argument("--debug", action="store_true", default=default("debug"), help="show tracebacks of failures")
-    group.add_argument("--progress", action="store_true", default=default("progress"),
-                       help="show progress on stderr even when it is not a terminal (it never goes to stdout)")
-    group.add_argument("--verify", action="store_true", default=default("verify"),
-                       help="before the command, read every row of the shard and recompute every state digest "
-                       "(rows are always verified as they are read; this proves the whole shard intact first)")
+    group.add_argument(
+        "--progress",
+        action="store_true",
+        default=default("progress"),
+        help="show progress on stderr even when it is not a terminal (it never goes to stdout)",
+    )
+    group.add_argument(
+        "--verify",
+        action="store_true",
+        default=default("verify"),
+        help="before the command, read every row of the shard and recompute every state digest "
+        "(rows are always verified as they are read; this proves the whole shard intact first)",
+    )
 
 
 def _global_defaults() -> dict:

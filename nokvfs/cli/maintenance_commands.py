@@ -34,11 +34,17 @@ EXIT_FINDINGS = 5
 def register(subparsers) -> None:
     p = subparsers.add_parser("gc", help="free the objects of revisions nothing references")
     p.add_argument("--dry-run", action="store_true", help="report what would be freed, change nothing")
-    p.add_argument("--keep-versions", metavar="N", type=count_arg("version count"),
-                   help="keep N commit versions of History beyond the holds (default: the data directory's history retention)")
+    p.add_argument(
+        "--keep-versions",
+        metavar="N",
+        type=count_arg("version count"),
+        help="keep N commit versions of History beyond the holds (default: the data directory's history retention)",
+    )
     add_json_option(p)
     p.set_defaults(func=cmd_gc)
-    p = subparsers.add_parser("retention", help="show or change how much of the change feed, replay dedupe and recovery outbox is kept")
+    p = subparsers.add_parser(
+        "retention", help="show or change how much of the change feed, replay dedupe and recovery outbox is kept"
+    )
     add_retention_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_retention)
@@ -69,17 +75,31 @@ def add_retention_options(parser) -> None:
     """The retention settings (nokvfs.workspace.retention), for `init` and `retention`."""
     from nokvfs.workspace import retention
 
-    parser.add_argument("--retain-versions", metavar="N", type=count_arg("version count"),
-                        help=f"commit versions of change events and replay dedupe kept (default {retention.DEFAULT_VERSIONS:,})")
-    parser.add_argument("--retain-request-seconds", metavar="S", type=count_arg("seconds"),
-                        help=f"seconds an exact replay of a request stays answerable (default {retention.DEFAULT_REQUEST_SECONDS:,})")
-    parser.add_argument("--retain-outbox-records", metavar="N", type=count_arg("record count"),
-                        help="recovery-outbox records kept by a shard that is not replicated "
-                             f"(default {retention.DEFAULT_OUTBOX_RECORDS:,}; a replicated one keeps what its bucket lacks)")
+    parser.add_argument(
+        "--retain-versions",
+        metavar="N",
+        type=count_arg("version count"),
+        help=f"commit versions of change events and replay dedupe kept (default {retention.DEFAULT_VERSIONS:,})",
+    )
+    parser.add_argument(
+        "--retain-request-seconds",
+        metavar="S",
+        type=count_arg("seconds"),
+        help=f"seconds an exact replay of a request stays answerable (default {retention.DEFAULT_REQUEST_SECONDS:,})",
+    )
+    parser.add_argument(
+        "--retain-outbox-records",
+        metavar="N",
+        type=count_arg("record count"),
+        help="recovery-outbox records kept by a shard that is not replicated "
+        f"(default {retention.DEFAULT_OUTBOX_RECORDS:,}; a replicated one keeps what its bucket lacks)",
+    )
 
 
 def retention_changes(args) -> dict:
-    return {field: getattr(args, option) for option, field in RETENTION_OPTIONS.items() if getattr(args, option) is not None}
+    return {
+        field: getattr(args, option) for option, field in RETENTION_OPTIONS.items() if getattr(args, option) is not None
+    }
 
 
 def cmd_retention(args) -> int:
@@ -90,8 +110,10 @@ def cmd_retention(args) -> int:
     if args.json:
         print_json(settings.to_config())
     else:
-        print(f"change events and replay dedupe: {settings.versions:,} versions; exact replays: "
-              f"{settings.request_seconds:,} s; unreplicated recovery outbox: {settings.outbox_records:,} records")
+        print(
+            f"change events and replay dedupe: {settings.versions:,} versions; exact replays: "
+            f"{settings.request_seconds:,} s; unreplicated recovery outbox: {settings.outbox_records:,} records"
+        )
     return 0
 
 
@@ -106,14 +128,19 @@ def cmd_compact(args) -> int:
     if args.json:
         print_json(vars(report))
     else:
-        print(f"compacted the shard: {human_size(report.before_bytes)} -> {human_size(report.after_bytes)} (through LSN {report.applied_lsn})")
+        print(
+            f"compacted the shard: {human_size(report.before_bytes)} -> {human_size(report.after_bytes)} (through LSN "
+            f"{report.applied_lsn})"
+        )
     return 0
 
 
 def cmd_gc(args) -> int:
     from nokvfs.workspace import gc
 
-    progress = Progress.for_args(args, "gc", units={"collect": "revisions freed", "prune History": "History rows pruned"})
+    progress = Progress.for_args(
+        args, "gc", units={"collect": "revisions freed", "prune History": "History rows pruned"}
+    )
     kept = None
     with open_root(args, write=True) as root, progress:
         if not args.dry_run:
@@ -123,32 +150,52 @@ def cmd_gc(args) -> int:
             kept = retention.run(root)
         report = gc.collect(root, dry_run=args.dry_run, progress=progress.report, keep_versions=args.keep_versions)
         if args.dry_run:
-            progress.finish(f"would free {len(report.freed):,} revisions ({human_size(report.freed_bytes)}), prune {report.history_pruned:,} History rows")
+            progress.finish(
+                f"would free {len(report.freed):,} revisions ({human_size(report.freed_bytes)}), prune "
+                f"{report.history_pruned:,} History rows"
+            )
         else:
-            progress.finish(f"freed {report.freed_revisions:,} revisions ({human_size(report.freed_bytes)}), pruned {report.history_pruned:,} History rows")
+            progress.finish(
+                f"freed {report.freed_revisions:,} revisions ({human_size(report.freed_bytes)}), pruned "
+                f"{report.history_pruned:,} History rows"
+            )
     if args.json:
-        print_json({k: v for k, v in vars(report).items()} | {"dry_run": args.dry_run, "retention": None if kept is None else vars(kept)})
+        print_json(
+            {k: v for k, v in vars(report).items()}
+            | {"dry_run": args.dry_run, "retention": None if kept is None else vars(kept)}
+        )
     else:
         verb = "would free" if args.dry_run else "freed"
         count = len(report.freed) if args.dry_run else report.freed_revisions
         print(f"{verb} {count} revision(s), {human_size(report.freed_bytes)} ({report.freed_bytes} bytes)")
-        print(f"{'would prune' if args.dry_run else 'pruned'} {report.history_pruned} History row(s) below version {report.history_floor}")
+        print(
+            f"{'would prune' if args.dry_run else 'pruned'} {report.history_pruned} History row(s) below version "
+            f"{report.history_floor}"
+        )
         if kept is not None:
-            print(f"retention: removed {kept.events_removed} change event(s), {kept.requests_removed} replay dedupe row(s), "
-                  f"{kept.outbox_removed} recovery-outbox record(s)")
+            print(
+                f"retention: removed {kept.events_removed} change event(s), {kept.requests_removed} replay dedupe "
+                "row(s), "
+                f"{kept.outbox_removed} recovery-outbox record(s)"
+            )
         if report.held:
             print(f"{report.held} revision(s) kept by history holds")
         if report.reconciled:
             print(f"{report.reconciled} quarantined revision(s) taken up again")
         if report.quarantined:
-            print(f"{report.quarantined} revision(s) quarantined: a delete was not confirmed; the next gc retries once the store answers (fsck lists them)")
+            print(
+                f"{report.quarantined} revision(s) quarantined: a delete was not confirmed; the next gc retries once "
+                "the store answers (fsck lists them)"
+            )
     return 0
 
 
 def cmd_fsck(args) -> int:
     from nokvfs.workspace import fsck
 
-    progress = Progress.for_args(args, "fsck", units={"metadata": "checks", "blocks": "objects", "store listing": "objects listed"})
+    progress = Progress.for_args(
+        args, "fsck", units={"metadata": "checks", "blocks": "objects", "store listing": "objects listed"}
+    )
     with open_root(args, write=False) as root, progress:
         report = fsck.check(root, verify_blocks=not args.no_blocks, repair=args.repair, progress=progress.report)
         checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
@@ -165,7 +212,10 @@ def cmd_fsck(args) -> int:
     else:
         for finding in report.findings:
             print(f"{finding.code:<22} {safe(finding.subject)}: {safe(finding.detail)}")
-        print(f"fsck: {len(report.findings)} finding(s); checked {checked}" + (f"; repaired {len(report.repaired)}" if report.repaired else ""))
+        print(
+            f"fsck: {len(report.findings)} finding(s); checked {checked}"
+            + (f"; repaired {len(report.repaired)}" if report.repaired else "")
+        )
     return 0 if report.ok else EXIT_FINDINGS
 
 
@@ -229,7 +279,12 @@ def cmd_search(args) -> int:
     with open_root(args, write=False) as root:
         page = index.search(root, args.workbench, field, limit=max(1, min(args.limit, 10_000)), **query)
     if args.json:
-        print_json([{"path": h.path, "value": h.value.value, "kind": h.value.kind.name, "generation": h.entry.generation} for h in page.hits])
+        print_json(
+            [
+                {"path": h.path, "value": h.value.value, "kind": h.value.kind.name, "generation": h.entry.generation}
+                for h in page.hits
+            ]
+        )
     else:
         for hit in page.hits:
             value = hit.value.value

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "mount",
         help="mount the Visible workbenches at a directory (FUSE)",
-        description="Mount the data directory's Visible workbenches. With two operands the first is the data directory.",
+        description="Mount the data directory's Visible workbenches. "
+        "With two operands the first is the data directory.",
     )
     add_mount_arguments(p)
     p.set_defaults(func=mount)
@@ -57,7 +58,11 @@ def register(subparsers) -> None:
     listing.set_defaults(func=spool_list)
     retry = sub.add_parser("retry", help="publish a kept spool at its path")
     retry.add_argument("id", metavar="ID", help="the spool's id (or a unique tail of it)")
-    retry.add_argument("--force", action="store_true", help="replace whatever the path holds now (default: only what the spool expected)")
+    retry.add_argument(
+        "--force",
+        action="store_true",
+        help="replace whatever the path holds now (default: only what the spool expected)",
+    )
     retry.set_defaults(func=spool_retry)
     discard = sub.add_parser("discard", help="delete a kept spool and its sidecar")
     discard.add_argument("id", metavar="ID")
@@ -102,13 +107,16 @@ def mount_options(args) -> MountOptions:
 
 def umount(args) -> int:
     from nokvfs.fs import daemon
-
     from nokvfs.fs.mountinfo import mount_data_dir
 
     # The mount names its data directory (its source), so the daemon is found and waited for
     # (a write-back daemon publishes before it exits) without --data-dir.
     served = mount_data_dir(args.mountpoint)
-    data_dirs = ([served] if served else []) + [os.path.abspath(args.data_dir)] + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
+    data_dirs = (
+        ([served] if served else [])
+        + [os.path.abspath(args.data_dir)]
+        + ([os.path.abspath(os.environ["NOKVFS_DATA_DIR"])] if os.environ.get("NOKVFS_DATA_DIR") else [])
+    )
     return daemon.umount(args.mountpoint, data_dirs=data_dirs, lazy=args.lazy, timeout=args.timeout)
 
 
@@ -116,29 +124,128 @@ def umount(args) -> int:
 
 
 def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mount_first", metavar="DATA_DIR", help="the data directory; alone, the mountpoint (the data directory is then --data-dir)")
+    parser.add_argument(
+        "mount_first",
+        metavar="DATA_DIR",
+        help="the data directory; alone, the mountpoint (the data directory is then --data-dir)",
+    )
     parser.add_argument("mount_second", nargs="?", metavar="MOUNTPOINT", help="the mountpoint")
-    parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (default: detach once the mount is live)")
+    parser.add_argument(
+        "-f",
+        "--foreground",
+        action="store_true",
+        help="stay in the foreground (default: detach once the mount is live)",
+    )
     parser.add_argument("--read-only", action="store_true", help="refuse every change (EROFS)")
-    parser.add_argument("--allow-other", action="store_true", help="let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker threads for uploads, downloads and commits (default {DEFAULT_WORKERS})")
-    parser.add_argument("--memory-cache-mb", type=int, default=DEFAULT_MEMORY_MB, help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})")
-    parser.add_argument("--read-ahead-kb", type=int, default=DEFAULT_READ_AHEAD_KB, help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)")
-    parser.add_argument("--syscall-timeout", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_SYSCALL_TIMEOUT, help=f"longest a syscall on the mount waits for the store or a publication before it fails with EIO (default {DEFAULT_SYSCALL_TIMEOUT:g})")
-    parser.add_argument("--write-back", action="store_true", help="close(2) returns once the bytes are durable on this machine; they are published in the background, in order (fsync(2) waits for the publication; `nokvfs umount` drains; a crash is replayed at the next mount)")
-    parser.add_argument("--replicate", metavar="URL", default=None, help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount")
-    parser.add_argument("--sync", action="store_true", help="with --replicate: close(2) and fsync(2) return only once the bucket holds the write (no accepted write is lost with the machine)")
-    parser.add_argument("--replicate-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --replicate bucket (default: AWS)")
-    parser.add_argument("--replicate-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_REPLICATE_INTERVAL, help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})")
-    parser.add_argument("--follow", metavar="URL", default=None, help="mount the root a bucket (s3://bucket/prefix) holds, read-only, following its owner")
-    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)")
-    parser.add_argument("--follow-endpoint-url", metavar="URL", default=None, help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)")
-    parser.add_argument("--follow-interval", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_INTERVAL, help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})")
-    parser.add_argument("--maintenance-interval", metavar="SECONDS", type=_maintenance_seconds, default=None,
-                        help="seconds between background GC/retention passes (0: off; default: the data directory's "
-                             "`maintenance` setting, else 300)")
-    parser.add_argument("--metrics", metavar="[ADDRESS:]PORT", type=_listen, default=None, help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to 127.0.0.1)")
-    parser.add_argument("--follow-lag-warning", metavar="SECONDS", type=_positive_seconds, default=DEFAULT_FOLLOW_LAG_WARNING, help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})")
+    parser.add_argument(
+        "--allow-other",
+        action="store_true",
+        help="let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"worker threads for uploads, downloads and commits (default {DEFAULT_WORKERS})",
+    )
+    parser.add_argument(
+        "--memory-cache-mb",
+        type=int,
+        default=DEFAULT_MEMORY_MB,
+        help=f"verified blocks kept in memory for reads (default {DEFAULT_MEMORY_MB})",
+    )
+    parser.add_argument(
+        "--read-ahead-kb",
+        type=int,
+        default=DEFAULT_READ_AHEAD_KB,
+        help=f"kernel readahead of the mount, 0 keeps the kernel's (default {DEFAULT_READ_AHEAD_KB}; needs root)",
+    )
+    parser.add_argument(
+        "--syscall-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_SYSCALL_TIMEOUT,
+        help="longest a syscall on the mount waits for the store or a publication before it fails with EIO (default "
+        f"{DEFAULT_SYSCALL_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--write-back",
+        action="store_true",
+        help="close(2) returns once the bytes are durable on this machine; they are published in the background, in "
+        "order (fsync(2) waits for the publication; `nokvfs umount` drains; a crash is replayed at the next mount)",
+    )
+    parser.add_argument(
+        "--replicate",
+        metavar="URL",
+        default=None,
+        help="while mounted, ship the shard to this bucket (s3://bucket/prefix); a last push at unmount",
+    )
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="with --replicate: close(2) and fsync(2) return only once the bucket holds the write (no accepted write "
+        "is lost with the machine)",
+    )
+    parser.add_argument(
+        "--replicate-endpoint-url",
+        metavar="URL",
+        default=None,
+        help="S3 endpoint of the --replicate bucket (default: AWS)",
+    )
+    parser.add_argument(
+        "--replicate-interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_REPLICATE_INTERVAL,
+        help=f"seconds between pushes (default {DEFAULT_REPLICATE_INTERVAL:g})",
+    )
+    parser.add_argument(
+        "--follow",
+        metavar="URL",
+        default=None,
+        help="mount the root a bucket (s3://bucket/prefix) holds, read-only, following its owner",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="the follower's data directory (default: under $XDG_CACHE_HOME/nokvfs/follow/)",
+    )
+    parser.add_argument(
+        "--follow-endpoint-url",
+        metavar="URL",
+        default=None,
+        help="S3 endpoint of the --follow bucket (default: --endpoint-url, else AWS)",
+    )
+    parser.add_argument(
+        "--follow-interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_FOLLOW_INTERVAL,
+        help=f"seconds between polls of the bucket (default {DEFAULT_FOLLOW_INTERVAL:g})",
+    )
+    parser.add_argument(
+        "--maintenance-interval",
+        metavar="SECONDS",
+        type=_maintenance_seconds,
+        default=None,
+        help="seconds between background GC/retention passes (0: off; default: the data directory's "
+        "`maintenance` setting, else 300)",
+    )
+    parser.add_argument(
+        "--metrics",
+        metavar="[ADDRESS:]PORT",
+        type=_listen,
+        default=None,
+        help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--follow-lag-warning",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_FOLLOW_LAG_WARNING,
+        help=f"log the lag once it exceeds this (default {DEFAULT_FOLLOW_LAG_WARNING:g})",
+    )
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -174,7 +281,9 @@ def _maintenance_seconds(text: str) -> float:
 def add_umount_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mountpoint", metavar="MOUNTPOINT")
     parser.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the daemon to exit (default 30)")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the daemon to exit (default 30)"
+    )
 
 
 def split_mount_paths(args) -> tuple[str, str]:
@@ -222,7 +331,10 @@ def spool_retry(args) -> int:
     with open_root(args, write=True) as root:
         entry = spools.retry(root, spool, force=args.force)
     record = spool.record
-    print(f"published {safe(record.get('workbench'))}:{safe(record.get('path'))} generation {entry.generation} ({entry.logical_size} bytes)")
+    print(
+        f"published {safe(record.get('workbench'))}:{safe(record.get('path'))} generation {entry.generation} "
+        f"({entry.logical_size} bytes)"
+    )
     return 0
 
 

@@ -39,8 +39,18 @@ class Progress:
     quiet_below_bytes: stay silent (no line, no summary) unless the work turns out big: more
     than one item, or more than this many bytes (for commands that are usually quick)."""
 
-    def __init__(self, label: str, *, enabled: bool, unit: str = "items", units: dict | None = None, quiet_below_bytes: int | None = None,
-                 stream=None, clock=time.monotonic, interval: float = INTERVAL):
+    def __init__(
+        self,
+        label: str,
+        *,
+        enabled: bool,
+        unit: str = "items",
+        units: dict | None = None,
+        quiet_below_bytes: int | None = None,
+        stream=None,
+        clock=time.monotonic,
+        interval: float = INTERVAL,
+    ):
         self.label = safe(label)
         self.enabled = enabled
         self.units = units or {}
@@ -85,8 +95,14 @@ class Progress:
         self.done_bytes += nbytes
         self._tick()
 
-    def report(self, stage: str | None = None, done: int | None = None, total: int | None = None,
-               done_bytes: int | None = None, total_bytes: int | None = None) -> None:
+    def report(
+        self,
+        stage: str | None = None,
+        done: int | None = None,
+        total: int | None = None,
+        done_bytes: int | None = None,
+        total_bytes: int | None = None,
+    ) -> None:
         """Absolute figures; a new stage starts its own counts."""
         if stage != self.stage:
             self.stage = stage
@@ -108,7 +124,9 @@ class Progress:
         counts = f"{self.done:,}" + ("" if self.total is None else f"/{self.total:,}") + f" {unit}"
         parts = [counts]
         if self.done_bytes or self.total_bytes:
-            parts.append(human_size(self.done_bytes) + ("" if self.total_bytes is None else f" / {human_size(self.total_bytes)}"))
+            parts.append(
+                human_size(self.done_bytes) + ("" if self.total_bytes is None else f" / {human_size(self.total_bytes)}")
+            )
         if self.total_bytes:
             parts[-1] += f" ({min(100, 100 * self.done_bytes // self.total_bytes)}%)"
         elif self.total:
@@ -218,7 +236,7 @@ def sampled(progress: Progress, sample, *, interval: float = INTERVAL):
     def report():
         try:
             figures = sample()
-        except Exception:  # noqa: BLE001 - progress is advisory: it never fails the command
+        except Exception:
             log.debug("progress sample failed", exc_info=True)
             return
         if figures is not None:

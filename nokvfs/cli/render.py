@@ -174,7 +174,9 @@ def entry_json(entry, link_target: str | None = None) -> dict:
     out = jsonable(entry)
     out["typed_index_projection"] = jsonable(attributes.user_fields(entry.typed_index_projection))
     out["size"] = entry.logical_size
-    out.update(attributes_json(attributes.shown(entry), stored=attributes.of(entry) is not None, kind=entry_kind(entry)))
+    out.update(
+        attributes_json(attributes.shown(entry), stored=attributes.of(entry) is not None, kind=entry_kind(entry))
+    )
     if link_target is not None:
         out["link_target"] = link_target
     return out
@@ -220,7 +222,10 @@ def qualified(workbench_id: str, path: str) -> str:
 
 def write_result(verb: str, workbench_id: str, path: str, entry) -> str:
     """The one-line summary of a write: `put wb:outputs/a generation=2 revision=... size=11`."""
-    return f"{verb} {safe(qualified(workbench_id, path))} generation={entry.generation} revision={entry.artifact_revision_id.hex()} size={entry.logical_size}"
+    return (
+        f"{verb} {safe(qualified(workbench_id, path))} generation={entry.generation} "
+        f"revision={entry.artifact_revision_id.hex()} size={entry.logical_size}"
+    )
 
 
 def write_json(workbench_id: str, path: str, entry) -> dict:
@@ -249,7 +254,20 @@ def stat_json(info, workbench_id: str, *, link_target: str | None = None, direct
 
 def stat_text(info, workbench_id: str, **extra) -> str:
     fields = stat_json(info, workbench_id, **extra)
-    order = ["workbench", "path", "kind", "link_target", "size", "generation", "mode_text", "mode", "uid", "gid", "mtime", "mtime_ms"]
+    order = [
+        "workbench",
+        "path",
+        "kind",
+        "link_target",
+        "size",
+        "generation",
+        "mode_text",
+        "mode",
+        "uid",
+        "gid",
+        "mtime",
+        "mtime_ms",
+    ]
     keys = [k for k in order if k in fields] + sorted(k for k in fields if k not in order)
     width = max(len(k) for k in keys)
     lines = []
@@ -291,5 +309,8 @@ def long_line(name: str, kind: str, entry, *, link_target: str | None = None, di
         return f"{mode} {owner:>11} {'-':>12} {'-':>6} {when:<20} {safe(name)}"
     shown = attributes.shown(entry)
     when = iso_ms(shown.mtime_ns // 1_000_000, seconds=True)
-    line = f"{mode_text(entry_kind(entry), shown.mode)} {owner_text(shown):>11} {entry.logical_size:>12} {entry.generation:>6} {when:<20} {safe(name)}"
+    line = (
+        f"{mode_text(entry_kind(entry), shown.mode)} {owner_text(shown):>11} {entry.logical_size:>12} "
+        f"{entry.generation:>6} {when:<20} {safe(name)}"
+    )
     return line if link_target is None else f"{line} -> {safe(link_target)}"

@@ -63,8 +63,11 @@ def register(subparsers) -> None:
     p.add_argument("--shard", metavar="HEX", help="the logical shard id (needed when the prefix holds several)")
     p.add_argument("--take-ownership", action="store_true", help="then become the owner (the old owner is fenced)")
     p.add_argument(
-        "path", metavar="DATA_DIR_SHARD", nargs="?",
-        help="rebuild only the LMDB shard into this absent or empty directory (default: a whole data directory at --data-dir)",
+        "path",
+        metavar="DATA_DIR_SHARD",
+        nargs="?",
+        help="rebuild only the LMDB shard into this absent or empty directory (default: a whole data directory at "
+        "--data-dir)",
     )
     p.set_defaults(func=cmd_restore)
 
@@ -80,7 +83,8 @@ def _role(args):
 
 
 def _url(args) -> tuple[str, str | None]:
-    """(bucket URL, its endpoint): --to, else the bucket a restored data directory records, else $NOKVFS_REPLICATE_URL."""
+    """(bucket URL, its endpoint): --to, else the bucket a restored data directory records, else
+    $NOKVFS_REPLICATE_URL."""
     endpoint = getattr(args, "endpoint_url", None)
     url = getattr(args, "url", None)
     role = None if url else _role(args)
@@ -108,7 +112,11 @@ class _Opened:
         if write and role is not None and not role.writable:
             raise role.refusal()
         url, endpoint = _url(args)
-        data_dir = None if getattr(args, "shard_path", None) or not os.path.exists(os.path.join(args.data_dir, "nokvfs.json")) else args.data_dir
+        data_dir = (
+            None
+            if getattr(args, "shard_path", None) or not os.path.exists(os.path.join(args.data_dir, "nokvfs.json"))
+            else args.data_dir
+        )
         self.shard = Shard.open(_shard_path(args), verify=getattr(args, "verify", False))
         try:
             self.replicator = Replicator.from_url(self.shard, url, endpoint_url=endpoint, data_dir=data_dir)
@@ -169,10 +177,15 @@ def cmd_status(args) -> int:
         print(f"bucket:              {safe(status['bucket'])}")
         print(f"generation:          {status['generation']}")
         print(f"owner epoch:         {status['owner_epoch']} (owner {status['owner_id']})")
-        print(f"checkpoint through:  LSN {status['checkpoint_through_lsn']} (generation {status['checkpoint_through_generation']})")
+        print(
+            f"checkpoint through:  LSN {status['checkpoint_through_lsn']} (generation "
+            f"{status['checkpoint_through_generation']})"
+        )
         print(f"increments:          {status['increments']}")
         print(f"head:                LSN {status['head_lsn']} (commit version {status['head_commit_version']})")
-        print(f"data directory:      {'record generation ' + str(status['datadir_generation']) if status['datadir_generation'] else 'no record yet (the next push publishes it)'}")
+        generation = status["datadir_generation"]
+        record = f"record generation {generation}" if generation else "no record yet (the next push publishes it)"
+        print(f"data directory:      {record}")
     print(f"local applied LSN:   {status['local_applied_lsn']} (owner epoch {status['local_owner_epoch']})")
     print(f"lag:                 {status['lag']} records")
     if status["role"] == "follower":
@@ -182,7 +195,10 @@ def cmd_status(args) -> int:
         unshipped = status.get("unshipped")
         if unshipped:
             first, last = unshipped
-            print(f"never shipped:       LSNs {first or '?'}..{last} (not in the bucket; the new owner does not have them)")
+            print(
+                f"never shipped:       LSNs {first or '?'}..{last} (not in the bucket; the new owner does not have "
+                "them)"
+            )
     if status["last_error"]:
         print(f"last error:          {safe(status['last_error'])}")
     return 0
@@ -210,7 +226,9 @@ def cmd_restore(args) -> int:
     if args.path is None:
         return _restore_data_dir(args, endpoint)
     with Progress.for_args(args, "shard restore", unit="records replayed") as progress:
-        result = restore(args.url, args.path, logical_shard_id=args.shard, endpoint_url=endpoint, progress=progress.report)
+        result = restore(
+            args.url, args.path, logical_shard_id=args.shard, endpoint_url=endpoint, progress=progress.report
+        )
     print(
         f"restored shard {result.logical_shard_id.hex()} into {safe(result.path)}: generation {result.generation}, "
         f"LSN {result.applied_lsn}, commit version {result.commit_version}, owner epoch {result.owner_epoch}"
@@ -229,8 +247,12 @@ def _restore_data_dir(args, endpoint: str | None) -> int:
     from nokvfs.replicate.restore import restore_data_dir, take_ownership
 
     result = restore_data_dir(
-        args.url, args.data_dir, logical_shard_id=args.shard, endpoint_url=endpoint,
-        store=getattr(args, "store", None), store_endpoint_url=endpoint if getattr(args, "store", None) else None,
+        args.url,
+        args.data_dir,
+        logical_shard_id=args.shard,
+        endpoint_url=endpoint,
+        store=getattr(args, "store", None),
+        store_endpoint_url=endpoint if getattr(args, "store", None) else None,
     )
     shard = result.shard
     print(

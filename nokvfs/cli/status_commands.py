@@ -81,7 +81,11 @@ def render(s: dict) -> str:
         f"  data directory:  {safe(s['data_dir'])}",
         f"  mode:            {s['mode']}" + (f" ({safe(s['read_only_reason'])})" if s.get("read_only_reason") else ""),
         f"  daemon:          pid {s['pid']}, up {_duration(s['uptime_s'])}, resident {human_size(s['rss_bytes'])}"
-        + (f" ({human_size(s['rss_anon_bytes'])} heap, {human_size(s['rss_file_bytes'])} mapped files)" if "rss_anon_bytes" in s else ""),
+        + (
+            f" ({human_size(s['rss_anon_bytes'])} heap, {human_size(s['rss_file_bytes'])} mapped files)"
+            if "rss_anon_bytes" in s
+            else ""
+        ),
         f"  publications:    {_meter(s['publications'])}",
         f"  reads:           {_meter(s['reads'])}",
         f"  writes:          {_meter(s['writes'])}",
@@ -91,17 +95,29 @@ def render(s: dict) -> str:
     lines.append(f"  syscall timeouts: {s['syscall_timeouts']}")
     spools = s["spools"]
     kept = ", ".join(f"{safe(k)} {n}" for k, n in sorted(spools["kept_by_reason"].items()))
-    lines.append(f"  spools:          {spools['open']} open, {spools['kept']} kept ({human_size(spools['kept_bytes'])})" + (f": {kept}" if kept else ""))
+    lines.append(
+        f"  spools:          {spools['open']} open, {spools['kept']} kept ({human_size(spools['kept_bytes'])})"
+        + (f": {kept}" if kept else "")
+    )
     cache = s["block_cache"]
     if cache is None:
         lines.append("  block cache:     none (held by another process: reads go to the store)")
     else:
         rate = "n/a" if cache["hit_rate"] is None else f"{cache['hit_rate'] * 100:.1f}%"
-        lines.append(f"  block cache:     {human_size(cache['bytes'])} of {human_size(cache['max_bytes'])}, hit rate {rate} ({cache['hits']} hits, {cache['misses']} misses)")
+        lines.append(
+            f"  block cache:     {human_size(cache['bytes'])} of {human_size(cache['max_bytes'])}, hit rate {rate} "
+            f"({cache['hits']} hits, {cache['misses']} misses)"
+        )
     memory = s["memory_blocks"]
-    lines.append(f"  memory blocks:   {human_size(memory['bytes'])} of {human_size(memory['max_bytes'])} ({memory['fetched']} fetched, {memory['prefetched']} prefetched, {memory['hits']} hits)")
+    lines.append(
+        f"  memory blocks:   {human_size(memory['bytes'])} of {human_size(memory['max_bytes'])} ({memory['fetched']} "
+        f"fetched, {memory['prefetched']} prefetched, {memory['hits']} hits)"
+    )
     feed = s["change_feed"]
-    lines.append(f"  change feed:     commit version {feed['shard_commit_version']}, {feed['versions_behind']} behind, {feed['events_followed']} events followed")
+    lines.append(
+        f"  change feed:     commit version {feed['shard_commit_version']}, {feed['versions_behind']} behind, "
+        f"{feed['events_followed']} events followed"
+    )
     replication = s["replication"]
     if replication is not None:
         if replication["role"] == "owner":
@@ -110,7 +126,8 @@ def render(s: dict) -> str:
             else:
                 since = replication["seconds_since_push"]
                 lines.append(
-                    f"  replication:     to {safe(replication['bucket'])}, {replication['records_behind']} record(s) unshipped, "
+                    f"  replication:     to {safe(replication['bucket'])}, {replication['records_behind']} record(s) "
+                    "unshipped, "
                     + ("no push yet" if since is None else f"last push {since:.1f} s ago")
                     + (", FENCED" if replication["fenced"] else "")
                     + (f", last error {safe(replication['last_error'])}" if replication["last_error"] else "")
@@ -118,7 +135,8 @@ def render(s: dict) -> str:
         elif replication.get("started"):
             lines.append(
                 f"  following:       {safe(replication['bucket'])}, {replication['versions_behind']} version(s) and "
-                f"{replication['behind_ms'] / 1000:.1f} s behind" + (f", last error {safe(replication['last_error'])}" if replication.get("last_error") else "")
+                f"{replication['behind_ms'] / 1000:.1f} s behind"
+                + (f", last error {safe(replication['last_error'])}" if replication.get("last_error") else "")
             )
         else:
             lines.append("  following:       not started yet")

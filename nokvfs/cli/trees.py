@@ -51,7 +51,15 @@ class ViewTree:
 
         cursor = None
         while True:
-            page = listing.list_recursive(self.view, self.root, self.workbench_id, base, cursor=cursor, limit=self.page_limit, with_markers=with_markers)
+            page = listing.list_recursive(
+                self.view,
+                self.root,
+                self.workbench_id,
+                base,
+                cursor=cursor,
+                limit=self.page_limit,
+                with_markers=with_markers,
+            )
             for child in page.children:
                 yield child.name, child.entry
             cursor = page.cursor
@@ -78,7 +86,9 @@ class ViewTree:
         while offset < entry.logical_size:
             data = reading.read(self.root, entry, offset, self.root.block_size, view=self.body_view)
             if not data:  # read() raises on a short manifest; never loop on an empty read
-                raise IntegrityError(f"revision {entry.artifact_revision_id.hex()} ends at byte {offset} of {entry.logical_size}")
+                raise IntegrityError(
+                    f"revision {entry.artifact_revision_id.hex()} ends at byte {offset} of {entry.logical_size}"
+                )
             offset += len(data)
             progress(offset, entry.logical_size)
             yield data

@@ -206,7 +206,10 @@ def compact(path: str) -> CompactReport:
         _fsync_tree(tmp)
         copy = Shard.open(tmp, verify=True, locked=True)
         try:
-            if (copy.recovery_tail.applied_lsn, copy.recovery_tail.chain_digest) != (point.applied_lsn, point.chain_digest):
+            if (copy.recovery_tail.applied_lsn, copy.recovery_tail.chain_digest) != (
+                point.applied_lsn,
+                point.chain_digest,
+            ):
                 raise ShardCorrupt(f"the compacted copy of {path} does not end where the shard does")
         finally:
             copy.close()

@@ -57,9 +57,7 @@ def require_active(fence: RootFence | None, root_id: bytes, logical_shard_id: by
     if fence.logical_shard_id != logical_shard_id:
         raise FenceError(f"root {root_id.hex()} is fenced to another logical shard")
     if fence.placement_generation != placement_generation:
-        raise FenceError(
-            f"placement generation {placement_generation} is not the fence's {fence.placement_generation}"
-        )
+        raise FenceError(f"placement generation {placement_generation} is not the fence's {fence.placement_generation}")
 
 
 def require_owner(presented: int, current: int) -> None:
@@ -72,7 +70,12 @@ def check_installation(command, current: RootFence | None, logical_shard_id: byt
     key = fence_key(command.root_id)
     where = f"fence_install for root {command.root_id.hex()}"
     mutations = command.mutations
-    if len(mutations) != 1 or getattr(mutations[0], "value", None) is None or mutations[0].tree != ROOT_FENCE_TREE or mutations[0].key != key:
+    if (
+        len(mutations) != 1
+        or getattr(mutations[0], "value", None) is None
+        or mutations[0].tree != ROOT_FENCE_TREE
+        or mutations[0].key != key
+    ):
         raise FenceError(f"{where}: an installation writes the root's RootFence and nothing else")
     if command.events:
         raise FenceError(f"{where}: an installation emits no change events")

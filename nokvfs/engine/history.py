@@ -69,8 +69,18 @@ class Plan:
         return h.digest()
 
 
-def plan(txn, history_db, family_dbs_by_tag: dict, floor: int, start: bytes, *, end: bytes | None = None,
-         max_rows: int | None = MAX_PRUNED_ROWS, max_visits: int | None = MAX_VISITED_ROWS, event_floor: int = 0) -> Plan:
+def plan(
+    txn,
+    history_db,
+    family_dbs_by_tag: dict,
+    floor: int,
+    start: bytes,
+    *,
+    end: bytes | None = None,
+    max_rows: int | None = MAX_PRUNED_ROWS,
+    max_visits: int | None = MAX_VISITED_ROWS,
+    event_floor: int = 0,
+) -> Plan:
     """The History rows in [start, end) that go at `floor` (end None: to the end of the tree).
 
     Below the ChangeEvent retention floor (`event_floor`) no event is left to interpret, so the

@@ -64,8 +64,18 @@ def _meta(raw: bytes, page: int, psize_at: int):
     free = _DB.unpack_from(raw, offset + 40)
     main = _DB.unpack_from(raw, offset + 40 + _DB.size)
     last_pg, txnid = _META_TAIL.unpack_from(raw, offset + 40 + 2 * _DB.size)
-    return dict(pgno=pgno, flags=flags, magic=magic, version=version, address=address, mapsize=mapsize,
-                free=free, main=main, last_pg=last_pg, txnid=txnid)
+    return dict(
+        pgno=pgno,
+        flags=flags,
+        magic=magic,
+        version=version,
+        address=address,
+        mapsize=mapsize,
+        free=free,
+        main=main,
+        last_pg=last_pg,
+        txnid=txnid,
+    )
 
 
 def check_meta_pages(directory: str) -> int:
@@ -118,9 +128,7 @@ def check_meta_pages(directory: str) -> int:
             raise ShardCorrupt(f"{where} is damaged: " + "; ".join(problems))
     t0, t1 = metas[0]["txnid"], metas[1]["txnid"]
     if abs(t0 - t1) != 1 and (t0, t1) != (0, 0):
-        raise ShardCorrupt(
-            f"{path}: the meta pages' transaction ids {t0} and {t1} are not consecutive: one is damaged"
-        )
+        raise ShardCorrupt(f"{path}: the meta pages' transaction ids {t0} and {t1} are not consecutive: one is damaged")
     return max(t0, t1)
 
 
@@ -140,7 +148,7 @@ class CommitWitness:
         except OSError as exc:
             log.warning("commit witness %s unreadable (%s): ignored", self.path, exc)
             return None
-        if len(raw) != _WITNESS.size + 8 or raw[_WITNESS.size:] != xxhash.xxh3_64_digest(raw[: _WITNESS.size]):
+        if len(raw) != _WITNESS.size + 8 or raw[_WITNESS.size :] != xxhash.xxh3_64_digest(raw[: _WITNESS.size]):
             log.warning("commit witness %s does not verify: ignored (the next commit rewrites it)", self.path)
             return None
         magic, lsn = _WITNESS.unpack_from(raw)

@@ -32,8 +32,8 @@ import struct
 
 from nokvfs.engine import rows
 from nokvfs.engine.history import CURRENT_ONLY_TREES, RETAINED_TREES
-from nokvfs.engine.retention import SELF_VERSIONED, row_version
 from nokvfs.engine.records import HistoryValue
+from nokvfs.engine.retention import SELF_VERSIONED, row_version
 from nokvfs.engine.rows import lmdb_errors_translated
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
 
@@ -51,8 +51,19 @@ def inverted(version: int) -> bytes:
 class ReadView:
     """One consistent LMDB read transaction, read at `version`. Not thread-safe; cheap to open."""
 
-    def __init__(self, txn, dbs: dict, tags: dict, history_db, version: int, current: int, floor: int = 0,
-                 *, visibility_only: bool = False, event_floor: int = 0):
+    def __init__(
+        self,
+        txn,
+        dbs: dict,
+        tags: dict,
+        history_db,
+        version: int,
+        current: int,
+        floor: int = 0,
+        *,
+        visibility_only: bool = False,
+        event_floor: int = 0,
+    ):
         self._txn = txn
         self.floor = floor
         # ChangeEvent rows at or below this version may be gone (nokvfs.engine.retention): a
@@ -81,11 +92,22 @@ class ReadView:
         below = version < self.floor
         if below and not visibility:
             raise HistoryNotRetained(f"version {version} is older than the history floor {self.floor}")
-        return ReadView(self._txn, self._dbs, self._tags, self._history, version, self.current_version, self.floor,
-                        visibility_only=below, event_floor=self.event_floor)
+        return ReadView(
+            self._txn,
+            self._dbs,
+            self._tags,
+            self._history,
+            version,
+            self.current_version,
+            self.floor,
+            visibility_only=below,
+            event_floor=self.event_floor,
+        )
 
     def _below_floor(self) -> HistoryNotRetained:
-        return HistoryNotRetained(f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain")
+        return HistoryNotRetained(
+            f"version {self.version} is older than the history floor {self.floor}: only visibility reads remain"
+        )
 
     @property
     def is_current(self) -> bool:

@@ -158,7 +158,8 @@ def check_floor(txn, db, floor_lsn: int) -> None:
         key = cursor.key()
         if len(key) != 9 or _LSN.unpack_from(key, 1)[0] != floor_lsn + 1:
             raise OutboxCorrupt(
-                f"the outbox's first record is {key.hex()}, not LSN {floor_lsn + 1} after the truncation point {floor_lsn}"
+                f"the outbox's first record is {key.hex()}, not LSN {floor_lsn + 1} after the truncation point "
+                f"{floor_lsn}"
             )
     if cursor.set_range(OUTBOX_CHUNK_PREFIX):
         key = cursor.key()
@@ -216,7 +217,10 @@ def verify(txn, db, floor_digest: bytes, *, floor_lsn: int = 0, floor_commit_ver
     last = OutboxSummary(floor_lsn, floor_digest, floor_commit_version, 0)
     for entry in iterate(txn, db, floor_digest, after_lsn=floor_lsn):
         last = OutboxSummary(
-            entry.lsn, entry.header.chain_digest, max(last.last_commit_version, entry.header.commit_version), last.records + 1
+            entry.lsn,
+            entry.header.chain_digest,
+            max(last.last_commit_version, entry.header.commit_version),
+            last.records + 1,
         )
     return last
 
@@ -240,5 +244,10 @@ def verify_recent(txn, db, floor_digest: bytes, *, floor_lsn: int, tail_lsn: int
             raise OutboxCorrupt(f"outbox header {start} does not decode: {exc}") from None
     last = OutboxSummary(start, digest, 0, 0)
     for entry in iterate(txn, db, digest, after_lsn=start):
-        last = OutboxSummary(entry.lsn, entry.header.chain_digest, max(last.last_commit_version, entry.header.commit_version), last.records + 1)
+        last = OutboxSummary(
+            entry.lsn,
+            entry.header.chain_digest,
+            max(last.last_commit_version, entry.header.commit_version),
+            last.records + 1,
+        )
     return last

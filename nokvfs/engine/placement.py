@@ -7,7 +7,6 @@ every metadata command is then validated against that fence at the commit bounda
 
 from __future__ import annotations
 
-
 import lmdb
 
 from nokvfs import filemodes
@@ -48,7 +47,9 @@ class PlacementStore:
                 raise AlreadyExists(f"root {root_id.hex()} is already placed")
         return placement
 
-    def transition(self, root_id: bytes, lifecycle: RootPlacementLifecycle, *, expected_generation: int) -> RootPlacement:
+    def transition(
+        self, root_id: bytes, lifecycle: RootPlacementLifecycle, *, expected_generation: int
+    ) -> RootPlacement:
         """Change lifecycle with a generation CAS; the generation advances by one."""
         with self._env.begin(write=True) as txn:
             raw = txn.get(root_id, db=self._db)
@@ -57,8 +58,7 @@ class PlacementStore:
             current = RootPlacement.decode(raw)
             if current.placement_generation != expected_generation:
                 raise GenerationConflict(
-                    f"placement generation is {current.placement_generation}, "
-                    f"expected {expected_generation}"
+                    f"placement generation is {current.placement_generation}, expected {expected_generation}"
                 )
             if current.lifecycle == RootPlacementLifecycle.Retired:
                 raise FenceError(f"root {root_id.hex()} placement is Retired")

@@ -55,6 +55,8 @@ def replay(shard, entry) -> None:
     if outcome is not None and (
         outcome.replayed or outcome.recovery_lsn != entry.lsn or outcome.commit_version != header.commit_version
     ):
-        raise ReplayFailed(f"record {entry.lsn} replayed as LSN {outcome.recovery_lsn} at version {outcome.commit_version}")
+        raise ReplayFailed(
+            f"record {entry.lsn} replayed as LSN {outcome.recovery_lsn} at version {outcome.commit_version}"
+        )
     if shard.recovery_tail != RecoveryTail(entry.lsn, header.chain_digest):
         raise ReplayFailed(f"record {entry.lsn} ({kind.name}) replayed to another chain digest")

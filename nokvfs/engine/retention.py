@@ -88,8 +88,18 @@ def _goes(family: RetainedFamily, key: bytes, value: bytes, floor: int, horizon_
     return request_expired(key[16:], horizon_ms) and CommandDedupe.decode(value).commit_version <= floor
 
 
-def plan(txn, db, family: RetainedFamily, floor: int, horizon_ms: int, start: bytes, *, end: bytes | None = None,
-         max_rows: int | None = MAX_PRUNED_ROWS, max_visits: int | None = MAX_VISITED_ROWS) -> Plan:
+def plan(
+    txn,
+    db,
+    family: RetainedFamily,
+    floor: int,
+    horizon_ms: int,
+    start: bytes,
+    *,
+    end: bytes | None = None,
+    max_rows: int | None = MAX_PRUNED_ROWS,
+    max_visits: int | None = MAX_VISITED_ROWS,
+) -> Plan:
     """The rows of `family` in [start, end) that go at (floor, horizon_ms); the range also stops
     after `max_rows` deletions or `max_visits` visited rows (end_key is then the first row not
     visited). A replica replays a recorded range with both limits None."""

@@ -39,7 +39,9 @@ def _bounded(limit: int) -> int:
     return limit
 
 
-def list_children(view, tree: str, prefix: bytes, *, start_after: bytes | None = None, limit: int = MAX_ITEMS_PER_CALL) -> Page:
+def list_children(
+    view, tree: str, prefix: bytes, *, start_after: bytes | None = None, limit: int = MAX_ITEMS_PER_CALL
+) -> Page:
     """Direct children of `prefix` (a key prefix ending where a component starts)."""
     limit = _bounded(limit)
     ops_before = view.ops
@@ -74,7 +76,9 @@ def list_children(view, tree: str, prefix: bytes, *, start_after: bytes | None =
     return Page(tuple(items), view.version, None, view.ops - ops_before)
 
 
-def scan_prefix(view, tree: str, prefix: bytes, *, start_after: bytes | None = None, limit: int = MAX_ITEMS_PER_CALL) -> Page:
+def scan_prefix(
+    view, tree: str, prefix: bytes, *, start_after: bytes | None = None, limit: int = MAX_ITEMS_PER_CALL
+) -> Page:
     """Rows whose key starts with `prefix`, in key order, after the exclusive key `start_after`.
 
     Items are (key, value) pairs; next_marker is the last key returned when the page is full.

@@ -27,8 +27,6 @@ import lmdb
 from nokvfs import filemodes
 from nokvfs.engine import compact, fences, history, outbox, retention, rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
-from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
-from nokvfs.engine.rows import lmdb_errors_translated, translate_lmdb_error
 from nokvfs.engine.command import (
     FORMAT_VERSION,
     SCHEMA_ID,
@@ -44,8 +42,10 @@ from nokvfs.engine.command import (
     State,
     ValueEquals,
 )
+from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
 from nokvfs.engine.mvcc import ReadView
 from nokvfs.engine.records import (
+    OPTIONAL_SYSTEM_KEYS,
     SYS_CLOCK,
     SYS_HISTORY_FLOOR,
     SYS_LEASE_CLOCK,
@@ -56,7 +56,6 @@ from nokvfs.engine.records import (
     SYS_SHARD,
     SYS_STATE_DIGEST,
     SYS_TREES,
-    OPTIONAL_SYSTEM_KEYS,
     SYSTEM_KEYS,
     CommandRecord,
     CommitClock,
@@ -81,6 +80,7 @@ from nokvfs.engine.records import (
     TreeEntry,
     TreeRegistry,
 )
+from nokvfs.engine.rows import lmdb_errors_translated, translate_lmdb_error
 from nokvfs.errors import (
     FenceError,
     FormatError,
@@ -100,8 +100,6 @@ from nokvfs.errors import (
     RowCorrupt,
     SchemaMismatch,
     ShardCorrupt,
-    StoreError,
-    StoreFull,
 )
 from nokvfs.schema import keys as family_keys
 from nokvfs.schema import records as family_records
@@ -110,7 +108,6 @@ from nokvfs.schema.enums import (
     OutboxRecordKind,
     PredicateKind,
     RetainedFamily,
-    RootActivationState,
 )
 from nokvfs.schema.ids import check_id16
 
@@ -173,9 +170,7 @@ class _Digests:
             entry[1] = (entry[1] + _row_hash(key, new)) % _DIGEST_MOD
 
     def record(self) -> StateDigest:
-        return StateDigest(
-            tuple(TreeDigest(name, c, d.to_bytes(32, "big")) for name, (c, d) in self.trees.items())
-        )
+        return StateDigest(tuple(TreeDigest(name, c, d.to_bytes(32, "big")) for name, (c, d) in self.trees.items()))
 
 
 def _digested_trees() -> list[str]:
@@ -357,9 +352,7 @@ class Shard:
                 SYS_OWNER: OwnerRecord(1),
                 SYS_LEASE_CLOCK: LeaseClock(0),
                 SYS_HISTORY_FLOOR: HistoryFloor(0),
-                SYS_STATE_DIGEST: StateDigest(
-                    tuple(TreeDigest(name, 0, bytes(32)) for name in _digested_trees())
-                ),
+                SYS_STATE_DIGEST: StateDigest(tuple(TreeDigest(name, 0, bytes(32)) for name in _digested_trees())),
             }
             for key, value in rows_.items():
                 rows.put(txn, system, SYSTEM_TREE, key, value.encode())
@@ -397,9 +390,7 @@ class Shard:
             if marker.format_version != FORMAT_VERSION:
                 differences.append(f"format_version {marker.format_version} != {FORMAT_VERSION}")
             if marker.value_format_version != VALUE_FORMAT_VERSION:
-                differences.append(
-                    f"value_format_version {marker.value_format_version} != {VALUE_FORMAT_VERSION}"
-                )
+                differences.append(f"value_format_version {marker.value_format_version} != {VALUE_FORMAT_VERSION}")
             if differences:
                 raise SchemaMismatch(f"{path}: schema marker differs: " + "; ".join(differences))
             raw = rows.unseal(SYSTEM_TREE, SYS_TREES, txn.get(SYS_TREES, db=system))
@@ -442,7 +433,6 @@ class Shard:
         Damage found is recorded (writes are refused from then on)."""
         problems: list[NokvError] = []
         with self._env.begin() as txn:
-            system = self._dbs[SYSTEM_TREE]
             try:
                 tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
                 clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
@@ -462,17 +452,25 @@ class Shard:
             try:
                 if floors.outbox_floor_lsn > tail.applied_lsn:
                     raise OutboxCorrupt(
-                        f"the outbox truncation point {floors.outbox_floor_lsn} is beyond the recovery tail {tail.applied_lsn}"
+                        f"the outbox truncation point {floors.outbox_floor_lsn} is beyond the recovery tail "
+                        f"{tail.applied_lsn}"
                     )
                 if full:
                     summary = outbox.verify(
-                        txn, db, floors.outbox_floor_digest, floor_lsn=floors.outbox_floor_lsn,
+                        txn,
+                        db,
+                        floors.outbox_floor_digest,
+                        floor_lsn=floors.outbox_floor_lsn,
                         floor_commit_version=floors.outbox_floor_commit_version,
                     )
                 else:
                     summary = outbox.verify_recent(
-                        txn, db, floors.outbox_floor_digest, floor_lsn=floors.outbox_floor_lsn,
-                        tail_lsn=tail.applied_lsn, records=RECENT_RECORDS_VERIFIED,
+                        txn,
+                        db,
+                        floors.outbox_floor_digest,
+                        floor_lsn=floors.outbox_floor_lsn,
+                        tail_lsn=tail.applied_lsn,
+                        records=RECENT_RECORDS_VERIFIED,
                     )
                     if summary is not None and summary.records == 0:
                         summary = dataclasses.replace(summary, last_commit_version=floors.outbox_floor_commit_version)
@@ -480,18 +478,25 @@ class Shard:
                 problems.append(exc)
                 summary = None
             if summary is None and not problems:
-                problems.append(ShardCorrupt(f"{self.path}: the recovery outbox does not reach the System tail {tail.applied_lsn}"))
+                problems.append(
+                    ShardCorrupt(f"{self.path}: the recovery outbox does not reach the System tail {tail.applied_lsn}")
+                )
             if summary is not None:
                 if summary.last_lsn != tail.applied_lsn or summary.chain_digest != tail.chain_digest:
-                    problems.append(ShardCorrupt(
-                        f"{self.path}: recovery outbox ends at LSN {summary.last_lsn}, System tail says "
-                        f"{tail.applied_lsn}" + ("" if summary.last_lsn != tail.applied_lsn else " with another chain digest")
-                    ))
+                    problems.append(
+                        ShardCorrupt(
+                            f"{self.path}: recovery outbox ends at LSN {summary.last_lsn}, System tail says "
+                            f"{tail.applied_lsn}"
+                            + ("" if summary.last_lsn != tail.applied_lsn else " with another chain digest")
+                        )
+                    )
                 elif summary.last_commit_version != clock:
-                    problems.append(ShardCorrupt(
-                        f"{self.path}: commit clock {clock} differs from the outbox's last commit "
-                        f"version {summary.last_commit_version}"
-                    ))
+                    problems.append(
+                        ShardCorrupt(
+                            f"{self.path}: commit clock {clock} differs from the outbox's last commit "
+                            f"version {summary.last_commit_version}"
+                        )
+                    )
             if floor > clock:
                 problems.append(ShardCorrupt(f"{self.path}: history floor {floor} is beyond the commit clock {clock}"))
             if [t.name for t in digests.trees] != _digested_trees():
@@ -529,10 +534,12 @@ class Shard:
             if recorded is None or damaged:
                 continue  # System and the outbox have no digest; a damaged row is reported already
             if count != recorded.row_count or total.to_bytes(32, "big") != recorded.digest:
-                problems.append(ShardCorrupt(
-                    f"{self.path}: tree {tree} does not match its state digest ({count} rows, digest "
-                    f"recorded for {recorded.row_count}): a row was changed outside the engine"
-                ))
+                problems.append(
+                    ShardCorrupt(
+                        f"{self.path}: tree {tree} does not match its state digest ({count} rows, digest "
+                        f"recorded for {recorded.row_count}): a row was changed outside the engine"
+                    )
+                )
                 if first_only:
                     return problems
         return problems
@@ -644,8 +651,16 @@ class Shard:
                     fences.require_active(installed, fence.root_id, self.logical_shard_id, fence.placement_generation)
                     if fence.owner_epoch is not None:
                         fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
-                view = ReadView(txn, self._family_dbs, self._tags, self._dbs[HISTORY_TREE], current, current, floor,
-                                event_floor=self._floors(txn).event_floor_version)
+                view = ReadView(
+                    txn,
+                    self._family_dbs,
+                    self._tags,
+                    self._dbs[HISTORY_TREE],
+                    current,
+                    current,
+                    floor,
+                    event_floor=self._floors(txn).event_floor_version,
+                )
                 yield view if version is None else view.at(version)
         except ShardCorrupt as exc:
             self._alarm.record(exc)
@@ -660,7 +675,9 @@ class Shard:
         """Every verified recovery-outbox entry kept (after the truncation point) in LSN order."""
         with self._env.begin() as txn:
             floors = self._floors(txn)
-            yield from outbox.iterate(txn, self._dbs[OUTBOX_TREE], floors.outbox_floor_digest, after_lsn=floors.outbox_floor_lsn)
+            yield from outbox.iterate(
+                txn, self._dbs[OUTBOX_TREE], floors.outbox_floor_digest, after_lsn=floors.outbox_floor_lsn
+            )
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -688,9 +705,7 @@ class Shard:
         if stored is not None:
             dedupe = family_records.CommandDedupe.decode(stored)
             if dedupe.command_digest != command.command_digest:
-                raise RequestMismatch(
-                    f"request id {command.request_id.hex()} was used for a different command"
-                )
+                raise RequestMismatch(f"request id {command.request_id.hex()} was used for a different command")
             return CommandOutcome(dedupe.commit_version, dedupe.recovery_lsn, dedupe.result, replayed=True)
         horizon = self._floors(txn).request_horizon_ms
         if retention.request_expired(command.request_id, horizon):
@@ -749,7 +764,9 @@ class Shard:
             if mutation.tree not in self._family_dbs:
                 raise InvalidInput(f"no metadata family tree {mutation.tree!r}")
             if mutation.tree in retention.SELF_VERSIONED:
-                raise InvalidInput(f"{mutation.tree} rows are written by the engine only (a command's events and dedupe row)")
+                raise InvalidInput(
+                    f"{mutation.tree} rows are written by the engine only (a command's events and dedupe row)"
+                )
             write(mutation.tree, mutation.key, mutation.value if isinstance(mutation, Put) else None)
         for sequence, event in enumerate(command.events):
             key = family_keys.change_event_key(command.root_id, commit_version, sequence)
@@ -847,8 +864,15 @@ class Shard:
         return new_epoch
 
     @_lmdb_errors
-    def prune_history(self, *, owner_epoch: int, floor_version: int, start_key: bytes = b"",
-                      max_rows: int = history.MAX_PRUNED_ROWS, max_visits: int = history.MAX_VISITED_ROWS) -> "PruneOutcome":
+    def prune_history(
+        self,
+        *,
+        owner_epoch: int,
+        floor_version: int,
+        start_key: bytes = b"",
+        max_rows: int = history.MAX_PRUNED_ROWS,
+        max_visits: int = history.MAX_VISITED_ROWS,
+    ) -> "PruneOutcome":
         """Advance the history floor towards `floor_version` and prune one bounded batch of History
         rows at it, from `start_key`; the outcome's next_key is where the next batch starts.
 
@@ -880,8 +904,16 @@ class Shard:
         """(the floor prune_history would reach now, how many History rows would go at it): a read-only estimate."""
         with self._env.begin() as txn:
             floor = self._prune_floor(txn, floor_version)
-            planned = history.plan(txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, b"", max_rows=None, max_visits=None,
-                                   event_floor=self._floors(txn).event_floor_version)
+            planned = history.plan(
+                txn,
+                self._dbs[HISTORY_TREE],
+                self._family_dbs_by_tag,
+                floor,
+                b"",
+                max_rows=None,
+                max_visits=None,
+                event_floor=self._floors(txn).event_floor_version,
+            )
             return floor, len(planned.deletions)
 
     def _prune_floor(self, txn, floor_version: int) -> int:
@@ -892,16 +924,30 @@ class Shard:
             floor = min(floor, family_records.HistoryHold.decode(value).read_version)
         return max(old, floor)
 
-    def _prune(self, txn, owner_epoch: int, floor_version: int, start_key: bytes, *, limits=(None, None),
-               recorded: HistoryPruneRecord | None = None) -> "PruneOutcome":
+    def _prune(
+        self,
+        txn,
+        owner_epoch: int,
+        floor_version: int,
+        start_key: bytes,
+        *,
+        limits=(None, None),
+        recorded: HistoryPruneRecord | None = None,
+    ) -> "PruneOutcome":
         fences.require_owner(owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
         old = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
         floor = self._prune_floor(txn, floor_version)
         if recorded is not None and floor != recorded.floor_version:
             raise IntegrityError(f"the recorded history floor {recorded.floor_version} is not reachable here ({floor})")
         planned = history.plan(
-            txn, self._dbs[HISTORY_TREE], self._family_dbs_by_tag, floor, start_key,
-            end=None if recorded is None else recorded.end_key, max_rows=limits[0], max_visits=limits[1],
+            txn,
+            self._dbs[HISTORY_TREE],
+            self._family_dbs_by_tag,
+            floor,
+            start_key,
+            end=None if recorded is None else recorded.end_key,
+            max_rows=limits[0],
+            max_visits=limits[1],
             event_floor=self._floors(txn).event_floor_version,
         )
         if recorded is None and not planned.deletions and floor == old:
@@ -911,7 +957,9 @@ class Shard:
         for key, value in planned.deletions:
             txn.delete(key, db=db)
             digests.change(HISTORY_TREE, key, value, None)
-        record = HistoryPruneRecord(owner_epoch, floor, start_key, planned.end_key, len(planned.deletions), planned.digest())
+        record = HistoryPruneRecord(
+            owner_epoch, floor, start_key, planned.end_key, len(planned.deletions), planned.digest()
+        )
         if recorded is not None and record != recorded:
             raise IntegrityError(
                 f"the recorded prune removed {recorded.pruned_rows} History rows; replayed here it removes "
@@ -928,7 +976,9 @@ class Shard:
     # --- retention (nokvfs.engine.retention; README "Retention") --------------------------------
 
     @_lmdb_errors
-    def truncate_outbox(self, *, owner_epoch: int, through_lsn: int, max_records: int = MAX_TRUNCATED_RECORDS) -> "TruncateOutcome":
+    def truncate_outbox(
+        self, *, owner_epoch: int, through_lsn: int, max_records: int = MAX_TRUNCATED_RECORDS
+    ) -> "TruncateOutcome":
         """Remove the recovery-outbox records at or below `through_lsn` (clamped to the tail), at
         most `max_records` of them in this transaction; the outcome says how far it got.
 
@@ -954,8 +1004,15 @@ class Shard:
         self._witness_commit(outcome.recovery_lsn)
         return outcome
 
-    def _truncate(self, txn, owner_epoch: int, through_lsn: int, max_records: int | None, *,
-                  recorded: OutboxTruncateRecord | None = None) -> "TruncateOutcome":
+    def _truncate(
+        self,
+        txn,
+        owner_epoch: int,
+        through_lsn: int,
+        max_records: int | None,
+        *,
+        recorded: OutboxTruncateRecord | None = None,
+    ) -> "TruncateOutcome":
         fences.require_owner(owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
         tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
         floors = self._floors(txn)
@@ -964,10 +1021,14 @@ class Shard:
         if max_records is not None:
             target = min(target, old + max_records)
         if recorded is not None and target != recorded.through_lsn:
-            raise IntegrityError(f"the recorded outbox truncation through LSN {recorded.through_lsn} is not reachable here")
+            raise IntegrityError(
+                f"the recorded outbox truncation through LSN {recorded.through_lsn} is not reachable here"
+            )
         if target <= old:
             if recorded is not None:
-                raise IntegrityError(f"the outbox is truncated through LSN {old} already, not before {recorded.through_lsn}")
+                raise IntegrityError(
+                    f"the outbox is truncated through LSN {old} already, not before {recorded.through_lsn}"
+                )
             return TruncateOutcome(old, 0, None)
         db = self._dbs[OUTBOX_TREE]
         raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(target))
@@ -975,7 +1036,7 @@ class Shard:
             raise OutboxCorrupt(f"outbox record {target} is missing")
         header = self._outbox_header(raw, target)
         cursor = txn.cursor(db)
-        for prefix, first, last in (
+        for _prefix, first, last in (
             (outbox.OUTBOX_HEADER_PREFIX, outbox.header_key(old + 1), outbox.header_key(target + 1)),
             (outbox.OUTBOX_CHUNK_PREFIX, outbox.chunk_key(old + 1, 0), outbox.chunk_key(target + 1, 0)),
         ):
@@ -985,19 +1046,33 @@ class Shard:
         record = OutboxTruncateRecord(owner_epoch, target, header.chain_digest, header.commit_version, target - old)
         if recorded is not None and record != recorded:
             raise IntegrityError(f"the recorded outbox truncation differs from the chain here: {recorded} != {record}")
-        self._put_system(txn, SYS_RETENTION, dataclasses.replace(
-            floors, outbox_floor_lsn=target, outbox_floor_digest=header.chain_digest,
-            outbox_floor_commit_version=header.commit_version,
-        ))
+        self._put_system(
+            txn,
+            SYS_RETENTION,
+            dataclasses.replace(
+                floors,
+                outbox_floor_lsn=target,
+                outbox_floor_digest=header.chain_digest,
+                outbox_floor_commit_version=header.commit_version,
+            ),
+        )
         clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
         lsn = tail.applied_lsn + 1
         self._append_outbox(txn, lsn, OutboxRecordKind.OutboxTruncate, clock, record.encode(), tail)
         return TruncateOutcome(target, target - old, lsn)
 
     @_lmdb_errors
-    def prune_retained(self, *, owner_epoch: int, family: RetainedFamily, floor_version: int, horizon_ms: int = 0,
-                       start_key: bytes = b"", max_rows: int = retention.MAX_PRUNED_ROWS,
-                       max_visits: int = retention.MAX_VISITED_ROWS) -> "PruneOutcome":
+    def prune_retained(
+        self,
+        *,
+        owner_epoch: int,
+        family: RetainedFamily,
+        floor_version: int,
+        horizon_ms: int = 0,
+        start_key: bytes = b"",
+        max_rows: int = retention.MAX_PRUNED_ROWS,
+        max_visits: int = retention.MAX_VISITED_ROWS,
+    ) -> "PruneOutcome":
         """Advance a retention floor of ChangeEvent or CommandDedupe and remove one bounded batch
         of the rows it lets go, from `start_key`; the outcome's next_key is where the next starts.
 
@@ -1009,8 +1084,9 @@ class Shard:
         """
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            outcome = self._prune_retained(txn, owner_epoch, family, floor_version, horizon_ms, start_key,
-                                           limits=(max_rows, max_visits))
+            outcome = self._prune_retained(
+                txn, owner_epoch, family, floor_version, horizon_ms, start_key, limits=(max_rows, max_visits)
+            )
         self._witness_commit(outcome.recovery_lsn)
         return outcome
 
@@ -1019,13 +1095,30 @@ class Shard:
         """Apply a recorded retention batch: the same floors, range and rows, or IntegrityError."""
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
-            outcome = self._prune_retained(txn, record.owner_epoch, record.family, record.floor_version, record.horizon_ms,
-                                           record.start_key, recorded=record)
+            outcome = self._prune_retained(
+                txn,
+                record.owner_epoch,
+                record.family,
+                record.floor_version,
+                record.horizon_ms,
+                record.start_key,
+                recorded=record,
+            )
         self._witness_commit(outcome.recovery_lsn)
         return outcome
 
-    def _prune_retained(self, txn, owner_epoch: int, family: RetainedFamily, floor_version: int, horizon_ms: int,
-                        start_key: bytes, *, limits=(None, None), recorded: RetentionPruneRecord | None = None) -> "PruneOutcome":
+    def _prune_retained(
+        self,
+        txn,
+        owner_epoch: int,
+        family: RetainedFamily,
+        floor_version: int,
+        horizon_ms: int,
+        start_key: bytes,
+        *,
+        limits=(None, None),
+        recorded: RetentionPruneRecord | None = None,
+    ) -> "PruneOutcome":
         fences.require_owner(owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
         family = RetainedFamily(family)
         clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
@@ -1047,8 +1140,15 @@ class Shard:
         tree = retention.TREES[family]
         db = self._dbs[tree]
         planned = retention.plan(
-            txn, db, family, floor, horizon, start_key, end=None if recorded is None else recorded.end_key,
-            max_rows=limits[0], max_visits=limits[1],
+            txn,
+            db,
+            family,
+            floor,
+            horizon,
+            start_key,
+            end=None if recorded is None else recorded.end_key,
+            max_rows=limits[0],
+            max_visits=limits[1],
         )
         if recorded is None and not planned.deletions and updated == floors:
             return PruneOutcome(floor, 0, planned.end_key, None)
@@ -1056,8 +1156,9 @@ class Shard:
         for key, value in planned.deletions:
             txn.delete(key, db=db)
             digests.change(tree, key, value, None)
-        record = RetentionPruneRecord(owner_epoch, family, floor, horizon, start_key, planned.end_key,
-                                      len(planned.deletions), planned.digest())
+        record = RetentionPruneRecord(
+            owner_epoch, family, floor, horizon, start_key, planned.end_key, len(planned.deletions), planned.digest()
+        )
         if recorded is not None and record != recorded:
             raise IntegrityError(
                 f"the recorded {family.name} retention removed {recorded.pruned_rows} rows; replayed here it removes "
@@ -1093,8 +1194,9 @@ class Shard:
         return point
 
     @_lmdb_errors
-    def outbox_after(self, lsn: int, *, through_lsn: int | None = None, max_records: int | None = None,
-                     max_bytes: int | None = None):
+    def outbox_after(
+        self, lsn: int, *, through_lsn: int | None = None, max_records: int | None = None, max_bytes: int | None = None
+    ):
         """(chain digest after record `lsn`, the verified entries after it), in one read txn.
 
         The digest is the genesis digest for `lsn` 0, the kept chain digest for the truncation
@@ -1203,9 +1305,7 @@ def _command_record(command: MetadataCommand, commit_version: int) -> CommandRec
                 if isinstance(p, State)
                 else PredicateKind.FieldEquals
             )
-            predicates.append(
-                PredicateRow(kind, p.tree, p.key, None, p.record.__name__, p.field, p.expected_bytes())
-            )
+            predicates.append(PredicateRow(kind, p.tree, p.key, None, p.record.__name__, p.field, p.expected_bytes()))
     mutations = tuple(
         MutationRow(MutationKind.Put, m.tree, m.key, m.value)
         if isinstance(m, Put)
@@ -1254,8 +1354,7 @@ def command_from_record(record: CommandRecord) -> MetadataCommand:
             cls = {PredicateKind.Generation: Generation, PredicateKind.State: State}.get(row.kind, FieldEquals)
             predicates.append(cls(row.tree, row.key, rec, row.field, expected))
     mutations = [
-        Put(m.tree, m.key, m.value) if m.kind == MutationKind.Put else Delete(m.tree, m.key)
-        for m in record.mutations
+        Put(m.tree, m.key, m.value) if m.kind == MutationKind.Put else Delete(m.tree, m.key) for m in record.mutations
     ]
     return MetadataCommand(
         root_id=record.root_id,

@@ -8,8 +8,8 @@ until that change has committed, when it is known whether the event is this moun
 For a path that changed: a node keeps the revision it shows (its descriptors read it, the
 kernel's pages are its) and is detached -- the path gets a fresh inode at its next lookup; a
 file this mount is writing keeps its inode (its publication answers the conflict); an
-attribute-only change refreshes the attributes of the same inode. Implicit directories above the path may have appeared or
-vanished; the names in `.snapshots/`, `.commits/` and `.tags/` follow the history events.
+attribute-only change refreshes the attributes of the same inode. Implicit directories above
+the path may have appeared or vanished; the names in `.snapshots/`, `.commits/` and `.tags/` follow the history events.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ from nokvfs.schema.enums import ChangeEventKind
 log = logging.getLogger(__name__)
 
 LIVE = views_.LIVE
-_PATH_KINDS = (ChangeEventKind.PathPut, ChangeEventKind.PathAppended, ChangeEventKind.PathRemoved, ChangeEventKind.PathRenamed)
+_PATH_KINDS = (
+    ChangeEventKind.PathPut,
+    ChangeEventKind.PathAppended,
+    ChangeEventKind.PathRemoved,
+    ChangeEventKind.PathRenamed,
+)
 _ATTRIBUTE_KIND = ChangeEventKind.PathAttributesChanged
 _HISTORY_KINDS = (
     ChangeEventKind.SnapshotMinted,

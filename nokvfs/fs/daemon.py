@@ -127,7 +127,9 @@ def _alive(pid: int) -> bool:
 
 def setup_logging(debug: bool, stream=None, path: str | None = None) -> None:
     handler = logging.FileHandler(path) if path else logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
     root_logger = logging.getLogger()
     for old in list(root_logger.handlers):
         root_logger.removeHandler(old)
@@ -144,7 +146,11 @@ def _late_release_replies(record: logging.LogRecord) -> bool:
     torn the connection down; pyfuse3 logs the failed reply as an ERROR although nothing is
     wrong (the kernel no longer waits for it). Such a record is kept at DEBUG."""
     message = record.getMessage()
-    if record.levelno >= logging.WARNING and message.startswith(("fuse_release(", "fuse_releasedir(")) and "No such file or directory" in message:
+    if (
+        record.levelno >= logging.WARNING
+        and message.startswith(("fuse_release(", "fuse_releasedir("))
+        and "No such file or directory" in message
+    ):
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger("pyfuse3").isEnabledFor(logging.DEBUG)
     return True
@@ -278,7 +284,7 @@ def _report(fd: int | None, message: str) -> None:
 def _serve_guarded(options: MountOptions, *, ready_fd: int | None) -> int:
     try:
         return serve(options, ready=lambda: _report(ready_fd, "READY"))
-    except Exception as exc:  # noqa: BLE001 - reported to the waiting parent and the log
+    except Exception as exc:
         log.error("mount of %s at %s failed: %s", options.data_dir, options.mountpoint, exc, exc_info=options.debug)
         _report(ready_fd, f"ERROR {exc}")
         return 1
@@ -323,11 +329,22 @@ def serve(options: MountOptions, *, ready=None) -> int:
     if o.follow:
         bootstrap_follower(o.follow, data_dir, endpoint_url=o.follow_endpoint_url)
     store_meters = Meters()
-    root = open_root(data_dir, store=o.store, endpoint_url=o.endpoint_url, store_wrapper=lambda store: MeteredStore(store, store_meters))
+    root = open_root(
+        data_dir,
+        store=o.store,
+        endpoint_url=o.endpoint_url,
+        store_wrapper=lambda store: MeteredStore(store, store_meters),
+    )
     try:
         replication, read_only_why = bucket_link(
-            data_dir, root, replicate=o.replicate, replicate_endpoint_url=o.replicate_endpoint_url, replicate_interval=o.replicate_interval,
-            follow_endpoint_url=o.follow_endpoint_url, follow_interval=o.follow_interval, lag_warning=o.follow_lag_warning,
+            data_dir,
+            root,
+            replicate=o.replicate,
+            replicate_endpoint_url=o.replicate_endpoint_url,
+            replicate_interval=o.replicate_interval,
+            follow_endpoint_url=o.follow_endpoint_url,
+            follow_interval=o.follow_interval,
+            lag_warning=o.follow_lag_warning,
         )
     except BaseException:
         root.close()
@@ -342,18 +359,31 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if not read_only:
             published, kept = writeback.replay(root, data_dir)
             if published or kept:
-                log.info("write-back: %d file(s) accepted before the last daemon ended published, %d kept", published, kept)
+                log.info(
+                    "write-back: %d file(s) accepted before the last daemon ended published, %d kept", published, kept
+                )
         for kept in spools.adopt_orphans(data_dir, os.getpid()):
             record = kept.record
             log.warning(
                 "kept spool %s (%s:%s, %d bytes): %s -- `nokvfs spool retry|discard %s`",
-                kept.id, record.get("workbench"), record.get("path"), kept.size, record.get("reason"), kept.id,
+                kept.id,
+                record.get("workbench"),
+                record.get("path"),
+                kept.size,
+                record.get("reason"),
+                kept.id,
             )
-        pool = Workers(foreground=o.workers, background=max(1, min(4, o.workers // 2)), syscall_timeout=o.syscall_timeout)
+        pool = Workers(
+            foreground=o.workers, background=max(1, min(4, o.workers // 2)), syscall_timeout=o.syscall_timeout
+        )
         invalidator = Invalidator()
         fetcher = BlockFetcher(root, pool, memory_bytes=o.memory_bytes)
         fs = FileSystem(
-            root, LiveView(root, read_only=read_only), pool, invalidator, fetcher,
+            root,
+            LiveView(root, read_only=read_only),
+            pool,
+            invalidator,
+            fetcher,
             owner={"pid": os.getpid(), "mountpoint": mountpoint, "data_dir": data_dir},
         )
         if replication is not None:
@@ -371,8 +401,16 @@ def serve(options: MountOptions, *, ready=None) -> int:
         follower = ChangeFollower(root, fs.changes)
         maintenance = Maintenance.for_mount(root, data_dir, interval=o.maintenance_interval, read_only=read_only)
         status = MountStatus(
-            data_dir=data_dir, mountpoint=mountpoint, root=root, fs=fs, workers=pool, fetcher=fetcher, follower=follower,
-            store_meters=store_meters, link=replication, read_only_why=read_only_why,
+            data_dir=data_dir,
+            mountpoint=mountpoint,
+            root=root,
+            fs=fs,
+            workers=pool,
+            fetcher=fetcher,
+            follower=follower,
+            store_meters=store_meters,
+            link=replication,
+            read_only_why=read_only_why,
         )
         listeners.append(StatusServer(socket_path(data_dir, mountpoint), status.snapshot))
         if o.metrics is not None:
@@ -396,7 +434,20 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if maintenance is not None:
             maintenance.start()
         try:
-            trio.run(_main, mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, o.read_ahead_kb, replication, publisher)
+            trio.run(
+                _main,
+                mountpoint,
+                data_dir,
+                pool,
+                fetcher,
+                follower,
+                invalidator,
+                ready,
+                started,
+                o.read_ahead_kb,
+                replication,
+                publisher,
+            )
         except BaseException:
             pyfuse3.close(unmount=True)
             unmounted = True
@@ -407,7 +458,11 @@ def serve(options: MountOptions, *, ready=None) -> int:
             pyfuse3.close(unmount=True)
         log.info(
             "unmounted %s (blocks: %d fetched on demand, %d prefetched, %d memory hits; %d change events followed)",
-            mountpoint, fetcher.fetched, fetcher.prefetched, fetcher.hits, follower.events_seen,
+            mountpoint,
+            fetcher.fetched,
+            fetcher.prefetched,
+            fetcher.hits,
+            follower.events_seen,
         )
         return 0
     finally:
@@ -448,7 +503,19 @@ def _tame_malloc() -> None:
         pass
 
 
-async def _main(mountpoint, data_dir, pool, fetcher, follower, invalidator, ready, started, read_ahead_kb, replication=None, publisher=None) -> None:
+async def _main(
+    mountpoint,
+    data_dir,
+    pool,
+    fetcher,
+    follower,
+    invalidator,
+    ready,
+    started,
+    read_ahead_kb,
+    replication=None,
+    publisher=None,
+) -> None:
     import pyfuse3
     import trio
 
@@ -538,7 +605,9 @@ def umount(mountpoint: str, *, data_dirs=(), lazy: bool = False, timeout: float 
     if not logging.getLogger().handlers:
         setup_logging(False)
     mountpoint = os.path.abspath(mountpoint)
-    candidates = [record for data_dir in dict.fromkeys(data_dirs) if (record := read_pid_file(data_dir, mountpoint)) is not None]
+    candidates = [
+        record for data_dir in dict.fromkeys(data_dirs) if (record := read_pid_file(data_dir, mountpoint)) is not None
+    ]
     stale = is_stale(mountpoint)
     if not stale and mount_fstype(mountpoint) is None:
         print(f"nokvfs: {mountpoint} is not mounted", file=sys.stderr)

@@ -101,7 +101,12 @@ class Directories:
             raise refuse(errno.ENOTEMPTY, f"{node.describe()} is not empty")
         if self._marker(node) is not None:
             await self.workers.bounded(
-                f"rmdir {node.describe()}", self.workers.run, namespace.remove_directory_attributes, self.root, node.workbench_id, node.path
+                f"rmdir {node.describe()}",
+                self.workers.run,
+                namespace.remove_directory_attributes,
+                self.root,
+                node.workbench_id,
+                node.path,
             )
         tree.overlay.remove_dir(node.incarnation, node.components)
         # The parent stays, as on a local disk, even when this was its last entry.
@@ -134,7 +139,11 @@ class Directories:
         with tree.view.read() as v:
             durable = namespace.paths_below(v, self.root, incarnation, src, limit + 1)
         if len(durable) > limit:
-            raise refuse(errno.EXDEV, f"{source.describe()} holds more than {limit} files: a tree that big is moved by copying (mv does this on EXDEV)")
+            raise refuse(
+                errno.EXDEV,
+                f"{source.describe()} holds more than {limit} files: a tree that big is moved by copying (mv does this "
+                "on EXDEV)",
+            )
         if target is not None:
             if not target.kind.is_dir:
                 raise refuse(errno.ENOTDIR, f"{target.describe()} is not a directory")
@@ -142,15 +151,20 @@ class Directories:
                 raise refuse(errno.ENOTEMPTY, f"{target.describe()} is not empty")
             if not durable and self._marker(target) is not None:
                 await self.workers.bounded(
-                    f"rename over {target.describe()}", self.workers.run,
-                    namespace.remove_directory_attributes, self.root, target.workbench_id, target.path,
+                    f"rename over {target.describe()}",
+                    self.workers.run,
+                    namespace.remove_directory_attributes,
+                    self.root,
+                    target.workbench_id,
+                    target.path,
                 )
         if durable:
-            paths = [c for _, _, c in durable] + [dst + c[len(src):] for _, _, c in durable]
+            paths = [c for _, _, c in durable] + [dst + c[len(src) :] for _, _, c in durable]
             tree.begin_change(incarnation, *paths)
             try:
                 moved = await self.workers.bounded(
-                    f"rename of {source.describe()}", self.workers.run,
+                    f"rename of {source.describe()}",
+                    self.workers.run,
                     lambda: namespace.rename_directory(self.root, source.workbench_id, source.path, "/".join(dst)),
                 )
                 for _, _, entry in moved:
@@ -174,7 +188,7 @@ class Directories:
         tree.overlay.move_tree(incarnation, src, dst)
         tree.inodes.move(source, dst)
         for node in below:
-            new = dst + node.components[len(src):]
+            new = dst + node.components[len(src) :]
             tree.inodes.move(node, new)
             entry = entries.get(new)
             if entry is not None:
@@ -199,7 +213,9 @@ class Directories:
         tree = self.tree
         tree.check_writable(f"attributes of {node.describe()}", node)
         if node.kind not in (Kind.SECTION, Kind.DIR):
-            raise refuse(errno.EPERM, f"the attributes of {node.describe()} are fixed (the root, a workbench or a view)")
+            raise refuse(
+                errno.EPERM, f"the attributes of {node.describe()} are fixed (the root, a workbench or a view)"
+            )
         names.check_storable(self.root, node.workbench_id, node.components + (attributes.DIRECTORY_MARKER,))
         entry = await self.workers.bounded(
             f"attributes of {node.describe()}",
@@ -217,18 +233,31 @@ class Directories:
         tree = self.tree
         tree.check_writable(f"mkdir {name}")
         if name.isascii() and name.isdigit():
-            raise refuse(errno.EINVAL, f"{name!r} is numeric: snapshot ids are given by the root, an alias must not look like one")
+            raise refuse(
+                errno.EINVAL,
+                f"{name!r} is numeric: snapshot ids are given by the root, an alias must not look like one",
+            )
         try:
             check_snapshot_alias(name)
         except NameInvalid as exc:
             raise refuse(errno.EINVAL, str(exc)) from None
         if tree.lookup(parent, name) is not None:
             raise refuse(errno.EEXIST, f"snapshot {name!r} exists (rmdir retires it)")
-        minted = await self.workers.bounded(f"mint {name}", self.workers.run, lambda: snapshot.mint(self.root, parent.workbench_id, alias=name))
+        minted = await self.workers.bounded(
+            f"mint {name}", self.workers.run, lambda: snapshot.mint(self.root, parent.workbench_id, alias=name)
+        )
         if minted.workbench.incarnation_id != parent.incarnation:
             raise refuse(errno.ENOENT, f"{parent.describe()} is another incarnation now")
-        log.info("minted snapshot %d (%s) of %s at version %d", minted.snapshot_id, name, parent.workbench_id, minted.read_version)
-        return tree.view_root(views_.SnapshotView(self.root, parent.workbench_id, parent.incarnation, minted.snapshot_id, name))
+        log.info(
+            "minted snapshot %d (%s) of %s at version %d",
+            minted.snapshot_id,
+            name,
+            parent.workbench_id,
+            minted.read_version,
+        )
+        return tree.view_root(
+            views_.SnapshotView(self.root, parent.workbench_id, parent.incarnation, minted.snapshot_id, name)
+        )
 
     async def _retire(self, parent: Node, name: str) -> None:
         """rmdir /<wb>/.snapshots/<alias-or-id>: retire it (EBUSY while a restore/fork consumes it)."""
@@ -238,7 +267,9 @@ class Directories:
         if node is None:
             raise refuse(errno.ENOENT, f"{parent.describe()}/{name} is not an Active snapshot")
         view = tree.view_of(node)
-        retired = await self.workers.bounded(f"retire {name}", self.workers.run, snapshot.retire, self.root, parent.workbench_id, view.snapshot_id)
+        retired = await self.workers.bounded(
+            f"retire {name}", self.workers.run, snapshot.retire, self.root, parent.workbench_id, view.snapshot_id
+        )
         log.info("retired snapshot %d (%s) of %s", retired, name, parent.workbench_id)
         tree.inodes.detach(node)
         # The kernel drops `name` itself; the same snapshot under its other name (the alias or the

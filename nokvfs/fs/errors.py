@@ -93,6 +93,6 @@ def translated(operation: str, *, creating: bool = False):
         number = exc.errno or errno.EIO
         log.warning("%s: %s -> %s", operation, exc, errno.errorcode.get(number, number))
         raise pyfuse3.FUSEError(number) from None
-    except Exception:  # noqa: BLE001 - a request must never take the daemon down
+    except Exception:
         log.exception("%s: unexpected failure -> EIO", operation)
         raise pyfuse3.FUSEError(errno.EIO) from None

@@ -16,8 +16,9 @@ mount with ordinary calls conflicts with itself. One exception to "at flush": a 
 emptied by an O_TRUNC open, and not written since is published when its last descriptor is
 released -- the shell's `echo x > f` closes a dup of the new descriptor before it writes, and
 publishing an empty revision there would cost a second publication (and a revision in history)
-for nothing; every other open of the file meanwhile joins the same spool. A publication that fails keeps its spool (described by its sidecar) for
-`nokvfs spool retry|discard` once its last descriptor is closed.
+for nothing; every other open of the file meanwhile joins the same spool. A publication that
+fails keeps its spool (described by its sidecar) for `nokvfs spool retry|discard` once its last
+descriptor is closed.
 
 Attributes. chmod, chown and utime of a file with unpublished bytes (a new file, or a dirty
 spool) are published with those bytes; otherwise they are one metadata-only command at once.
@@ -184,7 +185,9 @@ class Files:
         entry = node.bound
         if entry is None:
             return b""
-        return await self.workers.bounded(f"read of {node.describe()}", self.fetcher.read, entry, offset, size, handle.stream)
+        return await self.workers.bounded(
+            f"read of {node.describe()}", self.fetcher.read, entry, offset, size, handle.stream
+        )
 
     async def _read_spool(self, spool: Spool, offset: int, size: int, stream) -> bytes:
         """The bytes of the file as this mount has written it: its spool, and its base revision
@@ -200,8 +203,18 @@ class Files:
             if not spool.append_only:
                 return await self.workers.bounded("read", self.fetcher.read, spool.base, offset, size, stream)
             split = spool.base.logical_size
-            head = b"" if offset >= split else await self.workers.bounded("read", self.fetcher.read, spool.base, offset, min(size, split - offset), stream)
-            tail = b"" if offset + size <= split else os.pread(spool.fd, offset + size - max(offset, split), max(offset, split) - split)
+            head = (
+                b""
+                if offset >= split
+                else await self.workers.bounded(
+                    "read", self.fetcher.read, spool.base, offset, min(size, split - offset), stream
+                )
+            )
+            tail = (
+                b""
+                if offset + size <= split
+                else os.pread(spool.fd, offset + size - max(offset, split), max(offset, split) - split)
+            )
             return head + tail
 
     async def write(self, handle: FileHandle, offset: int, data) -> int:
@@ -251,7 +264,9 @@ class Files:
                 return
             if closing and (spool.truncated_only or (spool.base is None and not spool.written)):
                 return  # an empty new or O_TRUNC-emptied file is published at release (module docstring)
-            await self.workers.bounded(f"{why} of {spool.describe()}", self._publish_locked, node, spool, why, closing and spool.writers <= 1)
+            await self.workers.bounded(
+                f"{why} of {spool.describe()}", self._publish_locked, node, spool, why, closing and spool.writers <= 1
+            )
         if self.ship is not None:
             # --sync: close(2) returns once the increment holding the publication is in the
             # bucket (an error here leaves it published on this machine, shipped later).
@@ -275,7 +290,12 @@ class Files:
             spool.describe_state("live", f"{type(exc).__name__}: {exc}")
             log.error(
                 "%s of %s failed (%s: %s); nothing is lost: the bytes are kept in %s (described in %s)",
-                why, spool.describe(), type(exc).__name__, exc, spool.path, spool.sidecar,
+                why,
+                spool.describe(),
+                type(exc).__name__,
+                exc,
+                spool.path,
+                spool.sidecar,
             )
             tree.invalidator.inode(node.ino)  # its pages hold bytes that were not published
             if isinstance(exc, GenerationConflict):
@@ -319,7 +339,12 @@ class Files:
         spool = node.spool
         if handle.writable and spool is not None:
             spool.writers = max(0, spool.writers - 1)
-        if spool is not None and node.handles == 0 and self.writeback is not None and await self.writeback.accept_at_release(node):
+        if (
+            spool is not None
+            and node.handles == 0
+            and self.writeback is not None
+            and await self.writeback.accept_at_release(node)
+        ):
             pass  # the publisher publishes it, then settles it
         elif spool is not None and node.handles == 0:
             if spool.dirty and not spool.orphaned and spool.failed is None:
@@ -348,9 +373,15 @@ class Files:
                 tree.invalidator.inode(node.ino)
                 tree.detach(node)
             if spool.dirty and not spool.orphaned:
-                reason = "its publication failed" if spool.failed is None else f"{type(spool.failed).__name__}: {spool.failed}"
+                reason = (
+                    "its publication failed"
+                    if spool.failed is None
+                    else f"{type(spool.failed).__name__}: {spool.failed}"
+                )
                 spool.keep(reason)
-                log.warning("unpublished bytes of %s are kept in %s (`nokvfs spool list`)", spool.describe(), spool.path)
+                log.warning(
+                    "unpublished bytes of %s are kept in %s (`nokvfs spool list`)", spool.describe(), spool.path
+                )
             else:
                 spool.close(remove=True)
 
@@ -381,7 +412,9 @@ class Files:
             entry = await self.workers.bounded(
                 f"attributes of {node.describe()}",
                 self.workers.run,
-                lambda: namespace.set_attributes(self.root, node.workbench_id, node.path, expected_revision_id=expected, **changes),
+                lambda: namespace.set_attributes(
+                    self.root, node.workbench_id, node.path, expected_revision_id=expected, **changes
+                ),
             )
         except GenerationConflict:
             # The path holds another file than this inode shows: the kernel looks it up again.
@@ -407,7 +440,9 @@ class Files:
         spool = node.spool
         if spool is not None:
             async with spool.locked():
-                await self.workers.bounded(f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size)
+                await self.workers.bounded(
+                    f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size
+                )
                 if spool.attributes is not None:
                     spool.attributes.pop("mtime_ns", None)
             if spool.writers == 0:
@@ -426,7 +461,9 @@ class Files:
         spool = node.spool = self._new_spool(node, entry)
         try:
             async with spool.locked():
-                await self.workers.bounded(f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size)
+                await self.workers.bounded(
+                    f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size
+                )
             await self.publish(node, why="truncate")
         finally:
             await self.settle(node, spool)
@@ -467,7 +504,12 @@ class Files:
             tree.begin_change(node.incarnation, node.components)
             try:
                 removed = await self.workers.bounded(
-                    f"unlink of {node.describe()}", self.workers.run, namespace.remove, self.root, node.workbench_id, node.path
+                    f"unlink of {node.describe()}",
+                    self.workers.run,
+                    namespace.remove,
+                    self.root,
+                    node.workbench_id,
+                    node.path,
                 )
                 tree.own(ChangeEventKind.PathRemoved, removed.artifact_revision_id)
             finally:
@@ -481,17 +523,27 @@ class Files:
         tree.directory_changed(parent.incarnation, parent.components, time.time_ns())
         tree.inodes.detach(node)
 
-    async def rename(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str, flags: int, directories) -> None:
+    async def rename(
+        self, old_parent: Node, old_name: str, new_parent: Node, new_name: str, flags: int, directories
+    ) -> None:
         tree = self.tree
         for parent in (old_parent, new_parent):
             if parent.view != names.LIVE or parent.kind is Kind.HISTORY:
                 raise refuse(errno.EROFS, f"rename in {parent.describe()}: views are read-only")
         for parent in (old_parent, new_parent):
             if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
-                raise refuse(errno.EPERM, f"entries of {parent.describe()} (workbenches, sections) cannot be renamed or replaced")
+                raise refuse(
+                    errno.EPERM, f"entries of {parent.describe()} (workbenches, sections) cannot be renamed or replaced"
+                )
         tree.check_writable("rename")
-        if (old_parent.view, old_parent.workbench_id, old_parent.incarnation) != (new_parent.view, new_parent.workbench_id, new_parent.incarnation):
-            raise refuse(errno.EXDEV, f"rename from {old_parent.describe()} to {new_parent.describe()} crosses workbenches")
+        if (old_parent.view, old_parent.workbench_id, old_parent.incarnation) != (
+            new_parent.view,
+            new_parent.workbench_id,
+            new_parent.incarnation,
+        ):
+            raise refuse(
+                errno.EXDEV, f"rename from {old_parent.describe()} to {new_parent.describe()} crosses workbenches"
+            )
         if flags & RENAME_EXCHANGE:
             raise refuse(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         replace = not flags & RENAME_NOREPLACE
@@ -527,7 +579,9 @@ class Files:
                 moved = await self.workers.bounded(
                     f"rename of {source.describe()}",
                     self.workers.run,
-                    lambda: namespace.rename(self.root, source.workbench_id, "/".join(src), "/".join(dst), replace=replace),
+                    lambda: namespace.rename(
+                        self.root, source.workbench_id, "/".join(src), "/".join(dst), replace=replace
+                    ),
                 )
                 tree.own(ChangeEventKind.PathRenamed, moved.artifact_revision_id)
             except GenerationConflict:
@@ -570,7 +624,9 @@ class Files:
         components = parent.components + (name,)
         names.check_publishable(self.root, parent, components)
         if len(target) > attributes.MAX_LINK_TARGET:
-            raise refuse(errno.ENAMETOOLONG, f"a link target of {len(target)} bytes is longer than {attributes.MAX_LINK_TARGET}")
+            raise refuse(
+                errno.ENAMETOOLONG, f"a link target of {len(target)} bytes is longer than {attributes.MAX_LINK_TARGET}"
+            )
         try:
             text = target.decode("utf-8")
         except UnicodeDecodeError:
@@ -578,13 +634,17 @@ class Files:
         if tree.lookup(parent, name) is not None:
             raise refuse(errno.EEXIST, f"{parent.describe()}/{name} exists")
         now = attributes.now_ns()
-        stored = attributes.Attributes(mode=attributes.LINK_MODE, uid=uid, gid=gid, mtime_ns=now, atime_ns=now, ctime_ns=now)
+        stored = attributes.Attributes(
+            mode=attributes.LINK_MODE, uid=uid, gid=gid, mtime_ns=now, atime_ns=now, ctime_ns=now
+        )
         tree.begin_change(parent.incarnation, components)
         try:
             entry = await self.workers.bounded(
                 f"symlink {parent.describe()}/{name}",
                 self.workers.run,
-                lambda: namespace.symlink(self.root, parent.workbench_id, "/".join(components), text, attributes=stored, expected_generation=0),
+                lambda: namespace.symlink(
+                    self.root, parent.workbench_id, "/".join(components), text, attributes=stored, expected_generation=0
+                ),
             )
             tree.own(ChangeEventKind.PathPut, entry.artifact_revision_id)
         except GenerationConflict:
@@ -601,7 +661,9 @@ class Files:
         entry = node.bound or self.tree.current_entry(node)
         if entry is None:
             raise refuse(errno.ENOENT, f"{node.describe()} no longer exists")
-        return await self.workers.bounded(f"readlink of {node.describe()}", self.fetcher.read, entry, 0, entry.logical_size)
+        return await self.workers.bounded(
+            f"readlink of {node.describe()}", self.fetcher.read, entry, 0, entry.logical_size
+        )
 
     # --- the end of the mount ----------------------------------------------------------------------
 

@@ -61,7 +61,18 @@ class HandleTable:
 
 
 class FileSystem:
-    def __init__(self, root, view, workers, invalidator, fetcher, *, uid: int | None = None, gid: int | None = None, owner: dict | None = None):
+    def __init__(
+        self,
+        root,
+        view,
+        workers,
+        invalidator,
+        fetcher,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        owner: dict | None = None,
+    ):
         self.tree = Tree(root, view, workers, invalidator, uid=uid, gid=gid)
         self.listing = Listing(self.tree)
         self.files = Files(self.tree, fetcher, owner=owner)
@@ -206,7 +217,9 @@ class FileSystem:
     async def unlink(self, parent_ino: int, raw: bytes) -> None:
         await self.files.unlink(self.tree.node(parent_ino), self._existing(raw))
 
-    async def rename(self, old_parent_ino: int, old_raw: bytes, new_parent_ino: int, new_raw: bytes, flags: int) -> None:
+    async def rename(
+        self, old_parent_ino: int, old_raw: bytes, new_parent_ino: int, new_raw: bytes, flags: int
+    ) -> None:
         tree = self.tree
         await self.files.rename(
             tree.node(old_parent_ino),
@@ -254,7 +267,11 @@ class FileSystem:
             self._statfs = (now, stats)
         stats = self._statfs[1]
         used = stats.used_bytes or 0
-        free = stats.free_bytes if stats.free_bytes is not None else max(0, (stats.total_bytes or _UNKNOWN_CAPACITY) - used)
+        free = (
+            stats.free_bytes
+            if stats.free_bytes is not None
+            else max(0, (stats.total_bytes or _UNKNOWN_CAPACITY) - used)
+        )
         total = stats.total_bytes if stats.total_bytes is not None else used + free
         return total, free
 

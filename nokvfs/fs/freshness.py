@@ -83,7 +83,7 @@ class ChangeFollower:
                 self.poll()
             except NokvError as exc:
                 log.warning("change feed: %s", exc)
-            except Exception:  # noqa: BLE001 - the follower must outlive any one bad event
+            except Exception:
                 log.exception("change feed: unexpected failure")
 
     def poll(self) -> int:

@@ -79,7 +79,9 @@ class Node:
         "detached",
     )
 
-    def __init__(self, ino: int, kind: Kind, view: str, workbench_id: str | None, incarnation: bytes | None, components: tuple):
+    def __init__(
+        self, ino: int, kind: Kind, view: str, workbench_id: str | None, incarnation: bytes | None, components: tuple
+    ):
         self.ino = ino
         self.kind = kind
         self.view = view
@@ -275,7 +277,8 @@ class InodeTable:
         """The attached nodes strictly below a directory (a directory rename moves them all)."""
         depth = len(components)
         return [
-            node for (v, inc, path), node in list(self._by_key.items())
+            node
+            for (v, inc, path), node in list(self._by_key.items())
             if v == view and inc == incarnation and len(path) > depth and path[:depth] == components
         ]
 

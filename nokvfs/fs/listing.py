@@ -82,7 +82,9 @@ class Listing:
         elif node.kind is Kind.HISTORY:
             with tree.view.read() as v:
                 workbench = tree.view.require(v, node.workbench_id, node.incarnation)
-            handle.static = [(name, Kind.VIEW, view, None) for name, view in views_.names(tree.root, workbench, node.components[0])]
+            handle.static = [
+                (name, Kind.VIEW, view, None) for name, view in views_.names(tree.root, workbench, node.components[0])
+            ]
         elif node.kind is Kind.VIEW:
             view = tree.view_of(node)
             with view.read() as v:
@@ -151,7 +153,9 @@ class Listing:
                     for index in range(handle.overlay_index, len(listed)):
                         name, kind = listed[index]
                         components = node.components + (name,)
-                        if tree.view.entry(v, node.incarnation, components) is None and not tree.view.has_children(v, node.incarnation, components):
+                        if tree.view.entry(v, node.incarnation, components) is None and not tree.view.has_children(
+                            v, node.incarnation, components
+                        ):
                             handle.buffer.append((name, Kind.FILE if kind == overlays.FILE else Kind.DIR, None, index))
             handle.phase = "done"
             return bool(handle.buffer)

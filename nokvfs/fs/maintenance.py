@@ -44,7 +44,7 @@ def configured_interval(data_dir: str, override: float | None) -> float:
     if raw is None:
         return DEFAULT_INTERVAL
     if not isinstance(raw, dict) or set(raw) - {"interval_seconds"}:
-        raise InvalidInput(f"nokvfs.json {CONFIG_KEY!r} must be {{\"interval_seconds\": S}}, not {raw!r}")
+        raise InvalidInput(f'nokvfs.json {CONFIG_KEY!r} must be {{"interval_seconds": S}}, not {raw!r}')
     return _check(raw.get("interval_seconds", DEFAULT_INTERVAL))
 
 
@@ -94,14 +94,21 @@ class Maintenance:
             except NokvError as exc:
                 log.warning("maintenance pass failed (the next one retries): %s: %s", type(exc).__name__, exc)
                 continue
-            except Exception:  # noqa: BLE001 - maintenance must never take the mount down
+            except Exception:
                 log.exception("maintenance pass failed unexpectedly")
                 continue
             log.info(
-                "maintenance: %d step(s) in %.2f s; freed %d revision(s); removed %d change event(s), %d dedupe row(s), "
+                "maintenance: %d step(s) in %.2f s; freed %d revision(s); removed %d change event(s), %d dedupe "
+                "row(s), "
                 "%d operation row(s), %d outbox record(s), %d History row(s)",
-                report["steps"], time.monotonic() - started, report["freed"], report["events"], report["requests"],
-                report["operations"], report["outbox"], report["history"],
+                report["steps"],
+                time.monotonic() - started,
+                report["freed"],
+                report["events"],
+                report["requests"],
+                report["operations"],
+                report["outbox"],
+                report["history"],
             )
 
     def _step(self, *_) -> None:
@@ -124,7 +131,11 @@ class Maintenance:
         self.passes += 1
         self.freed_revisions += collected.freed_revisions
         return {
-            "steps": kept.steps, "freed": collected.freed_revisions, "events": kept.events_removed,
-            "requests": kept.requests_removed, "operations": kept.operations_removed, "outbox": kept.outbox_removed,
+            "steps": kept.steps,
+            "freed": collected.freed_revisions,
+            "events": kept.events_removed,
+            "requests": kept.requests_removed,
+            "operations": kept.operations_removed,
+            "outbox": kept.outbox_removed,
             "history": collected.history_pruned,
         }

@@ -63,23 +63,49 @@ class StatusCollector:
             family.add_metric(values, float(value))
             return family
 
-        info = GaugeMetricFamily("nokvfs_mount_info", "The mount (always 1), with its data directory and mode", labels=keys + ["data_dir", "mode"])
+        info = GaugeMetricFamily(
+            "nokvfs_mount_info",
+            "The mount (always 1), with its data directory and mode",
+            labels=keys + ["data_dir", "mode"],
+        )
         info.add_metric(values + [s["data_dir"], s["mode"]], 1.0)
         yield info
         yield gauge("nokvfs_uptime_seconds", "Seconds since the daemon started", s["uptime_s"])
         yield gauge("nokvfs_resident_memory_bytes", "Resident memory of the daemon", s["rss_bytes"])
-        yield gauge("nokvfs_resident_anonymous_memory_bytes", "Resident anonymous memory (the daemon's heap)", s["rss_anon_bytes"])
-        yield gauge("nokvfs_resident_file_memory_bytes", "Resident file-backed memory (mostly the shard's map)", s["rss_file_bytes"])
+        yield gauge(
+            "nokvfs_resident_anonymous_memory_bytes",
+            "Resident anonymous memory (the daemon's heap)",
+            s["rss_anon_bytes"],
+        )
+        yield gauge(
+            "nokvfs_resident_file_memory_bytes",
+            "Resident file-backed memory (mostly the shard's map)",
+            s["rss_file_bytes"],
+        )
         for kind in ("publications", "reads", "writes"):
             meter = s[kind]
             singular = kind[:-1]
-            yield _histogram(HistogramMetricFamily, f"nokvfs_{singular}_seconds", f"Latency of {kind} (failed ones included)", meter, labels)
-            failures = CounterMetricFamily(f"nokvfs_{singular}_failures", f"Failed {kind} by error kind", labels=keys + ["kind"])
+            yield _histogram(
+                HistogramMetricFamily,
+                f"nokvfs_{singular}_seconds",
+                f"Latency of {kind} (failed ones included)",
+                meter,
+                labels,
+            )
+            failures = CounterMetricFamily(
+                f"nokvfs_{singular}_failures", f"Failed {kind} by error kind", labels=keys + ["kind"]
+            )
             for error, n in sorted(meter["failures"].items()):
                 failures.add_metric(values + [error], float(n))
             yield failures
-        store = HistogramMetricFamily("nokvfs_store_call_seconds", "Latency of object store calls", labels=keys + ["call"])
-        store_failures = CounterMetricFamily("nokvfs_store_call_failures", "Failed object store calls by call and error kind", labels=keys + ["call", "kind"])
+        store = HistogramMetricFamily(
+            "nokvfs_store_call_seconds", "Latency of object store calls", labels=keys + ["call"]
+        )
+        store_failures = CounterMetricFamily(
+            "nokvfs_store_call_failures",
+            "Failed object store calls by call and error kind",
+            labels=keys + ["call", "kind"],
+        )
         for call, meter in sorted(s["store"].items()):
             buckets = [("+Inf" if bound == "+Inf" else repr(float(bound)), count) for bound, count in meter["buckets"]]
             store.add_metric(values + [call], buckets=buckets, sum_value=meter["total_ms"] / 1000)
@@ -87,10 +113,16 @@ class StatusCollector:
                 store_failures.add_metric(values + [call, error], float(n))
         yield store
         yield store_failures
-        yield counter("nokvfs_syscall_timeouts", "System calls answered EIO at the syscall deadline", s["syscall_timeouts"])
+        yield counter(
+            "nokvfs_syscall_timeouts", "System calls answered EIO at the syscall deadline", s["syscall_timeouts"]
+        )
         spools = s["spools"]
         yield gauge("nokvfs_spools_open", "Spools of files open for writing in this mount", spools["open"])
-        yield gauge("nokvfs_spools_kept", "Kept spools (unpublished bytes awaiting `nokvfs spool retry|discard`)", spools["kept"])
+        yield gauge(
+            "nokvfs_spools_kept",
+            "Kept spools (unpublished bytes awaiting `nokvfs spool retry|discard`)",
+            spools["kept"],
+        )
         yield gauge("nokvfs_spools_kept_bytes", "Bytes in kept spools", spools["kept_bytes"])
         cache = s["block_cache"]
         if cache is not None:
@@ -106,16 +138,36 @@ class StatusCollector:
         yield counter("nokvfs_memory_block_hits", "Reads served from blocks kept in memory", memory["hits"])
         feed = s["change_feed"]
         yield gauge("nokvfs_shard_commit_version", "The shard's commit version", feed["shard_commit_version"])
-        yield gauge("nokvfs_change_feed_versions_behind", "Commit versions the mount's caches have not followed yet", feed["versions_behind"])
+        yield gauge(
+            "nokvfs_change_feed_versions_behind",
+            "Commit versions the mount's caches have not followed yet",
+            feed["versions_behind"],
+        )
         yield counter("nokvfs_change_events_followed", "Change events the mount followed", feed["events_followed"])
         replication = s["replication"]
         if replication is not None and replication.get("role") == "owner" and replication.get("started"):
-            yield gauge("nokvfs_replication_records_behind", "Outbox records not shipped to the bucket yet", replication["records_behind"])
+            yield gauge(
+                "nokvfs_replication_records_behind",
+                "Outbox records not shipped to the bucket yet",
+                replication["records_behind"],
+            )
             if replication.get("seconds_since_push") is not None:
-                yield gauge("nokvfs_replication_seconds_since_push", "Seconds since the last push to the bucket", replication["seconds_since_push"])
+                yield gauge(
+                    "nokvfs_replication_seconds_since_push",
+                    "Seconds since the last push to the bucket",
+                    replication["seconds_since_push"],
+                )
         if replication is not None and replication.get("role") == "follower" and replication.get("started"):
-            yield gauge("nokvfs_follower_versions_behind", "Commit versions the bucket has that this follower has not applied", replication["versions_behind"])
-            yield gauge("nokvfs_follower_seconds_behind", "Age of the oldest increment not applied yet", replication["behind_ms"] / 1000)
+            yield gauge(
+                "nokvfs_follower_versions_behind",
+                "Commit versions the bucket has that this follower has not applied",
+                replication["versions_behind"],
+            )
+            yield gauge(
+                "nokvfs_follower_seconds_behind",
+                "Age of the oldest increment not applied yet",
+                replication["behind_ms"] / 1000,
+            )
 
 
 class MetricsServer:

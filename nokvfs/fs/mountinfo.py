@@ -108,7 +108,7 @@ def nokvfs_mounts() -> list[tuple[str, str | None]]:
                 if len(fields) < dash + 3 or fields[dash + 1] != "fuse.nokvfs":
                     continue
                 source = _unescape(fields[dash + 2])
-                found.append((_unescape(fields[4]), source[len("nokvfs:"):] if source.startswith("nokvfs:") else None))
+                found.append((_unescape(fields[4]), source[len("nokvfs:") :] if source.startswith("nokvfs:") else None))
     except OSError:
         return []
     return found

@@ -62,7 +62,10 @@ def check_publishable(root, node: Node, components: tuple) -> None:
     """A file may be written at `components`: storable, and not a path a state machine owns."""
     check_storable(root, node.workbench_id, components)
     if components in publish.RESERVED_MANIFESTS:
-        raise refuse(errno.EPERM, f"/{node.workbench_id}/{'/'.join(components)} is written only by its commit/restore state machine")
+        raise refuse(
+            errno.EPERM,
+            f"/{node.workbench_id}/{'/'.join(components)} is written only by its commit/restore state machine",
+        )
     if components[-1] == attributes.DIRECTORY_MARKER:
         raise refuse(errno.EPERM, f"{components[-1]!r} is reserved for a directory's attributes")
 

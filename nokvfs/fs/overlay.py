@@ -97,4 +97,3 @@ class Overlay:
 
     def has_children(self, incarnation: bytes, components: tuple) -> bool:
         return bool(self._children.get((incarnation, components)))
-

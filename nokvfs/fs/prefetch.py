@@ -87,7 +87,10 @@ class BlockFetcher:
             self._follow(stream, entry, rows, offset, size, last)
         out = parts[0] if len(parts) == 1 else b"".join(parts)
         if len(out) != size:
-            raise IntegrityError(f"manifest of revision {entry.artifact_revision_id.hex()} does not cover bytes {offset}..{offset + size}")
+            raise IntegrityError(
+                f"manifest of revision {entry.artifact_revision_id.hex()} does not cover bytes "
+                f"{offset}..{offset + size}"
+            )
         return out
 
     def _follow(self, stream: Stream, entry, rows, offset: int, size: int, last: int) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import threading
-
 import time
 
 from nokvfs.errors import InvalidInput
@@ -50,8 +49,15 @@ CONNECT_JOIN_TIMEOUT = 1.0  # an open of the bucket still in flight at unmount i
 
 
 class Replication:
-    def __init__(self, shard, url: str, *, endpoint_url: str | None = None, interval: float = DEFAULT_INTERVAL,
-                 data_dir: str | None = None):
+    def __init__(
+        self,
+        shard,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        interval: float = DEFAULT_INTERVAL,
+        data_dir: str | None = None,
+    ):
         self.shard = shard
         self.url = url
         self.endpoint_url = endpoint_url
@@ -73,8 +79,14 @@ class Replication:
         from nokvfs.replicate import Replicator
 
         replicator = _open_until_stopped(
-            lambda: Replicator.from_url(self.shard, self.url, endpoint_url=self.endpoint_url, data_dir=self.data_dir, on_fenced=self._fenced),
-            self._stop, self.interval, what=f"replication to {self.url}", target=self.url, meanwhile="the mount goes on without it",
+            lambda: Replicator.from_url(
+                self.shard, self.url, endpoint_url=self.endpoint_url, data_dir=self.data_dir, on_fenced=self._fenced
+            ),
+            self._stop,
+            self.interval,
+            what=f"replication to {self.url}",
+            target=self.url,
+            meanwhile="the mount goes on without it",
         )
         if replicator is None:
             return
@@ -101,7 +113,9 @@ class Replication:
 
         deadline = time.monotonic() + timeout
         if not self._connected.wait(timeout):
-            raise NotShipped(f"replication to {self.url} has not started yet: LSN {lsn} is not shipped after {timeout:g} s")
+            raise NotShipped(
+                f"replication to {self.url} has not started yet: LSN {lsn} is not shipped after {timeout:g} s"
+            )
         replicator = self.replicator
         if replicator is None:
             raise NotShipped(f"replication to {self.url} has stopped: LSN {lsn} is not shipped")
@@ -117,8 +131,10 @@ class Replication:
             replicator, self.replicator = self.replicator, None
         if replicator is None:
             log.error(
-                "replication to %s never started: this mount shipped nothing; `nokvfs shard push --to %s` ships the shard",
-                self.url, self.url,
+                "replication to %s never started: this mount shipped nothing; `nokvfs shard push --to %s` ships the "
+                "shard",
+                self.url,
+                self.url,
             )
             return
         try:
@@ -133,12 +149,19 @@ class Replication:
         except Exception as exc:  # noqa: BLE001
             log.error(
                 "last push to %s failed (%s: %s); the shard is intact here: `nokvfs shard push --to %s` ships the rest",
-                self.url, type(exc).__name__, exc, self.url,
+                self.url,
+                type(exc).__name__,
+                exc,
+                self.url,
             )
             return
         log.info(
             "last push to %s: %s, generation %d, %d record(s), lag %d",
-            self.url, result.kind, result.generation, result.records, result.lag,
+            self.url,
+            result.kind,
+            result.generation,
+            result.records,
+            result.lag,
         )
 
 
@@ -150,8 +173,15 @@ class Following:
     (nokvfs.fs.freshness) sees the owner's ChangeEvent rows and invalidates as on the owner.
     """
 
-    def __init__(self, data_dir: str, root, *, endpoint_url: str | None = None, interval: float | None = None,
-                 lag_warning: float | None = None):
+    def __init__(
+        self,
+        data_dir: str,
+        root,
+        *,
+        endpoint_url: str | None = None,
+        interval: float | None = None,
+        lag_warning: float | None = None,
+    ):
         from nokvfs.replicate import follower
 
         self.data_dir = data_dir
@@ -175,8 +205,13 @@ class Following:
         from nokvfs.replicate.follower import Follower
 
         follower = _open_until_stopped(
-            lambda: Follower.attach(self.data_dir, self.root.shard, endpoint_url=self.endpoint_url, lag_warning=self.lag_warning),
-            self._stop, self.interval, what=f"following the bucket of {self.data_dir}", target=f"the bucket of {self.data_dir}",
+            lambda: Follower.attach(
+                self.data_dir, self.root.shard, endpoint_url=self.endpoint_url, lag_warning=self.lag_warning
+            ),
+            self._stop,
+            self.interval,
+            what=f"following the bucket of {self.data_dir}",
+            target=f"the bucket of {self.data_dir}",
             meanwhile="the mount serves its last state",
         )
         if follower is None:
@@ -229,9 +264,17 @@ def bootstrap_follower(url: str, data_dir: str, *, endpoint_url: str | None = No
     bootstrap(url, data_dir, endpoint_url=endpoint_url)
 
 
-def bucket_link(data_dir: str, root, *, replicate: str | None, replicate_endpoint_url: str | None = None,
-                replicate_interval: float = DEFAULT_INTERVAL, follow_endpoint_url: str | None = None,
-                follow_interval: float | None = None, lag_warning: float | None = None):
+def bucket_link(
+    data_dir: str,
+    root,
+    *,
+    replicate: str | None,
+    replicate_endpoint_url: str | None = None,
+    replicate_interval: float = DEFAULT_INTERVAL,
+    follow_endpoint_url: str | None = None,
+    follow_interval: float | None = None,
+    lag_warning: float | None = None,
+):
     """(the mount's link to its bucket or None, why the mount must be read-only or None).
 
     A follower data directory follows its bucket (and is read-only); a fenced one is read-only
@@ -243,10 +286,14 @@ def bucket_link(data_dir: str, root, *, replicate: str | None, replicate_endpoin
     if role is not None and role.role == replica.FOLLOWER:
         if replicate:
             log.warning("--replicate %s ignored: %s follows %s", replicate, data_dir, role.bucket)
-        link = Following(data_dir, root, endpoint_url=follow_endpoint_url, interval=follow_interval, lag_warning=lag_warning)
+        link = Following(
+            data_dir, root, endpoint_url=follow_endpoint_url, interval=follow_interval, lag_warning=lag_warning
+        )
         return link, f"{data_dir} is a follower of {role.bucket}"
     if role is not None and role.role == replica.FENCED:
         return None, f"{data_dir} is fenced: {role.reason}"
     if not replicate:
         return None, None
-    return Replication(root.shard, replicate, endpoint_url=replicate_endpoint_url, interval=replicate_interval, data_dir=data_dir), None
+    return Replication(
+        root.shard, replicate, endpoint_url=replicate_endpoint_url, interval=replicate_interval, data_dir=data_dir
+    ), None

@@ -304,7 +304,9 @@ class Spool:
         extra = {} if attributes is None else {"attributes": attributes}
         if self.append_only and self.base is not None and self.size > self.base.logical_size:
             body = bodies.from_file(self.path, self.root.block_size)
-            return appends.append(self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra)
+            return appends.append(
+                self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
+            )
         if not self.filled:
             self.fill_blocking()
         body = bodies.from_file(self.path, self.root.block_size)
@@ -312,7 +314,9 @@ class Spool:
             raise InvalidInput(f"the spool of {self.describe()} holds {body.size} bytes, expected {self.size}")
         if self.expected_revision is None:
             return namespace.put(self.root, self.workbench_id, path, body, expected_generation=0, **extra)
-        return namespace.put(self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra)
+        return namespace.put(
+            self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
+        )
 
     # --- inline work (local spool I/O, on the event loop) ----------------------------------------
 
@@ -496,7 +500,9 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
             record["reason"] = (
                 f"the daemon that held it (pid {owner}) ended before publishing it"
                 if owner is not None and owner != pid
-                else "no sidecar: left by an older daemon" if not spool.record else "its daemon ended before publishing it"
+                else "no sidecar: left by an older daemon"
+                if not spool.record
+                else "its daemon ended before publishing it"
             )
             try:
                 _atomic_json(spool.path + ".json", record)
@@ -559,11 +565,15 @@ def retry(root, spool: KeptSpool, *, force: bool = False):
     else:
         body = bodies.from_file(spool.path, root.block_size)
         if record.get("size") is not None and body.size != record["size"]:
-            raise InvalidInput(f"spool {spool.id} holds {body.size} bytes, its sidecar says {record['size']}: not a complete body")
+            raise InvalidInput(
+                f"spool {spool.id} holds {body.size} bytes, its sidecar says {record['size']}: not a complete body"
+            )
         if force:
             entry = namespace.put(root, workbench_id, path, body, **extra)
         elif record.get("expected_revision"):
-            entry = namespace.put(root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]), **extra)
+            entry = namespace.put(
+                root, workbench_id, path, body, expected_revision_id=bytes.fromhex(record["expected_revision"]), **extra
+            )
         else:
             entry = namespace.put(root, workbench_id, path, body, expected_generation=0, **extra)
     discard(spool)

@@ -49,7 +49,12 @@ def _memory() -> dict:
     """Resident memory from /proc/self/status, split as the kernel counts it: anonymous (the
     daemon's own heap), file-backed (mostly the shard's LMDB map: page cache, reclaimable) and
     shared."""
-    fields = {"VmRSS": "rss_bytes", "RssAnon": "rss_anon_bytes", "RssFile": "rss_file_bytes", "RssShmem": "rss_shmem_bytes"}
+    fields = {
+        "VmRSS": "rss_bytes",
+        "RssAnon": "rss_anon_bytes",
+        "RssFile": "rss_file_bytes",
+        "RssShmem": "rss_shmem_bytes",
+    }
     found = dict.fromkeys(fields.values(), 0)
     try:
         with open("/proc/self/status") as f:
@@ -65,8 +70,20 @@ def _memory() -> dict:
 class MountStatus:
     """The live figures of one mount, gathered on demand from the parts that own them."""
 
-    def __init__(self, *, data_dir: str, mountpoint: str, root, fs, workers, fetcher, follower, store_meters, link=None,
-                 read_only_why: str | None = None):
+    def __init__(
+        self,
+        *,
+        data_dir: str,
+        mountpoint: str,
+        root,
+        fs,
+        workers,
+        fetcher,
+        follower,
+        store_meters,
+        link=None,
+        read_only_why: str | None = None,
+    ):
         self.data_dir = data_dir
         self.mountpoint = mountpoint
         self.root = root
@@ -119,7 +136,13 @@ class MountStatus:
             "writes": files.meters["write"].snapshot(),
             "store": self.store_meters.snapshot(),
             "syscall_timeouts": self.workers.timeouts,
-            "spools": {"open": len(self.fs.open_spools()), "live": live_spools, "kept": kept, "kept_bytes": kept_bytes, "kept_by_reason": reasons},
+            "spools": {
+                "open": len(self.fs.open_spools()),
+                "live": live_spools,
+                "kept": kept,
+                "kept_bytes": kept_bytes,
+                "kept_by_reason": reasons,
+            },
             "block_cache": self._cache(cache),
             "memory_blocks": {
                 "bytes": self.fetcher.held_bytes,
@@ -175,7 +198,9 @@ class MountStatus:
                 "shipped_lsn": replicator.shipped_lsn,
                 "records_behind": max(0, applied - replicator.shipped_lsn),
                 "last_push_unix": None if replicator.last_push_at is None else int(replicator.last_push_at),
-                "seconds_since_push": None if replicator.last_push_at is None else round(max(0.0, time.time() - replicator.last_push_at), 3),
+                "seconds_since_push": None
+                if replicator.last_push_at is None
+                else round(max(0.0, time.time() - replicator.last_push_at), 3),
                 "fenced": bool(replicator.fenced),
                 "last_error": None if error is None else f"{type(error).__name__}: {error}",
             }
@@ -230,10 +255,17 @@ class StatusServer:
                     log.warning("status query failed: %s: %s", type(exc).__name__, exc)
 
     def _answer(self, conn: socket.socket) -> None:
-        pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        pid, uid, gid = struct.unpack(
+            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
         if uid not in (0, os.getuid()):
-            log.warning("status query from uid %d (pid %d) refused: only uid %d and root may ask", uid, pid, os.getuid())
-            conn.sendall(json.dumps({"error": f"permission denied: only uid {os.getuid()} and root may ask this mount"}).encode() + b"\n")
+            log.warning(
+                "status query from uid %d (pid %d) refused: only uid %d and root may ask", uid, pid, os.getuid()
+            )
+            conn.sendall(
+                json.dumps({"error": f"permission denied: only uid {os.getuid()} and root may ask this mount"}).encode()
+                + b"\n"
+            )
             return
         conn.sendall(json.dumps(self.snapshot(), sort_keys=True).encode() + b"\n")
 
@@ -255,7 +287,9 @@ def query(data_dir: str, mountpoint: str, *, timeout: float = QUERY_TIMEOUT) -> 
     try:
         fd, address = _short_address(path)
     except PermissionError:
-        raise MountUnavailable(f"permission denied: the status of {mountpoint} is its owner's and root's to ask") from None
+        raise MountUnavailable(
+            f"permission denied: the status of {mountpoint} is its owner's and root's to ask"
+        ) from None
     except OSError as exc:
         raise MountUnavailable(f"no status channel for {mountpoint} in {data_dir}: {exc.strerror}") from None
     try:
@@ -273,9 +307,13 @@ def query(data_dir: str, mountpoint: str, *, timeout: float = QUERY_TIMEOUT) -> 
             except FileNotFoundError:
                 raise MountUnavailable(f"{mountpoint} has no running nokvfs daemon for {data_dir}") from None
             except ConnectionRefusedError:
-                raise MountUnavailable(f"the daemon of {mountpoint} is gone (a stale socket in {data_dir}/run)") from None
+                raise MountUnavailable(
+                    f"the daemon of {mountpoint} is gone (a stale socket in {data_dir}/run)"
+                ) from None
             except PermissionError:
-                raise MountUnavailable(f"permission denied: the status of {mountpoint} is its owner's and root's to ask") from None
+                raise MountUnavailable(
+                    f"permission denied: the status of {mountpoint} is its owner's and root's to ask"
+                ) from None
             except TimeoutError:
                 raise MountUnavailable(f"the daemon of {mountpoint} did not answer within {timeout:g} s") from None
     finally:

@@ -75,7 +75,9 @@ class Workers:
         if not done.is_set():
             box["abandoned"] = True
             self.timeouts += 1
-            raise SyscallTimeout(f"{what} did not finish within {self.syscall_timeout:g} s (it goes on in the background)")
+            raise SyscallTimeout(
+                f"{what} did not finish within {self.syscall_timeout:g} s (it goes on in the background)"
+            )
         if "error" in box:
             raise box["error"]
         return box["value"]

@@ -41,7 +41,7 @@ from nokvfs.fs import attrs, names
 from nokvfs.fs import overlay as overlays
 from nokvfs.fs import views as views_
 from nokvfs.fs.errors import refuse
-from nokvfs.fs.inodes import ROOT_INODE, InodeTable, Kind, Node
+from nokvfs.fs.inodes import InodeTable, Kind, Node
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.ids import creation_unix_ms
 from nokvfs.schema.names import check_workbench_id
@@ -127,7 +127,9 @@ class Tree:
         with self.view.read() as v:
             found = self.view.workbenches(v)
         for workbench in found:
-            self._workbench_times.setdefault(workbench.workbench_id, _ms_to_ns(creation_unix_ms(workbench.incarnation_id)))
+            self._workbench_times.setdefault(
+                workbench.workbench_id, _ms_to_ns(creation_unix_ms(workbench.incarnation_id))
+            )
         self._workbenches = sorted(found, key=lambda w: w.workbench_id)
         if self._workbench_times:
             self._root_mtime_ns = max(self._workbench_times.values())
@@ -160,7 +162,11 @@ class Tree:
     def detach(self, node: Node, *, parent: Node | None = None, deleted: bool = False) -> None:
         """The path no longer shows this node: the kernel must look it up again."""
         if parent is None:
-            parent = self.inodes.find(node.view, node.incarnation, node.components[:-1]) if len(node.components) > 1 else None
+            parent = (
+                self.inodes.find(node.view, node.incarnation, node.components[:-1])
+                if len(node.components) > 1
+                else None
+            )
         if parent is not None:
             self.invalidator.entry(parent.ino, node.components[-1], deleted=node.ino if deleted else 0)
         self.inodes.detach(node)
@@ -240,7 +246,9 @@ class Tree:
 
     def attributes(self, node: Node, *, fresh: bool = True):
         kind = node.kind
-        read_only = self.read_only or node.view != LIVE or (kind is Kind.HISTORY and node.components[0] != views_.SNAPSHOTS)
+        read_only = (
+            self.read_only or node.view != LIVE or (kind is Kind.HISTORY and node.components[0] != views_.SNAPSHOTS)
+        )
         timeouts = attrs.READ_ONLY_TIMEOUTS if node.view != LIVE else None
         if kind.is_dir:
             return attrs.build(node, self._directory_shown(node, read_only), timeouts=timeouts)
@@ -258,7 +266,9 @@ class Tree:
             mtime = spool.mtime_ns if spool.dirty or base is None else base.mtime_ns
             if pending is not None and "mtime_ns" in pending:
                 mtime = pending["mtime_ns"]
-            atime = pending.get("atime_ns", mtime) if pending is not None else (mtime if base is None else base.atime_ns)
+            atime = (
+                pending.get("atime_ns", mtime) if pending is not None else (mtime if base is None else base.atime_ns)
+            )
             ctime = max(mtime, base.ctime_ns) if base is not None else mtime
             shown = attrs.Shown(mode, spool.size, uid, gid, mtime, atime, ctime)
             return attrs.build(node, shown, timeouts=timeouts)
@@ -275,7 +285,9 @@ class Tree:
                 self.detach(node)
         facts = node.facts
         if facts is None:
-            shown = attrs.Shown(attrs.FILE_MODE, 0, self.uid, self.gid, self.mounted_ns, self.mounted_ns, self.mounted_ns)
+            shown = attrs.Shown(
+                attrs.FILE_MODE, 0, self.uid, self.gid, self.mounted_ns, self.mounted_ns, self.mounted_ns
+            )
         else:
             mode = facts.mode if not read_only else (facts.mode & ~0o222 if not facts.is_link else facts.mode)
             shown = attrs.Shown(
@@ -401,4 +413,3 @@ class Tree:
         else:
             self._own[key] = count - 1
         return True
-

@@ -28,7 +28,8 @@ read-only ones say `immutable = True` (long kernel timeouts, keep_cache) and `re
 
 A snapshot view re-checks on every read context that the snapshot is still Active
 (`asof.at_snapshot`), so a Retired or Reaped snapshot answers ENOENT even to a process standing
-in it. A commit view re-reads the commit's row (`asof.at_commit`, Sealed only). Reads are LMDB point reads and bounded scans, cheap enough to run inline on the event loop.
+in it. A commit view re-reads the commit's row (`asof.at_commit`, Sealed only). Reads are LMDB
+point reads and bounded scans, cheap enough to run inline on the event loop.
 
 The live view caches each workbench's incarnation: Visible is terminal and its incarnation never
 changes (seed: "a client may cache the incarnation because Visible is immutable"), so a cached
@@ -161,7 +162,11 @@ class SnapshotView(_AsOfView):
         self.snapshot_id = snapshot_id
         self.point = asof.Point(asof.SNAPSHOT, snapshot_id=snapshot_id)
         self.entry_name = str(snapshot_id) if entry_name is None else entry_name
-        self.name = f"snapshot:{snapshot_id}" if self.entry_name == str(snapshot_id) else f"snapshot:{snapshot_id}:{self.entry_name}"
+        self.name = (
+            f"snapshot:{snapshot_id}"
+            if self.entry_name == str(snapshot_id)
+            else f"snapshot:{snapshot_id}:{self.entry_name}"
+        )
 
     def facts(self) -> dict:
         return {b"user.nokvfs.snapshot": str(self.snapshot_id)}
@@ -170,7 +175,16 @@ class SnapshotView(_AsOfView):
 class CommitView(_AsOfView):
     """A Sealed commit's tree (its CommitMember rows), sections included; also a tag's."""
 
-    def __init__(self, root, workbench_id: str, incarnation: bytes, commit_id: bytes, entry_name: str | None = None, *, family: str = COMMITS):
+    def __init__(
+        self,
+        root,
+        workbench_id: str,
+        incarnation: bytes,
+        commit_id: bytes,
+        entry_name: str | None = None,
+        *,
+        family: str = COMMITS,
+    ):
         self.root = root
         self.workbench_id = workbench_id
         self.incarnation = incarnation
@@ -239,7 +253,11 @@ def resolve(root, workbench: wb.Workbench, family: str, name: str):
     except commit.AmbiguousReference as exc:
         log.warning(
             "/%s/%s/%s is ambiguous (ENOENT): it is a prefix of %d commits: %s",
-            workbench.workbench_id, family, name, len(exc.matches), ", ".join(exc.matches),
+            workbench.workbench_id,
+            family,
+            name,
+            len(exc.matches),
+            ", ".join(exc.matches),
         )
         return None
     except (NotFound, InvalidInput):

@@ -21,8 +21,9 @@ line says where (a conflict: something outside this mount changed the path).
 fsync(2) on a file waits until the publisher has published it (and everything accepted before
 it) and reports that publication's error; so do rename(2) and unlink(2) of an accepted file (they
 then move or remove what is published), and a publication's journal record is synced, so a
-replay never brings back a file that was renamed or removed after its close. Unmounting (`nokvfs umount`, a signal) drains the queue
-before the daemon exits; files still open then are kept as in the default mode.
+replay never brings back a file that was renamed or removed after its close. Unmounting
+(`nokvfs umount`, a signal) drains the queue before the daemon exits; files still open then are
+kept as in the default mode.
 """
 
 from __future__ import annotations
@@ -86,9 +87,13 @@ def decode_records(data: bytes) -> list[tuple[int, dict, bytes | None]]:
         if end + _SUM.size > len(data) or _SUM.unpack_from(data, end)[0] != xxhash.xxh3_64_intdigest(data[pos:end]):
             break  # the tail of a close that never returned
         if version != JOURNAL_VERSION:
-            raise UnknownVersion(f"write-back journal record version {version}, this build knows only {JOURNAL_VERSION}")
+            raise UnknownVersion(
+                f"write-back journal record version {version}, this build knows only {JOURNAL_VERSION}"
+            )
         if kind not in (ACCEPTED, PUBLISHED) or inline not in (0, 1):
-            raise CorruptRecord(f"write-back journal record of kind {kind} (inline {inline}) is not one this build knows")
+            raise CorruptRecord(
+                f"write-back journal record of kind {kind} (inline {inline}) is not one this build knows"
+            )
         try:
             meta = json.loads(data[pos + _HEAD.size : at])
         except ValueError:
@@ -107,7 +112,9 @@ class Journal:
         directory = spools.spool_dir(data_dir)
         filemodes.makedirs(directory)
         self.path = os.path.join(directory, f"{JOURNAL_PREFIX}{new_id16().hex()}{JOURNAL_SUFFIX}")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, filemodes.FILE_MODE)
+        self.fd = os.open(
+            self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, filemodes.FILE_MODE
+        )
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: the next mount leaves it alone
         spools.fsync_directory(directory)
         self.size = 0
@@ -253,7 +260,13 @@ class Publisher:
                     record = spool.pending_record(files.attributes_to_publish(node, spool))
                     record["spool"] = os.path.basename(spool.path)
                     async with self._journal_lock:
-                        await files.workers.bounded(f"acceptance of {spool.describe()}", files.workers.run, self._record_acceptance, spool, record)
+                        await files.workers.bounded(
+                            f"acceptance of {spool.describe()}",
+                            files.workers.run,
+                            self._record_acceptance,
+                            spool,
+                            record,
+                        )
                     self._journal_names[spool] = record["spool"]
             if spool not in self._queue:
                 self._queue[spool] = node
@@ -416,7 +429,12 @@ def replay(root, data_dir: str) -> tuple[int, int]:
         try:
             spools.retry(root, spool)
             published += 1
-            log.info("write-back: published %s:%s (%d bytes) accepted before the last daemon ended", record.get("workbench"), record.get("path"), spool.size)
+            log.info(
+                "write-back: published %s:%s (%d bytes) accepted before the last daemon ended",
+                record.get("workbench"),
+                record.get("path"),
+                spool.size,
+            )
         except GenerationConflict as exc:
             if _already_published(root, spool):
                 spools.discard(spool)  # the daemon ended after the publication, before dropping the spool
@@ -444,7 +462,10 @@ def _already_published(root, spool) -> bool:
     try:
         with root.read() as view:
             _, workbench = wb.visible(view, root.root_id, record["workbench"])
-            raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, normalize_path(record["path"])))
+            raw = view.get(
+                "path_current",
+                keys.path_current_key(root.root_id, workbench.incarnation_id, normalize_path(record["path"])),
+            )
         body = bodies.from_file(spool.path, root.block_size)
     except Exception:  # noqa: BLE001 - cannot tell: keep it
         return False
@@ -459,5 +480,10 @@ def _keep(spool, reason: str) -> None:
     record = spool.record
     log.warning(
         "kept spool %s (%s:%s, %d bytes): %s -- `nokvfs spool retry|discard %s`",
-        spool.id, record.get("workbench"), record.get("path"), spool.size, reason, spool.id,
+        spool.id,
+        record.get("workbench"),
+        record.get("path"),
+        spool.size,
+        reason,
+        spool.id,
     )

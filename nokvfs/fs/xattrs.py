@@ -124,7 +124,7 @@ class Xattrs:
             if name.startswith(INDEX_PREFIX):
                 value = index_value(entry, name)
                 if value is None:
-                    raise refuse(errno.ENODATA, f"{node.describe()} has no index field {name[len(INDEX_PREFIX):]!r}")
+                    raise refuse(errno.ENODATA, f"{node.describe()} has no index field {name[len(INDEX_PREFIX) :]!r}")
                 return value
             facts = {
                 b"user.nokvfs.generation": str(entry.generation),

@@ -120,7 +120,11 @@ class BlockReader:
 
 
 def _check_length(expected_length: int) -> None:
-    if not isinstance(expected_length, int) or isinstance(expected_length, bool) or not 0 <= expected_length <= MAX_BLOCK_SIZE:
+    if (
+        not isinstance(expected_length, int)
+        or isinstance(expected_length, bool)
+        or not 0 <= expected_length <= MAX_BLOCK_SIZE
+    ):
         raise InvalidInput(f"block length must be 0..{MAX_BLOCK_SIZE} bytes, got {expected_length!r}")
 
 

@@ -86,7 +86,9 @@ class BlockCache:
         self._closed = False
         try:
             filemodes.makedirs(self.directory)
-            self._lock_fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE)
+            self._lock_fd = os.open(
+                os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE
+            )
         except OSError as exc:
             raise StoreError(f"cannot open block cache {self.directory}: {exc.strerror}") from exc
         try:
@@ -291,7 +293,11 @@ class BlockCache:
                             os.unlink(bucket.path)
                     continue
                 for item in os.scandir(bucket.path):
-                    if _HEX64.fullmatch(item.name) and item.name[:2] == bucket.name and item.is_file(follow_symlinks=False):
+                    if (
+                        _HEX64.fullmatch(item.name)
+                        and item.name[:2] == bucket.name
+                        and item.is_file(follow_symlinks=False)
+                    ):
                         st = item.stat(follow_symlinks=False)
                         on_disk[item.name] = (st.st_size, st.st_mtime)
                     else:  # a temp file from a crashed put, or something that is not ours

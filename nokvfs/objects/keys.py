@@ -24,9 +24,7 @@ ARTIFACTS_PREFIX = "nokv/artifacts/"
 SHA256_PREFIX = "sha256:"
 SHA256_LEN = 32
 
-_BLOCK_KEY = re.compile(
-    r"nokv/artifacts/([0-9a-f]{32})/([0-9a-f]{32})/([0-9a-f]{32})/blocks/([0-9a-f]{16})"
-)
+_BLOCK_KEY = re.compile(r"nokv/artifacts/([0-9a-f]{32})/([0-9a-f]{32})/([0-9a-f]{32})/blocks/([0-9a-f]{16})")
 _SHA256_URI = re.compile(r"sha256:([0-9a-f]{64})")
 
 
@@ -39,13 +37,9 @@ def artifact_revision_prefix(logical_shard_id: bytes, root_id: bytes, artifact_r
     )
 
 
-def artifact_block_key(
-    logical_shard_id: bytes, root_id: bytes, artifact_revision_id: bytes, object_index: int
-) -> str:
+def artifact_block_key(logical_shard_id: bytes, root_id: bytes, artifact_revision_id: bytes, object_index: int) -> str:
     """The physical key of block `object_index` owned by `artifact_revision_id`."""
-    return artifact_revision_prefix(logical_shard_id, root_id, artifact_revision_id) + object_index_hex(
-        object_index
-    )
+    return artifact_revision_prefix(logical_shard_id, root_id, artifact_revision_id) + object_index_hex(object_index)
 
 
 def parse_artifact_block_key(key: str) -> tuple[bytes, bytes, bytes, int]:

@@ -58,7 +58,6 @@ import struct
 import time
 from collections.abc import Iterable, Iterator
 
-from nokvfs.filemodes import DIR_MODE, FILE_MODE, makedirs
 from nokvfs.errors import (
     IntegrityError,
     InvalidInput,
@@ -67,6 +66,7 @@ from nokvfs.errors import (
     StoreError,
     StoreFull,
 )
+from nokvfs.filemodes import DIR_MODE, FILE_MODE, makedirs
 from nokvfs.objects.store import (
     MIN_PART_SIZE,
     ObjectInfo,
@@ -318,7 +318,9 @@ class LocalStore(ObjectStore):
         os.close(fd)
         return path
 
-    def _write_temp(self, chunks: Iterable[bytes], metadata: dict[str, str], *, named: bool = False) -> tuple[int, str | None, str, int]:
+    def _write_temp(
+        self, chunks: Iterable[bytes], metadata: dict[str, str], *, named: bool = False
+    ) -> tuple[int, str | None, str, int]:
         """Write body chunks and the trailer to a fsynced temp file: (fd, path or None when
         unnamed, etag, size). The descriptor stays open, holding the temp's lock, until the
         caller commits or drops it."""
@@ -340,7 +342,9 @@ class LocalStore(ObjectStore):
             raise
         return fd, path, etag, size
 
-    def _commit(self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None) -> None:
+    def _commit(
+        self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None
+    ) -> None:
         """Publish the temp at `final` under the lock, honouring the write condition, then fsync
         the directories that changed; the temp's descriptor (and lock) is released last."""
         changed: list[str] = []
@@ -352,7 +356,9 @@ class LocalStore(ObjectStore):
             _unlink_quietly(tmp)
             os.close(fd)
 
-    def _link_locked(self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None, changed: list) -> str | None:
+    def _link_locked(
+        self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None, changed: list
+    ) -> str | None:
         """The commit step of one write (the caller holds the lock); returns the temp name still
         to remove, if any. Directories whose entries changed are appended to `changed`."""
         self._ensure_dir(os.path.dirname(final), changed)
@@ -441,7 +447,7 @@ class LocalStore(ObjectStore):
                 raise IntegrityError(f"object file {path} is too short to hold its trailer")
             tail_len = min(file_size, _TRAILER_FIXED + _MAX_TRAILER_JSON)
             tail = _pread_exact(fd, tail_len, file_size - tail_len, path)
-        if tail[-len(TRAILER_MAGIC):] != TRAILER_MAGIC:
+        if tail[-len(TRAILER_MAGIC) :] != TRAILER_MAGIC:
             raise IntegrityError(f"object file {path} has no nokvfs trailer")
         (json_len,) = struct.unpack(">I", tail[-_TRAILER_FIXED : -len(TRAILER_MAGIC)])
         if json_len > tail_len - _TRAILER_FIXED:
@@ -750,8 +756,13 @@ class LocalStore(ObjectStore):
 
     # --- maintenance --------------------------------------------------------------------------
 
-    def remove_stale_temp_files(self, *, everywhere: bool = False, grace_seconds: float = STALE_TEMP_GRACE,
-                                legacy_age_seconds: float = LEGACY_TEMP_AGE) -> int:
+    def remove_stale_temp_files(
+        self,
+        *,
+        everywhere: bool = False,
+        grace_seconds: float = STALE_TEMP_GRACE,
+        legacy_age_seconds: float = LEGACY_TEMP_AGE,
+    ) -> int:
         """Delete the temp files of writers that are gone; return how many. A temp in the temp
         directory goes when no writer holds its lock and it is older than `grace_seconds`. With
         `everywhere`, the whole tree is walked too, for temps an older nokvfs wrote beside their

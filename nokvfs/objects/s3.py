@@ -45,7 +45,6 @@ that way: the mount starts, and answers what needs no store, while the endpoint 
 from __future__ import annotations
 
 import concurrent.futures
-
 import logging
 import math
 import os
@@ -227,12 +226,17 @@ class S3Store(ObjectStore):
             raise InvalidInput(f"multipart_threshold must be a non-negative integer, got {multipart_threshold!r}")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidInput(f"max_attempts must be a positive integer, got {max_attempts!r}")
-        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout), ("deadline", deadline)):
+        for name, value in (
+            ("connect_timeout", connect_timeout),
+            ("read_timeout", read_timeout),
+            ("deadline", deadline),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
                 raise InvalidInput(f"{name} must be a number of seconds in (0, 3600], got {value!r}")
         if connect_timeout + read_timeout > deadline:
             raise InvalidInput(
-                f"deadline {deadline} s must leave room for one attempt (connect {connect_timeout} s + read {read_timeout} s)"
+                f"deadline {deadline} s must leave room for one attempt (connect {connect_timeout} s + read "
+                f"{read_timeout} s)"
             )
         self.deadline = float(deadline)
         self._attempt_seconds = connect_timeout + read_timeout
@@ -330,7 +334,7 @@ class S3Store(ObjectStore):
         """Run a read, retrying what can be retried within the call's deadline; map failures."""
         last: BaseException | None = None
         attempts = 0
-        for attempts in self._attempts():
+        for attempts in self._attempts():  # noqa: B007 - the count is reported after the loop
             try:
                 return call(self._reader)
             except ClientError as exc:
@@ -359,7 +363,7 @@ class S3Store(ObjectStore):
         last: BaseException | None = None
         where = f"{op} {self.url}{key}"
         attempts = 0
-        for attempts in self._attempts():
+        for attempts in self._attempts():  # noqa: B007 - the count is reported after the loop
             try:
                 return call(self._writer)
             except _NOT_SENT as exc:
@@ -432,7 +436,9 @@ class S3Store(ObjectStore):
             except Exception as exc:  # noqa: BLE001 - reported per item
                 return exc
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(PARALLEL_PUTS, len(items)), thread_name_prefix="s3-put") as pool:
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(PARALLEL_PUTS, len(items)), thread_name_prefix="s3-put"
+        ) as pool:
             return list(pool.map(one, items))
 
     def _put_params(self, full: str, metadata, if_none_match: bool, if_match: str | None) -> dict:
@@ -502,7 +508,7 @@ class S3Store(ObjectStore):
     def _abort_quietly(self, key: str, upload_id: str) -> None:
         try:
             self.abort_multipart(key, upload_id)
-        except Exception as exc:  # the original failure matters more; the ledger retries aborts
+        except Exception as exc:  # noqa: BLE001 - the original failure matters more; the ledger retries aborts
             log.warning("could not abort multipart upload %s of %s%s: %s", upload_id, self.url, key, exc)
 
     def get(self, key, start=0, length=None) -> bytes:
@@ -516,7 +522,7 @@ class S3Store(ObjectStore):
             params["Range"] = f"bytes={start}-{end}"
         last: BaseException | None = None
         attempts = 0
-        for attempts in self._attempts():
+        for attempts in self._attempts():  # noqa: B007 - the count is reported after the loop
             try:
                 response = self._reader.get_object(**params)
                 data = response["Body"].read()
@@ -572,7 +578,11 @@ class S3Store(ObjectStore):
     def delete(self, key) -> None:
         full = self._key(key)
         self._mutate(
-            "delete", key, lambda c: c.delete_object(Bucket=self.bucket, Key=full), idempotent=True, ok_codes=("NoSuchKey",)
+            "delete",
+            key,
+            lambda c: c.delete_object(Bucket=self.bucket, Key=full),
+            idempotent=True,
+            ok_codes=("NoSuchKey",),
         )
 
     def list(self, prefix="") -> Iterator[ObjectInfo]:
@@ -584,8 +594,9 @@ class S3Store(ObjectStore):
         token: dict = {}
         while True:
             page = self._read(
-                "list", prefix,
-                lambda c: c.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, **token),
+                "list",
+                prefix,
+                lambda c, token=token: c.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, **token),
             )
             for item in page.get("Contents", ()):
                 yield ObjectInfo(
@@ -621,7 +632,9 @@ class S3Store(ObjectStore):
         response = self._mutate(
             f"upload part {part_number} of",
             key,
-            lambda c: c.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=part_number, Body=body),
+            lambda c: c.upload_part(
+                Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=part_number, Body=body
+            ),
             idempotent=True,
         )
         return _unquoted(response.get("ETag"))
@@ -657,8 +670,9 @@ class S3Store(ObjectStore):
         found, markers = [], {}
         while True:
             response = self._read(
-                "list multipart uploads", key,
-                lambda c: c.list_multipart_uploads(Bucket=self.bucket, Prefix=full, **markers),
+                "list multipart uploads",
+                key,
+                lambda c, markers=markers: c.list_multipart_uploads(Bucket=self.bucket, Prefix=full, **markers),
             )
             found += [u["UploadId"] for u in response.get("Uploads", ()) if u.get("Key") == full]
             if not response.get("IsTruncated"):
@@ -669,5 +683,5 @@ class S3Store(ObjectStore):
         for client in (self._reader, self._writer):
             try:
                 client.close()
-            except Exception:  # closing is best-effort
+            except Exception:  # noqa: BLE001 - closing is best-effort
                 pass

@@ -66,7 +66,9 @@ class DataDirRecord:
     history_retention_versions: int
 
     @classmethod
-    def from_data_dir(cls, config: dict, placement: RootPlacement, *, generation: int, publication_id: str) -> DataDirRecord:
+    def from_data_dir(
+        cls, config: dict, placement: RootPlacement, *, generation: int, publication_id: str
+    ) -> DataDirRecord:
         """The record of a data directory's configuration (`nokvfs.json`) and placement."""
         record = cls(
             logical_shard_id=bytes.fromhex(config["logical_shard_id"]),
@@ -99,7 +101,9 @@ class DataDirRecord:
 
     def next_generation(self) -> int:
         if self.generation >= U64_MAX:
-            raise ManifestGenerationInvalid(f"{DATADIR} generation {self.generation} cannot advance: it would overflow u64")
+            raise ManifestGenerationInvalid(
+                f"{DATADIR} generation {self.generation} cannot advance: it would overflow u64"
+            )
         return self.generation + 1
 
     def same_content(self, other: DataDirRecord) -> bool:
@@ -113,7 +117,10 @@ class DataDirRecord:
             "generation": self.generation,
             "publicationId": self.publication_id,
             "rootId": self.root_id.hex(),
-            "placement": {"generation": self.placement.placement_generation, "lifecycle": self.placement.lifecycle.name},
+            "placement": {
+                "generation": self.placement.placement_generation,
+                "lifecycle": self.placement.lifecycle.name,
+            },
             "config": {
                 "store": self.store,
                 "endpointUrl": self.endpoint_url or "",
@@ -157,7 +164,9 @@ def loads(data: bytes, *, logical_shard_id: bytes | None = None) -> DataDirRecor
         raise ManifestMalformed(f"{DATADIR}.placement.lifecycle {lifecycle!r} is not a RootPlacement lifecycle")
     publication = o["publicationId"]
     if not is_uuid7_hex(publication):
-        raise ManifestMalformed(f"{DATADIR}.publicationId must be a UUIDv7 as 32 lowercase hex characters, got {publication!r}")
+        raise ManifestMalformed(
+            f"{DATADIR}.publicationId must be a UUIDv7 as 32 lowercase hex characters, got {publication!r}"
+        )
     shard = _hex16(o["logicalShardId"], f"{DATADIR}.logicalShardId")
     record = DataDirRecord(
         logical_shard_id=shard,
@@ -172,7 +181,9 @@ def loads(data: bytes, *, logical_shard_id: bytes | None = None) -> DataDirRecor
         region=_text(c["region"], f"{DATADIR}.config.region", empty=True) or None,
         block_size=_int(c["blockSize"], f"{DATADIR}.config.blockSize", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
         cache_bytes=_int(c["cacheBytes"], f"{DATADIR}.config.cacheBytes"),
-        history_retention_versions=_int(c["historyRetentionVersions"], f"{DATADIR}.config.historyRetentionVersions", 0, (1 << 63) - 1),
+        history_retention_versions=_int(
+            c["historyRetentionVersions"], f"{DATADIR}.config.historyRetentionVersions", 0, (1 << 63) - 1
+        ),
     )
     validate(record, logical_shard_id=logical_shard_id)
     return record
@@ -187,6 +198,8 @@ def validate(record: DataDirRecord, *, logical_shard_id: bytes | None = None) ->
     if record.placement.logical_shard_id != record.logical_shard_id:
         raise ManifestMalformed(f"{DATADIR}: the placement names another logical shard")
     if not MIN_BLOCK_SIZE <= record.block_size <= MAX_BLOCK_SIZE:
-        raise ManifestMalformed(f"{DATADIR}: block size {record.block_size} is not in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}")
+        raise ManifestMalformed(
+            f"{DATADIR}: block size {record.block_size} is not in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}"
+        )
     if not record.store or record.generation < 1 or not is_uuid7_hex(record.publication_id):
         raise ManifestMalformed(f"{DATADIR}: a store URL, a generation >= 1 and a UUIDv7 publication id are required")

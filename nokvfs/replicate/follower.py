@@ -82,14 +82,21 @@ def bootstrap(url: str, data_dir: str, *, endpoint_url: str | None = None, logic
         return replica.read_role(data_dir)
     role = replica.read_role(data_dir)
     if role is None or role.role != replica.FOLLOWER:
-        raise InvalidInput(f"{data_dir} is a data directory but not a follower (role {None if role is None else role.role})")
+        raise InvalidInput(
+            f"{data_dir} is a data directory but not a follower (role {None if role is None else role.role})"
+        )
     store_url, shard = locate(url)  # offline: an existing follower mounts while the bucket is unreachable
     if shard is None and logical_shard_id is not None:
-        shard = logical_shard_id if isinstance(logical_shard_id, bytes) else id16_from_hex(logical_shard_id, "logical shard id")
+        shard = (
+            logical_shard_id
+            if isinstance(logical_shard_id, bytes)
+            else id16_from_hex(logical_shard_id, "logical shard id")
+        )
     shard = shard or role.logical_shard_id
     if store_url != role.bucket or shard != role.logical_shard_id:
         raise InvalidInput(
-            f"{data_dir} follows shard {role.logical_shard_id.hex()} of {role.bucket}, not {url}: choose another --cache-dir"
+            f"{data_dir} follows shard {role.logical_shard_id.hex()} of {role.bucket}, not {url}: choose another "
+            "--cache-dir"
         )
     _remove_leftovers(data_dir)
     shard_dir = os.path.join(data_dir, "shard")
@@ -99,7 +106,9 @@ def bootstrap(url: str, data_dir: str, *, endpoint_url: str | None = None, logic
         # commits were not flushed yet: the follower's shard is a cache, rebuilt from the bucket.
         log.warning("%s: %s; restoring its shard from %s", data_dir, damage, role.bucket)
         shutil.rmtree(shard_dir, ignore_errors=True)
-        bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=endpoint_url or role.endpoint_url)
+        bucket = open_remote(
+            role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=endpoint_url or role.endpoint_url
+        )
         try:
             restore(bucket, shard_dir)
         finally:
@@ -194,7 +203,9 @@ class Follower:
         role = replica.read_role(data_dir)
         if role is None or role.role != replica.FOLLOWER:
             raise InvalidInput(f"{data_dir} is not a follower data directory")
-        bucket = open_remote(role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=endpoint_url or role.endpoint_url)
+        bucket = open_remote(
+            role.bucket, logical_shard_id=role.logical_shard_id, endpoint_url=endpoint_url or role.endpoint_url
+        )
         return cls(data_dir, shard, bucket, **options)
 
     # --- one poll ------------------------------------------------------------------------------
@@ -285,7 +296,12 @@ class Follower:
         old = self.shard.replace(Shard.open(shard_dir, verify=False, sync=False))
         self._retired.append((time.monotonic(), old, retired))
         self.rebootstraps += 1
-        log.info("follower %s re-bootstrapped at generation %d (LSN %d)", self.data_dir, result.generation, result.applied_lsn)
+        log.info(
+            "follower %s re-bootstrapped at generation %d (LSN %d)",
+            self.data_dir,
+            result.generation,
+            result.applied_lsn,
+        )
 
     def _retire_old(self, *, now: float | None = None, force: bool = False) -> None:
         now = time.monotonic() if now is None else now
@@ -335,7 +351,11 @@ class Follower:
             self._last_lag_log = time.monotonic()
             log.warning(
                 "follower %s is %d version(s) and %.1f s behind %s (last successful poll %.1f s ago%s)",
-                self.data_dir, lag.versions_behind, lag.seconds_behind, lag.bucket, lag.seconds_since_poll or 0.0,
+                self.data_dir,
+                lag.versions_behind,
+                lag.seconds_behind,
+                lag.bucket,
+                lag.seconds_since_poll or 0.0,
                 f"; last error {lag.last_error}" if lag.last_error else "",
             )
 
@@ -349,7 +369,7 @@ class Follower:
             except NokvError as exc:
                 log.warning("following %s: %s: %s", self.bucket.url, type(exc).__name__, exc)
                 self._report()
-            except Exception:  # noqa: BLE001 - the follower outlives any one failure
+            except Exception:
                 log.exception("following %s: unexpected failure", self.bucket.url)
                 self._report()
             self._stop.wait(interval)

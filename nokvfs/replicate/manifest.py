@@ -322,15 +322,39 @@ def _list(value, where):
 
 _HEAD_FIELDS = ("lsn", "chainDigest", "commitVersion")
 _CHECKPOINT_FIELDS = (
-    "id", "publication", "throughGeneration", "throughLsn", "commitVersion", "chainDigest", "key", "sha256", "size",
+    "id",
+    "publication",
+    "throughGeneration",
+    "throughLsn",
+    "commitVersion",
+    "chainDigest",
+    "key",
+    "sha256",
+    "size",
 )
 _INCREMENT_FIELDS = (
-    "generation", "publication", "firstLsn", "lastLsn", "previousChainDigest", "chainDigest", "commitVersion",
-    "key", "sha256", "size",
+    "generation",
+    "publication",
+    "firstLsn",
+    "lastLsn",
+    "previousChainDigest",
+    "chainDigest",
+    "commitVersion",
+    "key",
+    "sha256",
+    "size",
 )
 _RETAINED_FIELDS = ("checkpoint", "increments", "head")
 _TOP_FIELDS = (
-    "version", "logicalShardId", "generation", "ownerEpoch", "ownerId", "publicationId", "head", "checkpoint", "increments",
+    "version",
+    "logicalShardId",
+    "generation",
+    "ownerEpoch",
+    "ownerId",
+    "publicationId",
+    "head",
+    "checkpoint",
+    "increments",
     "retained",
 )
 
@@ -454,7 +478,9 @@ def loads(data: bytes, *, logical_shard_id: bytes | None = None) -> Manifest:
 # --- chain validation ---------------------------------------------------------------------------
 
 
-def _validate_chain(checkpoint: CheckpointDescriptor, increments, head: Head, upper_generation: int, where: str) -> None:
+def _validate_chain(
+    checkpoint: CheckpointDescriptor, increments, head: Head, upper_generation: int, where: str
+) -> None:
     if checkpoint.key != checkpoint_key(checkpoint.through_generation, checkpoint.id):
         raise ManifestMalformed(
             f"{where}.checkpoint.key {checkpoint.key!r} is not "
@@ -527,4 +553,6 @@ def validate(m: Manifest, *, logical_shard_id: bytes | None = None) -> None:
         raise ManifestChainBroken("current names one publication id twice")
     latest = m.increments[-1].publication if m.increments else None
     if m.publication_id not in (m.checkpoint.publication, latest):
-        raise ManifestChainBroken("current.publicationId is neither the checkpoint's nor the last increment's publication")
+        raise ManifestChainBroken(
+            "current.publicationId is neither the checkpoint's nor the last increment's publication"
+        )

@@ -91,11 +91,21 @@ def _file_sha256(path: str) -> tuple[bytes, int]:
     return h.digest(), size
 
 
-def write_checkpoint_pack(data_path: str, pack_path: str, *, logical_shard_id: bytes, through_lsn: int,
-                          commit_version: int, chain_digest: bytes, owner_epoch: int) -> tuple[bytes, int]:
+def write_checkpoint_pack(
+    data_path: str,
+    pack_path: str,
+    *,
+    logical_shard_id: bytes,
+    through_lsn: int,
+    commit_version: int,
+    chain_digest: bytes,
+    owner_epoch: int,
+) -> tuple[bytes, int]:
     """Frame the LMDB data file at `data_path` into `pack_path`; return (pack SHA-256, pack size)."""
     data_sha, data_len = _file_sha256(data_path)
-    header = CheckpointHeader(logical_shard_id, through_lsn, commit_version, chain_digest, owner_epoch, data_len, data_sha)
+    header = CheckpointHeader(
+        logical_shard_id, through_lsn, commit_version, chain_digest, owner_epoch, data_len, data_sha
+    )
     h = hashlib.sha256()
     size = 0
     with open(pack_path, "wb", opener=filemodes.opener) as out, open(data_path, "rb") as data:
@@ -121,7 +131,7 @@ class CheckpointSink:
 
     def __init__(self, data_path: str):
         self._header = bytearray()
-        self._data = open(data_path, "wb", opener=filemodes.opener)  # noqa: SIM115 - closed by finish() or close()
+        self._data = open(data_path, "wb", opener=filemodes.opener)
         self._data_sha = hashlib.sha256()
         self._data_len = 0
 

@@ -190,7 +190,9 @@ class ShardBucket:
             if latest is not None and proposal.publication_id in latest.publications():
                 return latest, etag
             raise Contention(f"publication {proposal.publication_id} is not in {self.url}{CURRENT}: not accepted")
-        raise AmbiguousResult(f"cannot reread {self.url}{CURRENT} to resolve publication {proposal.publication_id}: {last}")
+        raise AmbiguousResult(
+            f"cannot reread {self.url}{CURRENT} to resolve publication {proposal.publication_id}: {last}"
+        )
 
     # --- the data directory record (nokvfs.replicate.datadir_record) ---------------------------
 
@@ -211,9 +213,12 @@ class ShardBucket:
     def _observe_datadir(self, record: DataDirRecord) -> None:
         if self._seen_datadir is not None:
             generation, publication = self._seen_datadir
-            if record.generation < generation or (record.generation == generation and record.publication_id != publication):
+            if record.generation < generation or (
+                record.generation == generation and record.publication_id != publication
+            ):
                 raise ManifestGenerationInvalid(
-                    f"{self.url}{DATADIR} went from generation {generation} to {record.generation}: generations increase strictly"
+                    f"{self.url}{DATADIR} went from generation {generation} to {record.generation}: generations "
+                    "increase strictly"
                 )
         self._seen_datadir = (record.generation, record.publication_id)
 
@@ -233,15 +238,26 @@ class ShardBucket:
             latest, _ = self.read_datadir()
             if latest is not None and latest.publication_id == proposal.publication_id:
                 return latest
-            raise Contention(f"publication {proposal.publication_id} is not in {self.url}{DATADIR}: not accepted") from None
+            raise Contention(
+                f"publication {proposal.publication_id} is not in {self.url}{DATADIR}: not accepted"
+            ) from None
         with self._observing:
             self._observe_datadir(proposal)
         return proposal
 
     # --- packs --------------------------------------------------------------------------------
 
-    def upload(self, relative: str, *, sha256: bytes, size: int, kind: str, generation: int,
-               data: bytes | None = None, path: str | None = None) -> None:
+    def upload(
+        self,
+        relative: str,
+        *,
+        sha256: bytes,
+        size: int,
+        kind: str,
+        generation: int,
+        data: bytes | None = None,
+        path: str | None = None,
+    ) -> None:
         """Create the pack at `relative` (If-None-Match: *) with its SHA-256 and size as metadata.
 
         A retry that finds bytes already at the key accepts them only when the recorded SHA-256
@@ -301,7 +317,9 @@ class ShardBucket:
         if offset != size:
             raise PackCorrupt(f"{self.url}{relative}: read {offset} bytes, its descriptor says {size}")
         if h.digest() != sha256:
-            raise PackCorrupt(f"{self.url}{relative}: SHA-256 {h.hexdigest()} differs from its descriptor {sha256.hex()}")
+            raise PackCorrupt(
+                f"{self.url}{relative}: SHA-256 {h.hexdigest()} differs from its descriptor {sha256.hex()}"
+            )
         return None if sink is not None else b"".join(parts)
 
     # --- cleanup ------------------------------------------------------------------------------
@@ -312,7 +330,8 @@ class ShardBucket:
         Lists only the two pack namespaces (following every continuation), ignores keys that are
         not protocol keys, rereads and validates `current` before each batch of at most 1,000
         keys and spares every key it references, active or retained; stops if `current` names
-        another owner than `owner_id`. `current` is never a candidate. Per-key failures are recorded, not raised: a later cleanup lists them again.
+        another owner than `owner_id`. `current` is never a candidate. Per-key failures are
+        recorded, not raised: a later cleanup lists them again.
         """
         report = CleanupReport(cutoff)
         candidates = []
@@ -351,13 +370,18 @@ class ShardBucket:
         return report
 
 
-def open_remote(url_or_store, *, logical_shard_id: bytes | str | None = None, endpoint_url: str | None = None,
-                region: str | None = None) -> ShardBucket:
+def open_remote(
+    url_or_store,
+    *,
+    logical_shard_id: bytes | str | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+) -> ShardBucket:
     """The ShardBucket a URL (`s3://bucket/prefix`, optionally ending in `shards/<hex>`) names
-(an ObjectStore stands for its URL; a ShardBucket is returned as it is).
+    (an ObjectStore stands for its URL; a ShardBucket is returned as it is).
 
-    Without a shard id (in the URL or given), the one shard under the prefix is used: the
-    listing only names it, `current` alone decides its state. Several shards: InvalidInput.
+        Without a shard id (in the URL or given), the one shard under the prefix is used: the
+        listing only names it, `current` alone decides its state. Several shards: InvalidInput.
     """
     if isinstance(url_or_store, ShardBucket):
         if logical_shard_id is not None and _shard_bytes(logical_shard_id) != url_or_store.logical_shard_id:
@@ -377,7 +401,11 @@ def open_remote(url_or_store, *, logical_shard_id: bytes | str | None = None, en
         store = open_store(url, endpoint_url=endpoint_url, region=region)
     if logical_shard_id is None:
         shards = sorted(
-            {info.key.split("/")[1] for info in store.list("shards/") if re.fullmatch(r"shards/[0-9a-f]{32}/current", info.key)}
+            {
+                info.key.split("/")[1]
+                for info in store.list("shards/")
+                if re.fullmatch(r"shards/[0-9a-f]{32}/current", info.key)
+            }
         )
         if not shards:
             raise NotFound(f"{store.url} holds no shard (no shards/<id>/current)")

@@ -123,7 +123,9 @@ class Fencing:
             return "every record of this shard is in the bucket"
         first, last = self.unshipped
         if first == 0:
-            return f"records up to LSN {last} may not be in the bucket (it holds no point of this shard's chain any more)"
+            return (
+                f"records up to LSN {last} may not be in the bucket (it holds no point of this shard's chain any more)"
+            )
         return f"LSNs {first}..{last} of this shard were never shipped to the bucket"
 
 
@@ -140,11 +142,22 @@ class CheckpointResult:
 class Replicator:
     """Replicates `shard` to `store` (keys under `shards/<logical shard hex>/`). Thread-safe."""
 
-    def __init__(self, shard, store: ObjectStore, *, checkpoint_packs: int = DEFAULT_CHECKPOINT_PACKS,
-                 retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS,
-                 max_pack_records: int = DEFAULT_MAX_PACK_RECORDS, max_pack_bytes: int = DEFAULT_MAX_PACK_BYTES,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, auto_checkpoint: bool = True, fence_local: bool = True,
-                 work_dir: str | None = None, data_dir: str | None = None, on_fenced=None):
+    def __init__(
+        self,
+        shard,
+        store: ObjectStore,
+        *,
+        checkpoint_packs: int = DEFAULT_CHECKPOINT_PACKS,
+        retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS,
+        max_pack_records: int = DEFAULT_MAX_PACK_RECORDS,
+        max_pack_bytes: int = DEFAULT_MAX_PACK_BYTES,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        auto_checkpoint: bool = True,
+        fence_local: bool = True,
+        work_dir: str | None = None,
+        data_dir: str | None = None,
+        on_fenced=None,
+    ):
         if checkpoint_packs < 1 or retained_checkpoints < 0 or max_pack_records < 1 or max_attempts < 1:
             raise ValueError("checkpoint_packs, max_pack_records and max_attempts must be >= 1, retained >= 0")
         self.shard = shard
@@ -273,8 +286,12 @@ class Replicator:
                 replica.write_role(
                     self.data_dir,
                     replica.ReplicaRole(
-                        replica.FENCED, self.bucket.store.url, self.endpoint_url, self.shard.logical_shard_id,
-                        owned_epoch=max(1, fencing.owned_epoch), unshipped=fencing.unshipped,
+                        replica.FENCED,
+                        self.bucket.store.url,
+                        self.endpoint_url,
+                        self.shard.logical_shard_id,
+                        owned_epoch=max(1, fencing.owned_epoch),
+                        unshipped=fencing.unshipped,
                         reason=f"{fencing.reason}; {fencing.describe_unshipped()}",
                     ),
                 )
@@ -285,7 +302,7 @@ class Replicator:
         if self.on_fenced is not None:
             try:
                 self.on_fenced(fencing)
-            except Exception:  # noqa: BLE001 - the hook's failure must not hide the fencing
+            except Exception:
                 log.exception("the on_fenced hook failed")
 
     def unshipped(self, manifest: Manifest) -> tuple[int, int] | None:
@@ -294,7 +311,9 @@ class Replicator:
         outbox's, through the local tail. None when the bucket holds the whole local outbox."""
         tail = self.shard.recovery_tail.applied_lsn
         points = set()
-        for checkpoint, increments in [(manifest.checkpoint, manifest.increments)] + [(r.checkpoint, r.increments) for r in manifest.retained]:
+        for checkpoint, increments in [(manifest.checkpoint, manifest.increments)] + [
+            (r.checkpoint, r.increments) for r in manifest.retained
+        ]:
             points.add((checkpoint.through_lsn, checkpoint.chain_digest))
             for inc in increments:
                 points.add((inc.first_lsn - 1, inc.previous_chain_digest))
@@ -370,7 +389,9 @@ class Replicator:
                     manifest = self._publish_first()
                 except Contention:
                     continue
-                return PushResult("checkpoint", 1, 1, manifest.head.lsn, manifest.checkpoint.key, self._lag(manifest)), manifest
+                return PushResult(
+                    "checkpoint", 1, 1, manifest.head.lsn, manifest.checkpoint.key, self._lag(manifest)
+                ), manifest
             self._check_owner(manifest, claiming=claiming)
             entries = self._entries_after(manifest, through_lsn=through_lsn)
             if not entries:
@@ -397,7 +418,9 @@ class Replicator:
             # A lost race re-uploads under the new generation's key: the descriptor's generation
             # and its key always agree, and a pack is never published under a key a concurrent
             # cleanup may consider old.
-            self.bucket.upload(increment.key, data=data, sha256=sha, size=len(data), kind="increment", generation=generation)
+            self.bucket.upload(
+                increment.key, data=data, sha256=sha, size=len(data), kind="increment", generation=generation
+            )
             # The bucket's owner epoch is the owner epoch of the state at its head.
             epoch = max([manifest.owner_epoch, *_advanced_epochs(entries)])
             proposal = manifest.with_increment(increment, epoch, self.owner_id)
@@ -406,7 +429,9 @@ class Replicator:
             except Contention as exc:
                 log.info("push of LSNs %d..%d lost a race (%s); merging", first, last, exc)
                 continue
-            return PushResult("increment", accepted.generation, first, last, increment.key, self._lag(accepted)), accepted
+            return PushResult(
+                "increment", accepted.generation, first, last, increment.key, self._lag(accepted)
+            ), accepted
         raise PreconditionFailed(f"{self.bucket.url}current: no push won after {self.max_attempts} attempts")
 
     def _publish_first(self) -> Manifest:
@@ -438,7 +463,9 @@ class Replicator:
         try:
             horizon.record(self.shard.path, self.shard.logical_shard_id, point.applied_lsn, point.chain_digest)
         except OSError as exc:
-            log.warning("the durable horizon of %s (LSN %d) was not recorded: %s", self.shard.path, point.applied_lsn, exc)
+            log.warning(
+                "the durable horizon of %s (LSN %d) was not recorded: %s", self.shard.path, point.applied_lsn, exc
+            )
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -474,7 +501,9 @@ class Replicator:
                 raise ReplicaDiverged(f"the bucket's chain at LSN {point.applied_lsn} differs from the local copy's")
             path, sha, size = self._pack(work, point, data_dir)
             checkpoint = _checkpoint_descriptor(point, cutoff.generation, sha, size)
-            self.bucket.upload(checkpoint.key, path=path, sha256=sha, size=size, kind="checkpoint", generation=cutoff.generation)
+            self.bucket.upload(
+                checkpoint.key, path=path, sha256=sha, size=size, kind="checkpoint", generation=cutoff.generation
+            )
         with self._lock:
             swapped = self._swap_in(checkpoint, cutoff)
         if swapped is None:
@@ -482,7 +511,9 @@ class Replicator:
         accepted, compacted = swapped
         self._record_horizon(point)
         report = self._cleanup_quietly(cutoff.generation)
-        return CheckpointResult(accepted.generation, cutoff.generation, point.applied_lsn, checkpoint.key, compacted, report)
+        return CheckpointResult(
+            accepted.generation, cutoff.generation, point.applied_lsn, checkpoint.key, compacted, report
+        )
 
     def _swap_in(self, checkpoint: CheckpointDescriptor, cutoff: IncrementDescriptor):
         """CAS the checkpoint in for the prefix ending at `cutoff` while the latest manifest still
@@ -493,7 +524,10 @@ class Replicator:
             self._check_owner(latest)
             position = next((n for n, i in enumerate(latest.increments) if i == cutoff), None)
             if position is None:
-                log.info("a competing checkpoint replaced the prefix through generation %d; ours is discarded", cutoff.generation)
+                log.info(
+                    "a competing checkpoint replaced the prefix through generation %d; ours is discarded",
+                    cutoff.generation,
+                )
                 return None
             publication = mf.new_uuid7_hex()
             replaced = Retained(latest.checkpoint, latest.increments[: position + 1], cutoff.end)
@@ -599,7 +633,8 @@ class Replicator:
             self._check_owner(manifest)
             existing, etag = self.bucket.read_datadir()
             proposal = DataDirRecord.from_data_dir(
-                config, placement,
+                config,
+                placement,
                 generation=1 if existing is None else existing.next_generation(),
                 publication_id=mf.new_uuid7_hex(),
             )
@@ -623,7 +658,11 @@ class Replicator:
         except OwnerFenced:
             raise
         except Exception as exc:  # noqa: BLE001 - retried after the next push; never fails this one
-            log.warning("publishing the data directory record to %s failed (retried after the next push): %s", self.bucket.url, exc)
+            log.warning(
+                "publishing the data directory record to %s failed (retried after the next push): %s",
+                self.bucket.url,
+                exc,
+            )
 
     # --- durability at close --------------------------------------------------------------------
 
@@ -646,9 +685,14 @@ class Replicator:
                 raise ReplicaDiverged(f"replication stopped ({self.last_error}): LSN {lsn} will never be shipped")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                why = "" if self.last_error is None else f" (last push failure: {type(self.last_error).__name__}: {self.last_error})"
+                why = (
+                    ""
+                    if self.last_error is None
+                    else f" (last push failure: {type(self.last_error).__name__}: {self.last_error})"
+                )
                 raise NotShipped(
-                    f"the increment holding LSN {lsn} is not in {self.bucket.url} after {timeout:g} s; the bucket's head "
+                    f"the increment holding LSN {lsn} is not in {self.bucket.url} after {timeout:g} s; the bucket's "
+                    "head "
                     f"is LSN {self.shipped_lsn}{why}"
                 )
             if self.running:

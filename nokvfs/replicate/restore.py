@@ -41,11 +41,11 @@ from nokvfs import filemodes
 from nokvfs.engine import replay as engine_replay
 from nokvfs.engine.records import RecoveryTail
 from nokvfs.engine.shard import Shard
-from nokvfs.errors import AlreadyExists, IntegrityError, NokvError, NotFound
+from nokvfs.errors import AlreadyExists, IntegrityError, NotFound
+from nokvfs.replicate.datadir_record import DATADIR, DataDirRecord
 from nokvfs.replicate.errors import PackCorrupt, PackMissing, ReplayFailed
 from nokvfs.replicate.manifest import CURRENT, IncrementDescriptor, Manifest
 from nokvfs.replicate.packs import CheckpointSink, IncrementPack, parse_increment
-from nokvfs.replicate.datadir_record import DATADIR, DataDirRecord
 from nokvfs.replicate.remote import ShardBucket, open_remote
 from nokvfs.schema.enums import RootActivationState
 from nokvfs.schema.keys import RootFenceKey
@@ -67,8 +67,15 @@ class RestoreResult:
     increments: int
 
 
-def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | str | None = None,
-            endpoint_url: str | None = None, region: str | None = None, progress=None) -> RestoreResult:
+def restore(
+    bucket_url,
+    data_dir_shard_path: str,
+    *,
+    logical_shard_id: bytes | str | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    progress=None,
+) -> RestoreResult:
     """Restore the shard at `bucket_url` into `data_dir_shard_path` (absent or an empty directory).
 
     `bucket_url` is `s3://bucket/prefix` (optionally ending in `shards/<hex>`) or an ObjectStore;
@@ -94,7 +101,11 @@ def restore(bucket_url, data_dir_shard_path: str, *, logical_shard_id: bytes | s
             latest, _ = bucket.read()
             if attempt == MAX_RESTARTS or latest is None or latest.generation == manifest.generation:
                 raise
-            log.info("a pack of generation %d was removed; restarting from generation %d", manifest.generation, latest.generation)
+            log.info(
+                "a pack of generation %d was removed; restarting from generation %d",
+                manifest.generation,
+                latest.generation,
+            )
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -110,9 +121,16 @@ class DataDirRestoreResult:
     warnings: tuple[str, ...]  # what the user must know (an object store this machine cannot reach)
 
 
-def restore_data_dir(bucket_url, data_dir: str, *, logical_shard_id: bytes | str | None = None,
-                     endpoint_url: str | None = None, region: str | None = None, store: str | None = None,
-                     store_endpoint_url: str | None = None) -> DataDirRestoreResult:
+def restore_data_dir(
+    bucket_url,
+    data_dir: str,
+    *,
+    logical_shard_id: bytes | str | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    store: str | None = None,
+    store_endpoint_url: str | None = None,
+) -> DataDirRestoreResult:
     """Rebuild a complete data directory at `data_dir` (absent, empty or holding only `run/`) from the bucket, as a
     follower of it (nokvfs.workspace.replica; `Replicator.claim_ownership` makes it the owner).
 
@@ -169,13 +187,17 @@ def take_ownership(data_dir: str, bucket_url: str, *, endpoint_url: str | None =
 
     role = replica.read_role(data_dir)
     if role is None or role.role != replica.FOLLOWER:
-        raise AlreadyExists(f"{data_dir} is not a restored follower (its role is {None if role is None else role.role})")
+        raise AlreadyExists(
+            f"{data_dir} is not a restored follower (its role is {None if role is None else role.role})"
+        )
     shard = Shard.open(os.path.join(data_dir, "shard"), verify=False)
     try:
         replicator = Replicator.for_data_dir(data_dir, shard, bucket_url, endpoint_url=endpoint_url)
         try:
             result = replicator.claim_ownership()
-            replica.write_role(data_dir, replica.ReplicaRole(replica.OWNER, role.bucket, role.endpoint_url, role.logical_shard_id))
+            replica.write_role(
+                data_dir, replica.ReplicaRole(replica.OWNER, role.bucket, role.endpoint_url, role.logical_shard_id)
+            )
             return result, shard.owner_epoch
         finally:
             replicator.bucket.store.close()
@@ -189,9 +211,12 @@ def _check_fence(shard_path: str, record: DataDirRecord) -> None:
         with shard.read() as view:
             raw = view.get("root_fence", RootFenceKey(record.root_id).encode())
     fence = None if raw is None else RootFence.decode(raw)
-    if fence is None or fence.logical_shard_id != record.logical_shard_id or (
-        fence.placement_generation != record.placement.placement_generation
-    ) or fence.activation_state != RootActivationState.Active:
+    if (
+        fence is None
+        or fence.logical_shard_id != record.logical_shard_id
+        or (fence.placement_generation != record.placement.placement_generation)
+        or fence.activation_state != RootActivationState.Active
+    ):
         raise IntegrityError(
             f"the bucket's {DATADIR} record places root {record.root_id.hex()} at generation "
             f"{record.placement.placement_generation}, but the shard's fence is {fence}"
@@ -253,7 +278,12 @@ def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str
     checkpoint = manifest.checkpoint
     sink = CheckpointSink(os.path.join(work, "data.mdb"))
     try:
-        bucket.fetch(checkpoint.key, sha256=checkpoint.sha256, size=checkpoint.size, sink=_CountingSink(sink, progress.downloaded))
+        bucket.fetch(
+            checkpoint.key,
+            sha256=checkpoint.sha256,
+            size=checkpoint.size,
+            sink=_CountingSink(sink, progress.downloaded),
+        )
         header = sink.finish()
     finally:
         sink.close()
@@ -278,10 +308,15 @@ def _materialise(bucket: ShardBucket, manifest: Manifest, work: str, target: str
                 replay(shard, entry)
                 progress.replayed()
         head = manifest.head
-        if shard.recovery_tail != RecoveryTail(head.lsn, head.chain_digest) or shard.commit_version != head.commit_version:
+        if (
+            shard.recovery_tail != RecoveryTail(head.lsn, head.chain_digest)
+            or shard.commit_version != head.commit_version
+        ):
             raise ReplayFailed(f"the restored shard does not end at the manifest's head (LSN {head.lsn})")
         if shard.owner_epoch != manifest.owner_epoch:
-            raise ReplayFailed(f"the restored owner epoch {shard.owner_epoch} is not the manifest's {manifest.owner_epoch}")
+            raise ReplayFailed(
+                f"the restored owner epoch {shard.owner_epoch} is not the manifest's {manifest.owner_epoch}"
+            )
         shard.sync()
         return RestoreResult(
             path=target,
@@ -300,8 +335,13 @@ def fetch_increment(bucket: ShardBucket, increment: IncrementDescriptor) -> Incr
     """Download an increment pack, verify size, SHA-256 and framing, and that its header is its descriptor's."""
     pack = parse_increment(bucket.fetch(increment.key, sha256=increment.sha256, size=increment.size))
     stated = (pack.logical_shard_id, pack.first_lsn, pack.last_lsn, pack.previous_chain_digest, pack.chain_digest)
-    expected = (bucket.logical_shard_id, increment.first_lsn, increment.last_lsn,
-                increment.previous_chain_digest, increment.chain_digest)
+    expected = (
+        bucket.logical_shard_id,
+        increment.first_lsn,
+        increment.last_lsn,
+        increment.previous_chain_digest,
+        increment.chain_digest,
+    )
     if stated != expected:
         raise PackCorrupt(f"{increment.key}: its header differs from its descriptor")
     return pack

@@ -32,17 +32,13 @@ INT_LIMIT = 1 << 64  # exclusive
 # Nesting bound for both directions, so dumps output always loads and neither recurses unbounded.
 MAX_DEPTH = 256
 
-_ESCAPES = {
-    '"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"
-}
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\]')
 
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
 _WS = " \t\n\r"
-_SIMPLE_UNESCAPE = {
-    '"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"
-}
+_SIMPLE_UNESCAPE = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 
 
@@ -119,9 +115,7 @@ def _dump(value: Any, out: list[str], depth: int, allow_float: bool) -> None:
         out.append(str(int(_check_int(value))))
     elif isinstance(value, float):
         if not allow_float:
-            raise CanonicalJsonError(
-                f"float {value!r} is not allowed: canonical JSON carries exact integers only"
-            )
+            raise CanonicalJsonError(f"float {value!r} is not allowed: canonical JSON carries exact integers only")
         out.append(es_number_to_string(value))
     elif isinstance(value, str):
         out.append(_string(value))

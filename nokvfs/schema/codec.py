@@ -263,7 +263,7 @@ class OrderedPathField(FieldCodec):
             raise CorruptRecord(f"ordered_path: no 0x01 terminator after offset {pos}")
         try:
             return unordered_path(bytes(buf[pos : end + 1])), end + 1
-        except Exception as exc:  # PathInvalid: a key that is not a valid path is corrupt
+        except Exception as exc:  # noqa: BLE001 - whatever fails to decode is a corrupt key
             raise CorruptRecord(f"ordered_path: {exc}") from None
 
 
@@ -297,19 +297,19 @@ OrderedPath = Annotated[tuple, OrderedPathField()]
 RestBytes = Annotated[bytes, Rest()]
 
 
-def Enum(enum_type: type[IntEnum]):  # noqa: N802 - reads as a type in declarations
+def Enum(enum_type: type[IntEnum]):
     return Annotated[enum_type, EnumField(enum_type)]
 
 
-def Opt(field_type):  # noqa: N802
+def Opt(field_type):
     return Annotated[typing.Optional[typing.get_args(field_type)[0]], Optional(_codec_of(field_type))]
 
 
-def List(field_type):  # noqa: N802
+def List(field_type):
     return Annotated[tuple, ListOf(_codec_of(field_type))]
 
 
-def Struct(record_type: type):  # noqa: N802
+def Struct(record_type: type):
     return Annotated[record_type, Nested(record_type)]
 
 
@@ -334,9 +334,7 @@ def record(version: int | None):
         cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
         module = sys.modules[cls.__module__]
         hints = typing.get_type_hints(cls, globalns=vars(module), include_extras=True)
-        cls.__codec_fields__ = tuple(
-            (f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls)
-        )
+        cls.__codec_fields__ = tuple((f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls))
         cls.__decode_plan__ = _plan(cls.__codec_fields__)
         cls.__fast_encode__ = staticmethod(_compile_encoder(cls))
         cls.__fast_decode__ = staticmethod(_compile_decoder(cls))
@@ -450,9 +448,7 @@ def _decode(cls, data: bytes):
         if not buf:
             raise CorruptRecord(f"{cls.__name__}: empty value has no version byte")
         if buf[0] != cls.VERSION:
-            raise UnknownVersion(
-                f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}"
-            )
+            raise UnknownVersion(f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}")
         pos = 1
     obj, pos = _decode_fields(cls, buf, pos)
     if pos != len(buf):
@@ -530,7 +526,7 @@ def _compile_encoder(cls):
     flush()
     if len(lines) == 1:
         lines.append("    pass")
-    exec("\n".join(lines), env)  # noqa: S102 - code generated from the declaration above
+    exec("\n".join(lines), env)
     return env["encode"]
 
 
@@ -590,5 +586,5 @@ def _compile_decoder(cls):
             env[field] = codec
             lines.append(f"    {v}, pos = {field}.decode(buf, pos)")
     lines.append(f"    return cls({', '.join(f'v{i}' for i in range(len(names)))}), pos")
-    exec("\n".join(lines), env)  # noqa: S102 - code generated from the declaration above
+    exec("\n".join(lines), env)
     return env["decode"]

@@ -94,9 +94,7 @@ def _check_components(path) -> tuple[str, ...]:
 
 def _check_width(value, width: int, what: str) -> bytes:
     if not isinstance(value, (bytes, bytearray)) or len(value) != width:
-        got = (
-            f"{len(value)} bytes" if isinstance(value, (bytes, bytearray)) else type(value).__name__
-        )
+        got = f"{len(value)} bytes" if isinstance(value, (bytes, bytearray)) else type(value).__name__
         raise CorruptRecord(f"{what}: expected exactly {width} bytes, got {got}")
     return bytes(value)
 
@@ -106,9 +104,7 @@ def _coerce_enum(obj, field: str, enum_type):
     if isinstance(value, enum_type):
         return value
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CorruptRecord(
-            f"{type(obj).__name__}.{field}: {value!r} is not a {enum_type.__name__}"
-        )
+        raise CorruptRecord(f"{type(obj).__name__}.{field}: {value!r} is not a {enum_type.__name__}")
     value = decode_enum(enum_type, value)
     object.__setattr__(obj, field, value)
     return value
@@ -357,9 +353,7 @@ def decode_reference_owner(kind: ReferenceKind, owner: bytes):
     owner = bytes(owner)
     value, end = _read_reference_owner(kind, owner, 0)
     if end != len(owner):
-        raise CorruptRecord(
-            f"RevisionRefKey.reference_owner_id ({kind.name}): {len(owner) - end} trailing bytes"
-        )
+        raise CorruptRecord(f"RevisionRefKey.reference_owner_id ({kind.name}): {len(owner) - end} trailing bytes")
     if kind != ReferenceKind.Path:
         return value
     raw = value[20:]
@@ -543,9 +537,7 @@ class SecondaryIndexKey:
         _check_index_id(self.index_id)
         if not isinstance(self.encoded_value, (bytes, bytearray)) or not self.encoded_value:
             raise CorruptRecord("SecondaryIndexKey.encoded_value must be non-empty bytes")
-        _check_width(
-            self.workspace_incarnation_id, 16, "SecondaryIndexKey.workspace_incarnation_id"
-        )
+        _check_width(self.workspace_incarnation_id, 16, "SecondaryIndexKey.workspace_incarnation_id")
         _check_components(self.path)
 
     def encode(self) -> bytes:
@@ -575,7 +567,7 @@ class SecondaryIndexKey:
             _, end = decode_prefix(data, pos)
         except FormatError:
             raise
-        except Exception as exc:  # the index codec's own typed errors: a corrupt key
+        except Exception as exc:  # noqa: BLE001 - the index codec's own typed errors: a corrupt key
             raise CorruptRecord(f"SecondaryIndexKey.encoded_value: {exc}") from None
         if not isinstance(end, int) or not pos < end <= len(data):
             raise CorruptRecord(f"SecondaryIndexKey.encoded_value: bad end offset {end!r}")
@@ -716,9 +708,7 @@ def workspace_current_prefix(root_id: bytes) -> bytes:
 
 def path_current_prefix(root_id: bytes, workspace_incarnation_id: bytes) -> bytes:
     """Every PathCurrent key of one workspace incarnation."""
-    return _id(root_id, 16, "root_id") + _id(
-        workspace_incarnation_id, 16, "workspace_incarnation_id"
-    )
+    return _id(root_id, 16, "root_id") + _id(workspace_incarnation_id, 16, "workspace_incarnation_id")
 
 
 def path_current_key(root_id: bytes, workspace_incarnation_id: bytes, path) -> bytes:
@@ -766,14 +756,10 @@ def restore_member_prefix(root_id: bytes, operation_id: bytes) -> bytes:
 
 
 def snapshot_ref_prefix(root_id: bytes, workspace_incarnation_id: bytes) -> bytes:
-    return _id(root_id, 16, "root_id") + _id(
-        workspace_incarnation_id, 16, "workspace_incarnation_id"
-    )
+    return _id(root_id, 16, "root_id") + _id(workspace_incarnation_id, 16, "workspace_incarnation_id")
 
 
-def commit_consumer_prefix(
-    root_id: bytes, commit_id: bytes, kind: CommitConsumerKind | None = None
-) -> bytes:
+def commit_consumer_prefix(root_id: bytes, commit_id: bytes, kind: CommitConsumerKind | None = None) -> bytes:
     """Every CommitConsumer of one commit, or of one commit and kind."""
     prefix = _id(root_id, 16, "root_id") + _id(commit_id, 32, "commit_id")
     if kind is None:
@@ -781,9 +767,7 @@ def commit_consumer_prefix(
     return prefix + bytes([decode_enum(CommitConsumerKind, int(kind))])
 
 
-def secondary_index_prefix(
-    root_id: bytes, index_id: str, encoded_value: bytes | None = None
-) -> bytes:
+def secondary_index_prefix(root_id: bytes, index_id: str, encoded_value: bytes | None = None) -> bytes:
     """Every SecondaryIndex row of one index, or of one index and exact encoded value."""
     raw = _check_index_id(index_id)
     prefix = _id(root_id, 16, "root_id") + _U16.pack(len(raw)) + raw

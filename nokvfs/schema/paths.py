@@ -92,9 +92,7 @@ def unordered_path(key: bytes) -> tuple[str, ...]:
     if TERMINATOR in body:
         raise PathInvalid("ordered path key has 0x01 before its end")
     try:
-        components = tuple(
-            part.translate(_SHIFT_DOWN).decode("utf-8") for part in body.split(b"\x00")
-        )
+        components = tuple(part.translate(_SHIFT_DOWN).decode("utf-8") for part in body.split(b"\x00"))
     except UnicodeDecodeError:
         raise PathInvalid("ordered path key does not decode to UTF-8") from None
     for index, component in enumerate(components):
@@ -102,9 +100,7 @@ def unordered_path(key: bytes) -> tuple[str, ...]:
     # Fail closed on keys the normalizer could never have produced (ordered() is length-preserving
     # and each NUL stands for one '/', so len(body) is the path's UTF-8 length).
     if len(components) > MAX_COMPONENTS:
-        raise PathInvalid(
-            f"ordered path key has {len(components)} components, more than {MAX_COMPONENTS}"
-        )
+        raise PathInvalid(f"ordered path key has {len(components)} components, more than {MAX_COMPONENTS}")
     if len(body) > MAX_PATH_BYTES:
         raise PathInvalid(f"ordered path key is {len(body)} path bytes, more than {MAX_PATH_BYTES}")
     return components

@@ -533,8 +533,7 @@ class RestoreOperation:
     def __post_init__(self):
         expected = _SELECTOR_WIDTH.get(self.source_kind)
         if expected is not None and (
-            not isinstance(self.source_selector, (bytes, bytearray))
-            or len(self.source_selector) != expected
+            not isinstance(self.source_selector, (bytes, bytearray)) or len(self.source_selector) != expected
         ):
             kind = getattr(self.source_kind, "name", self.source_kind)
             raise CorruptRecord(
@@ -616,9 +615,7 @@ OPERATION_RECORDS: dict[OperationKind, type] = {
     OperationKind.Gc: GcOperation,
 }
 
-OPERATION_KIND_OF: dict[type, OperationKind] = {
-    cls: kind for kind, cls in OPERATION_RECORDS.items()
-}
+OPERATION_KIND_OF: dict[type, OperationKind] = {cls: kind for kind, cls in OPERATION_RECORDS.items()}
 
 
 def decode_operation(kind: OperationKind | int, data: bytes):

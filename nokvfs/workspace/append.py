@@ -29,7 +29,16 @@ MAX_DEPENDENCY_OWNERS = 64
 MAX_DEPENDENCY_DEPTH = 8
 
 
-def append(root, workbench_id: str, path: str, data, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None, attributes: attrs.Attributes | None = None) -> PathEntry:
+def append(
+    root,
+    workbench_id: str,
+    path: str,
+    data,
+    *,
+    expected_generation: int | None = None,
+    expected_revision_id: bytes | None = None,
+    attributes: attrs.Attributes | None = None,
+) -> PathEntry:
     """Append `data` (bytes or a Body) to the file at `path`; NotFound if there is none.
 
     `attributes`: what the new revision stores (the mount's, with its writes' times); None keeps
@@ -82,7 +91,9 @@ def append(root, workbench_id: str, path: str, data, *, expected_generation: int
                 expected_revision_id=base.artifact_revision_id,
                 content_type=base.content_type,
                 producer=base.producer,
-                index_fields=_appended_projection(base) if attributes is None else attrs.with_attributes(base.typed_index_projection, attributes),
+                index_fields=_appended_projection(base)
+                if attributes is None
+                else attrs.with_attributes(base.typed_index_projection, attributes),
                 reused=reused,
                 base_revision_id=base_revision,
                 event_kind=ChangeEventKind.PathAppended,

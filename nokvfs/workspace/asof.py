@@ -72,7 +72,9 @@ class Tree:
     def has_children(self, components: tuple[str, ...]) -> bool:
         raise NotImplementedError
 
-    def children_page(self, components: tuple[str, ...], *, start_after: bytes | None = None, limit: int = MAX_ITEMS_PER_CALL):
+    def children_page(
+        self, components: tuple[str, ...], *, start_after: bytes | None = None, limit: int = MAX_ITEMS_PER_CALL
+    ):
         """One bounded page of a directory's children: ([listing.Child], next anchor or None)."""
         raise NotImplementedError
 
@@ -107,7 +109,7 @@ def _files(view, family: str, prefix: bytes, base: int, components, decode, with
     for key, value in iter_prefix(view, family, prefix):
         full = unordered_path(key[base:])
         if with_markers or full[-1] != attributes.DIRECTORY_MARKER:
-            yield join(full[len(components):]), decode(value)
+            yield join(full[len(components) :]), decode(value)
 
 
 class PathTree(Tree):
@@ -130,7 +132,9 @@ class PathTree(Tree):
         return path_has_children(self.view, self.root, self.workbench.incarnation_id, components)
 
     def children_page(self, components, *, start_after=None, limit=MAX_ITEMS_PER_CALL):
-        return listing.children_page(self.view, self.root, self.workbench, components, start_after=start_after, limit=limit)
+        return listing.children_page(
+            self.view, self.root, self.workbench, components, start_after=start_after, limit=limit
+        )
 
     def files(self, path="", *, with_markers=False):
         components = listing.split(path)
@@ -159,7 +163,9 @@ class CommitTree(Tree):
     def entry(self, components):
         if len(components) < 2:
             return None  # the workbench and its sections are directories
-        raw = self.view.get("commit_member", keys.CommitMemberKey(self.root.root_id, self.commit_id, components).encode())
+        raw = self.view.get(
+            "commit_member", keys.CommitMemberKey(self.root.root_id, self.commit_id, components).encode()
+        )
         return None if raw is None else self._entry_of(raw)
 
     def has_children(self, components):
@@ -175,7 +181,9 @@ class CommitTree(Tree):
 
         label = f"{self.workbench.workbench_id}@{self.commit_id.hex()[:12]}"
         revision = self.commit.tree_manifest_revision
-        return listing.stat_tree(components, self.workbench, self.view.version, revision, label, lambda: self.entry(components), below)
+        return listing.stat_tree(
+            components, self.workbench, self.view.version, revision, label, lambda: self.entry(components), below
+        )
 
     def children_page(self, components, *, start_after=None, limit=MAX_ITEMS_PER_CALL):
         if not components:
@@ -189,7 +197,9 @@ class CommitTree(Tree):
             raise NotADirectory(f"{info.path} is a file")
         out, anchor = [], start_after
         while not out:  # never an empty page with an anchor (a page of only the marker)
-            page = list_children(self.view, "commit_member", self._prefix + subtree_prefix(components), start_after=anchor, limit=limit)
+            page = list_children(
+                self.view, "commit_member", self._prefix + subtree_prefix(components), start_after=anchor, limit=limit
+            )
             for item in page.items:
                 name = unordered_path(item.child + b"\x01")[0]
                 if item.is_prefix:
@@ -203,7 +213,15 @@ class CommitTree(Tree):
 
     def files(self, path="", *, with_markers=False):
         components = listing.split(path)
-        return _files(self.view, "commit_member", self._prefix + subtree_prefix(components), len(self._prefix), components, self._entry_of, with_markers)
+        return _files(
+            self.view,
+            "commit_member",
+            self._prefix + subtree_prefix(components),
+            len(self._prefix),
+            components,
+            self._entry_of,
+            with_markers,
+        )
 
 
 # --- points -----------------------------------------------------------------------------------
@@ -242,7 +260,11 @@ def locate(view, root, workbench: wb.Workbench, kind: str, selector) -> Point:
             raise NotFound(f"snapshot {found.snapshot_id} is {found.ref.state.name}")
         return Point(SNAPSHOT, snapshot_id=found.snapshot_id)
     if kind == COMMIT:
-        commit_id = bytes(selector) if isinstance(selector, (bytes, bytearray)) else commit.resolve_in(view, root, workbench, selector)
+        commit_id = (
+            bytes(selector)
+            if isinstance(selector, (bytes, bytearray))
+            else commit.resolve_in(view, root, workbench, selector)
+        )
     elif kind == TAG:
         commit_id = tag.resolve_in(view, root, workbench, selector).commit_id
     else:
@@ -251,7 +273,7 @@ def locate(view, root, workbench: wb.Workbench, kind: str, selector) -> Point:
     return Point(COMMIT, commit_id=commit_id)
 
 
-def open(view, root, workbench_id: str, incarnation: bytes | None, point: Point) -> Tree:  # noqa: A001 - opens a tree
+def open(view, root, workbench_id: str, incarnation: bytes | None, point: Point) -> Tree:
     """The tree of a point, read in `view`."""
     if point.kind == SNAPSHOT:
         return at_snapshot(view, root, workbench_id, incarnation, point.snapshot_id)
@@ -265,7 +287,11 @@ def points(root, workbench: wb.Workbench, kind: str) -> list[tuple[str, Point]]:
     tags by name."""
     out = []
     if kind == SNAPSHOT:
-        found = [s for s in snapshot.list_snapshots(root, workbench.workbench_id) if s.workbench.incarnation_id == workbench.incarnation_id]
+        found = [
+            s
+            for s in snapshot.list_snapshots(root, workbench.workbench_id)
+            if s.workbench.incarnation_id == workbench.incarnation_id
+        ]
         latest: dict[str, snapshot.Snapshot] = {}
         for snap in found:
             alias = snap.ref.alias

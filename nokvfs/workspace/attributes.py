@@ -188,11 +188,20 @@ def shown(entry) -> Attributes:
     return Attributes(mode=default_mode(entry), uid=None, gid=None, mtime_ns=when, atime_ns=when, ctime_ns=when)
 
 
-def merged(base: Attributes, *, mode=None, uid=None, gid=None, mtime_ns=None, atime_ns=None, ctime_ns=None) -> Attributes:
+def merged(
+    base: Attributes, *, mode=None, uid=None, gid=None, mtime_ns=None, atime_ns=None, ctime_ns=None
+) -> Attributes:
     """`base` with the given fields changed (None keeps a field)."""
     changes = {
         name: value
-        for name, value in (("mode", mode), ("uid", uid), ("gid", gid), ("mtime_ns", mtime_ns), ("atime_ns", atime_ns), ("ctime_ns", ctime_ns))
+        for name, value in (
+            ("mode", mode),
+            ("uid", uid),
+            ("gid", gid),
+            ("mtime_ns", mtime_ns),
+            ("atime_ns", atime_ns),
+            ("ctime_ns", ctime_ns),
+        )
         if value is not None
     }
     return base.replace(**changes)
@@ -243,4 +252,3 @@ def link_target_bytes(target: str) -> bytes:
 
 def link_target_text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
-

@@ -31,7 +31,16 @@ class BlockPlan:
 class Body:
     """A hashed, block-planned body read from memory or a local file."""
 
-    def __init__(self, size: int, sha256: bytes, blocks: list[BlockPlan], *, data: bytes | None = None, path: str | None = None, owned_spool: bool = False):
+    def __init__(
+        self,
+        size: int,
+        sha256: bytes,
+        blocks: list[BlockPlan],
+        *,
+        data: bytes | None = None,
+        path: str | None = None,
+        owned_spool: bool = False,
+    ):
         self.size = size
         self.sha256 = sha256
         self.blocks = blocks

@@ -72,7 +72,14 @@ def _decode(cursor: str, digest: bytes) -> tuple[int, int]:
     return _POSITION.unpack_from(raw, 16)
 
 
-def read_changes(root, *, workbench_id: str | None = None, cursor: str | None = None, after_commit_version: int | None = None, limit: int = 100) -> ChangesPage:
+def read_changes(
+    root,
+    *,
+    workbench_id: str | None = None,
+    cursor: str | None = None,
+    after_commit_version: int | None = None,
+    limit: int = 100,
+) -> ChangesPage:
     if workbench_id is not None:
         check_workbench_id(workbench_id)
     if not 1 <= limit <= 10_000:
@@ -123,7 +130,16 @@ def read_changes(root, *, workbench_id: str | None = None, cursor: str | None = 
                         break
                     if _visible_at(view, root, visible, event, decoded.commit_version):
                         out.append(
-                            Change(decoded.commit_version, decoded.event_sequence, event.workbench_id, event.workspace_incarnation_id, event.kind, event.path, event.before, event.after)
+                            Change(
+                                decoded.commit_version,
+                                decoded.event_sequence,
+                                event.workbench_id,
+                                event.workspace_incarnation_id,
+                                event.kind,
+                                event.path,
+                                event.before,
+                                event.after,
+                            )
                         )
                 version, sequence = decoded.commit_version, decoded.event_sequence
             else:
@@ -139,7 +155,9 @@ def _visible_at(view, root, cache: dict, event: ChangeEvent, commit_version: int
     slot = (event.workbench_id, commit_version)
     if slot not in cache:
         # A visibility read: it may go below the history floor, which kept the projection.
-        raw = view.at(commit_version, visibility=True).get("workspace_current", keys.WorkspaceCurrentKey(root.root_id, event.workbench_id).encode())
+        raw = view.at(commit_version, visibility=True).get(
+            "workspace_current", keys.WorkspaceCurrentKey(root.root_id, event.workbench_id).encode()
+        )
         cache[slot] = raw
     raw = cache[slot]
     if raw is None:
@@ -153,7 +171,9 @@ def _expired(view, position: int) -> CursorExpired:
         f"the change-feed position (version {position}) is older than the retained events (the feed keeps "
         f"those after version {view.event_floor}): resynchronise -- read the current state (version "
         f"{view.version}), then follow from it (`nokvfs changes --after {view.version} --follow`)",
-        position=position, floor=view.event_floor, current=view.version,
+        position=position,
+        floor=view.event_floor,
+        current=view.version,
     )
 
 

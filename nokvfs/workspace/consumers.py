@@ -75,7 +75,9 @@ class Consumers:
             return self._rows[key] is not None
         return self.view.get("commit_consumer", key) is not None
 
-    def add(self, commit_id: bytes, kind: CommitConsumerKind, owner: bytes, *, expected_epoch: int | None = None) -> None:
+    def add(
+        self, commit_id: bytes, kind: CommitConsumerKind, owner: bytes, *, expected_epoch: int | None = None
+    ) -> None:
         commit = self.commit(commit_id)
         if commit.state != CommitState.Sealed:
             raise PredicateFailed(f"commit {commit_id.hex()} is {commit.state.name}: consumers need Sealed")
@@ -88,7 +90,9 @@ class Consumers:
             raise IntegrityError(f"commit consumer {key.hex()} already exists")
         epoch = commit.consumer_epoch + 1
         self._rows[key] = CommitConsumer(consumer_epoch_at_add=epoch, created_version=self.commit_version)
-        self._current[commit_id] = dataclasses.replace(commit, consumer_count=commit.consumer_count + 1, consumer_epoch=epoch)
+        self._current[commit_id] = dataclasses.replace(
+            commit, consumer_count=commit.consumer_count + 1, consumer_epoch=epoch
+        )
 
     def remove(self, commit_id: bytes, kind: CommitConsumerKind, owner: bytes) -> None:
         commit = self.commit(commit_id)

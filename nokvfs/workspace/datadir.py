@@ -31,8 +31,8 @@ from nokvfs.engine.placement import PlacementStore, install_root_fence
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import AlreadyExists, FenceError, InvalidInput, NotFound, StoreError
 from nokvfs.schema.enums import RootPlacementLifecycle
-from nokvfs.schema.records import RootPlacement
 from nokvfs.schema.ids import id16_from_hex, new_id16
+from nokvfs.schema.records import RootPlacement
 from nokvfs.workspace import replica
 from nokvfs.workspace.body import DEFAULT_BLOCK_SIZE
 from nokvfs.workspace.retention import CONFIG_KEY as RETENTION_KEY
@@ -58,9 +58,18 @@ def _config_path(data_dir: str) -> str:
     return os.path.join(data_dir, CONFIG_NAME)
 
 
-def init(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, region: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-         cache_bytes: int = DEFAULT_CACHE_BYTES, history_retention: int = DEFAULT_HISTORY_RETENTION,
-         store_options: dict | None = None, retention: RetentionSettings | None = None) -> dict:
+def init(
+    data_dir: str,
+    *,
+    store: str | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    history_retention: int = DEFAULT_HISTORY_RETENTION,
+    store_options: dict | None = None,
+    retention: RetentionSettings | None = None,
+) -> dict:
     """Create a data directory: a shard, a placed and fenced root, and the store configuration."""
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(_config_path(data_dir)):
@@ -161,7 +170,9 @@ def adopt(data_dir: str, config: dict, placement: RootPlacement) -> None:
         if existing is None:
             existing = placements.create(root_id, placement.logical_shard_id)
         while existing.placement_generation < placement.placement_generation:
-            existing = placements.transition(root_id, placement.lifecycle, expected_generation=existing.placement_generation)
+            existing = placements.transition(
+                root_id, placement.lifecycle, expected_generation=existing.placement_generation
+            )
         if existing != placement:
             raise AlreadyExists(f"{data_dir}/control places root {root_id.hex()} otherwise: {existing}")
     finally:
@@ -204,8 +215,15 @@ def read_config(data_dir: str) -> dict:
     return config
 
 
-def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | None = None, verify: bool = False, recover: bool = True,
-              store_wrapper=None) -> Root:
+def open_root(
+    data_dir: str,
+    *,
+    store: str | None = None,
+    endpoint_url: str | None = None,
+    verify: bool = False,
+    recover: bool = True,
+    store_wrapper=None,
+) -> Root:
     """Open the data directory's root; with recover, resume or clean the publishes, commit
     builds and restores whose owning process is gone.
 
@@ -246,13 +264,17 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
             # The bucket was checked by init; checked again at the first 404, never at open, so
             # opening (a mount's start) does not wait on the endpoint.
             options["verify_bucket"] = False
-        object_store = open_store(store_url, endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"), **options)
+        object_store = open_store(
+            store_url, endpoint_url=endpoint_url or config.get("endpoint_url"), region=config.get("region"), **options
+        )
         if read_only:
             object_store = replica.ReadOnlyStore(object_store, role)
         if store_wrapper is not None:  # a mount times its store calls (nokvfs.objects.metered)
             object_store = store_wrapper(object_store)
         try:
-            cache = BlockCache(os.path.join(data_dir, "cache"), max_bytes=int(config.get("cache_bytes", DEFAULT_CACHE_BYTES)))
+            cache = BlockCache(
+                os.path.join(data_dir, "cache"), max_bytes=int(config.get("cache_bytes", DEFAULT_CACHE_BYTES))
+            )
         except StoreError as exc:
             # One process owns the cache directory at a time (a live mount usually does): a second
             # process (a CLI put/get next to the mount) reads through the store uncached instead
@@ -279,9 +301,7 @@ def open_root(data_dir: str, *, store: str | None = None, endpoint_url: str | No
     if recover and read_only:
         log.debug("%s is a %s replica: its operations are the owner's to recover", data_dir, role.role)
     elif recover:
-        from nokvfs.workspace import publish
-
-        from nokvfs.workspace import commit, restore
+        from nokvfs.workspace import commit, publish, restore
 
         try:
             publish.recover(root)

@@ -58,7 +58,16 @@ from dataclasses import dataclass, field
 
 from nokvfs import filemodes
 from nokvfs.engine.scan import iter_prefix
-from nokvfs.errors import FormatError, InvalidInput, NokvError, ObjectMissing, OutboxCorrupt, RowCorrupt, ShardCorrupt, StoreError
+from nokvfs.errors import (
+    FormatError,
+    InvalidInput,
+    NokvError,
+    ObjectMissing,
+    OutboxCorrupt,
+    RowCorrupt,
+    ShardCorrupt,
+    StoreError,
+)
 from nokvfs.objects.keys import parse_artifact_block_key
 from nokvfs.schema import keys
 from nokvfs.schema.enums import (
@@ -210,25 +219,58 @@ def _references(view, root, report, revisions) -> dict:
     report.checked["references"] = sum(len(v) for v in refs.values())
     for revision_id, owners in refs.items():
         if revision_id not in revisions:
-            report.add("REF_DANGLING", revision_id.hex(), f"{len(owners)} reference(s) to a revision that does not exist")
+            report.add(
+                "REF_DANGLING", revision_id.hex(), f"{len(owners)} reference(s) to a revision that does not exist"
+            )
     for revision_id, revision in revisions.items():
         count = len(refs.get(revision_id, ()))
         if count != revision.strong_reference_count:
-            report.add("REF_COUNT", revision_id.hex(), f"strong_reference_count {revision.strong_reference_count}, {count} RevisionRef rows")
+            report.add(
+                "REF_COUNT",
+                revision_id.hex(),
+                f"strong_reference_count {revision.strong_reference_count}, {count} RevisionRef rows",
+            )
         dependencies = sum(
-            1 for owners in refs.values() for kind, owner in owners if kind == ReferenceKind.RevisionDependency and owner == revision_id
+            1
+            for owners in refs.values()
+            for kind, owner in owners
+            if kind == ReferenceKind.RevisionDependency and owner == revision_id
         )
-        if revision.state in (RevisionState.Available, RevisionState.Deleting) and dependencies != revision.dependency_count:
-            report.add("DEPENDENCY_COUNT", revision_id.hex(), f"dependency_count {revision.dependency_count}, {dependencies} dependency references")
+        if (
+            revision.state in (RevisionState.Available, RevisionState.Deleting)
+            and dependencies != revision.dependency_count
+        ):
+            report.add(
+                "DEPENDENCY_COUNT",
+                revision_id.hex(),
+                f"dependency_count {revision.dependency_count}, {dependencies} dependency references",
+            )
         if revision.state == RevisionState.Quarantined:
-            candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
+            candidate = view.get(
+                "gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode()
+            )
             evidence = None if candidate is None else GcCandidate.decode(candidate).quarantine_evidence
-            size = sum(row.length for row in publish.read_manifest(view, root, revision_id) if row.physical_owner_revision_id == revision_id)
-            report.add("QUARANTINED", revision_id.hex(), f"its delete was not confirmed ({evidence or 'no evidence recorded'}); {size} bytes in doubt; the next gc reconciles it once the store answers")
+            size = sum(
+                row.length
+                for row in publish.read_manifest(view, root, revision_id)
+                if row.physical_owner_revision_id == revision_id
+            )
+            report.add(
+                "QUARANTINED",
+                revision_id.hex(),
+                f"its delete was not confirmed ({evidence or 'no evidence recorded'}); {size} bytes in doubt; the next "
+                "gc reconciles it once the store answers",
+            )
         if revision.state == RevisionState.Available and revision.strong_reference_count == 0:
-            candidate = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode())
+            candidate = view.get(
+                "gc_candidate", keys.GcCandidateKey(root.root_id, revision_id, revision.reference_epoch).encode()
+            )
             if candidate is None or GcCandidate.decode(candidate).claim_state != GcClaimState.Candidate:
-                report.add("GC_CANDIDATE_MISSING", revision_id.hex(), f"zero references at epoch {revision.reference_epoch} and no candidate")
+                report.add(
+                    "GC_CANDIDATE_MISSING",
+                    revision_id.hex(),
+                    f"zero references at epoch {revision.reference_epoch} and no candidate",
+                )
     return refs
 
 
@@ -243,7 +285,11 @@ def _paths(view, root, report, revisions, refs) -> None:
     count = 0
     for key, value in iter_prefix(view, "path_current", root.root_id):
         count += 1
-        pair = _decoded(report, f"path_current {key.hex()}", lambda: (keys.PathCurrentKey.decode(key), PathEntry.decode(value)))
+        pair = _decoded(
+            report,
+            f"path_current {key.hex()}",
+            lambda key=key, value=value: (keys.PathCurrentKey.decode(key), PathEntry.decode(value)),
+        )
         if pair is None:
             continue
         decoded, entry = pair
@@ -274,18 +320,24 @@ def _manifests(view, root, report, revisions) -> dict:
     for revision_id, revision in revisions.items():
         if revision.state not in (RevisionState.Available, RevisionState.Deleting, RevisionState.Quarantined):
             continue
-        rows = _decoded(report, f"artifact_manifest {revision_id.hex()}", publish.read_manifest, view, root, revision_id)
+        rows = _decoded(
+            report, f"artifact_manifest {revision_id.hex()}", publish.read_manifest, view, root, revision_id
+        )
         if rows is None:
             continue
         offset = 0
         for row in rows:
             if row.logical_offset != offset:
-                report.add("MANIFEST_COVERAGE", revision_id.hex(), f"row at offset {row.logical_offset}, expected {offset}")
+                report.add(
+                    "MANIFEST_COVERAGE", revision_id.hex(), f"row at offset {row.logical_offset}, expected {offset}"
+                )
                 break
             offset += row.length
         else:
             if offset != revision.logical_size:
-                report.add("MANIFEST_COVERAGE", revision_id.hex(), f"rows cover {offset} bytes of {revision.logical_size}")
+                report.add(
+                    "MANIFEST_COVERAGE", revision_id.hex(), f"rows cover {offset} bytes of {revision.logical_size}"
+                )
         if len(rows) != revision.block_count:
             report.add("MANIFEST_COVERAGE", revision_id.hex(), f"{len(rows)} rows, block_count {revision.block_count}")
         out[revision_id] = rows
@@ -301,7 +353,11 @@ def _holds(view, root, report) -> None:
             holds.add(int.from_bytes(decoded.hold_id, "big"))
         read_version = HistoryHold.decode(value).read_version
         if read_version < view.floor:
-            report.add("HISTORY_FLOOR", f"{decoded.hold_kind.name} hold {decoded.hold_id.hex()}", f"reads at version {read_version}, below the history floor {view.floor}")
+            report.add(
+                "HISTORY_FLOOR",
+                f"{decoded.hold_kind.name} hold {decoded.hold_id.hex()}",
+                f"reads at version {read_version}, below the history floor {view.floor}",
+            )
     active = set()
     for key, value in iter_prefix(view, "snapshot_ref", root.root_id):
         decoded = keys.SnapshotRefKey.decode(key)
@@ -330,7 +386,11 @@ def _commits(view, root, report) -> None:
             continue
         count += 1
         if record.consumer_count != consumers.get(commit_id, 0):
-            report.add("CONSUMER_COUNT", commit_id.hex(), f"consumer_count {record.consumer_count}, {consumers.get(commit_id, 0)} CommitConsumer rows")
+            report.add(
+                "CONSUMER_COUNT",
+                commit_id.hex(),
+                f"consumer_count {record.consumer_count}, {consumers.get(commit_id, 0)} CommitConsumer rows",
+            )
         if record.state == CommitState.Sealed:
             try:
                 commits.verify_closure(view, root, commit_id, commits.commit_seals(record))
@@ -354,8 +414,14 @@ def _restores(view, root, report) -> None:
             continue  # Preparing has none yet; cleanup removes them
         count += 1
         sequences = [sequence for sequence, _ in restores._restore_members(view, root, op_id)]
-        if sequences != list(range(op.member_sequence)) or (op.phase != RestorePhase.Copying and len(sequences) != op.member_count):
-            report.add("RESTORE_MEMBER", op_id.hex(), f"{len(sequences)} member rows, the operation counted {op.member_sequence} ({op.phase.name})")
+        if sequences != list(range(op.member_sequence)) or (
+            op.phase != RestorePhase.Copying and len(sequences) != op.member_count
+        ):
+            report.add(
+                "RESTORE_MEMBER",
+                op_id.hex(),
+                f"{len(sequences)} member rows, the operation counted {op.member_sequence} ({op.phase.name})",
+            )
             continue
         if op.phase == RestorePhase.Copying:
             continue
@@ -399,22 +465,41 @@ def _quarantined_operations(view, root, report) -> None:
     for op_id, op in quarantined(publish.ROWS, PublishPhase.Quarantined):
         count += 1
         objects, size = staging.quarantined_bytes(view, root, op_id)
-        report.add("QUARANTINED", f"publish {op_id.hex()} ({op.path})", f"{objects} object(s), {size} bytes its ledger owns are in doubt ({op.terminal_error}); the next gc reconciles them once the store answers")
-    for op_id, op in quarantined(build_commit.ROWS, BuildCommitPhase.Quarantined):
+        report.add(
+            "QUARANTINED",
+            f"publish {op_id.hex()} ({op.path})",
+            f"{objects} object(s), {size} bytes its ledger owns are in doubt ({op.terminal_error}); the next gc "
+            "reconciles them once the store answers",
+        )
+    for op_id, _op in quarantined(build_commit.ROWS, BuildCommitPhase.Quarantined):
         count += 1
-        report.add("QUARANTINED", f"build-commit {op_id.hex()}", f"{attempts_held(build_commit.attempts_of(op_id))}; the next gc reconciles it once the store answers")
+        report.add(
+            "QUARANTINED",
+            f"build-commit {op_id.hex()}",
+            f"{attempts_held(build_commit.attempts_of(op_id))}; the next gc reconciles it once the store answers",
+        )
     for op_id, op in quarantined(restores.ROWS, RestorePhase.Quarantined):
         count += 1
-        source = f"snapshot {op.source_snapshot_id}" if op.source_kind == RestoreSourceKind.Snapshot else f"commit {op.source_commit_id.hex()}"
+        source = (
+            f"snapshot {op.source_snapshot_id}"
+            if op.source_kind == RestoreSourceKind.Snapshot
+            else f"commit {op.source_commit_id.hex()}"
+        )
         report.add(
             "QUARANTINED",
             f"restore {op_id.hex()} ({op.source_workbench_id} -> {op.destination_workbench_id})",
-            f"{attempts_held(restores.attempts_of(op_id))}; it retains {source} of {op.source_workbench_id} (read version {op.source_read_version}) "
+            f"{attempts_held(restores.attempts_of(op_id))}; it retains {source} of {op.source_workbench_id} (read "
+            f"version {op.source_read_version}) "
             f"and the name {op.destination_workbench_id!r}; the next gc reconciles it once the store answers",
         )
     for op_id, op in quarantined(retirement.ROWS, CommitRetirePhase.Quarantined):
         count += 1
-        report.add("QUARANTINED", f"commit retirement {op_id.hex()}", f"commit {op.commit_id.hex()} stays Retiring: {op.terminal_error} (metadata evidence, not reconciled automatically)")
+        report.add(
+            "QUARANTINED",
+            f"commit retirement {op_id.hex()}",
+            f"commit {op.commit_id.hex()} stays Retiring: {op.terminal_error} (metadata evidence, not reconciled "
+            "automatically)",
+        )
     report.checked["quarantined operations"] = count
 
 

@@ -115,7 +115,9 @@ def _revision_key(root, revision_id: bytes) -> bytes:
 
 
 def _own_objects(view, root, revision_id: bytes):
-    return [row for row in publish.read_manifest(view, root, revision_id) if row.physical_owner_revision_id == revision_id]
+    return [
+        row for row in publish.read_manifest(view, root, revision_id) if row.physical_owner_revision_id == revision_id
+    ]
 
 
 def _advance_barrier(root) -> None:
@@ -138,8 +140,9 @@ def _advance_barrier(root) -> None:
 MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at most 8
 
 
-def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None,
-            history_batch: int | None = None) -> GcReport:
+def collect(
+    root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None, history_batch: int | None = None
+) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
     configured history retention), and sweep the object store's temporary files that writers
@@ -163,8 +166,9 @@ def collect(root, *, dry_run: bool = False, progress=None, keep_versions: int | 
         report.records_pruned = prune_finished(root, audit_versions=_audit_versions(root))
     keep = root.history_retention if keep_versions is None else keep_versions
     batch_done = None if progress is None else (lambda pruned: progress("prune History", pruned, None, None, None))
-    report.history_floor, report.history_pruned = prune_history(root, keep_versions=keep, dry_run=dry_run, progress=batch_done,
-                                                                max_rows=history_batch)
+    report.history_floor, report.history_pruned = prune_history(
+        root, keep_versions=keep, dry_run=dry_run, progress=batch_done, max_rows=history_batch
+    )
     if not dry_run:
         try:
             report.temp_files_removed = root.store.remove_stale_temp_files(everywhere=True)
@@ -218,7 +222,9 @@ def prune_finished(root, *, audit_versions: int) -> int:
             if raw is not None and ArtifactRevision.decode(raw).state == RevisionState.Deleted:
                 predicates.append(ValueEquals("artifact_revision", revision_key, raw))
                 mutations.append(Delete("artifact_revision", revision_key))
-            candidate_key = keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode()
+            candidate_key = keys.GcCandidateKey(
+                root.root_id, operation.artifact_revision_id, operation.reference_epoch
+            ).encode()
             raw = view.get("gc_candidate", candidate_key)
             if raw is not None and GcCandidate.decode(raw).claim_state == GcClaimState.Complete:
                 predicates.append(ValueEquals("gc_candidate", candidate_key, raw))
@@ -242,8 +248,9 @@ def prune_finished(root, *, audit_versions: int) -> int:
         pruned += count
 
 
-def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progress=None,
-                  max_rows: int | None = None) -> tuple[int, int]:
+def prune_history(
+    root, *, keep_versions: int = 0, dry_run: bool = False, progress=None, max_rows: int | None = None
+) -> tuple[int, int]:
     """(history floor, History rows pruned): advance the floor as far as the holds and
     `keep_versions` allow and prune below it, batch after batch (each one atomic; `progress`
     is called with the rows pruned so far after each)."""
@@ -255,7 +262,9 @@ def prune_history(root, *, keep_versions: int = 0, dry_run: bool = False, progre
     pruned, start = 0, b""
     while True:
         limits = {} if max_rows is None else {"max_rows": max_rows, "max_visits": max_rows * 8}
-        outcome = root.shard.prune_history(owner_epoch=root.owner_epoch, floor_version=target, start_key=start, **limits)
+        outcome = root.shard.prune_history(
+            owner_epoch=root.owner_epoch, floor_version=target, start_key=start, **limits
+        )
         pruned += outcome.pruned_rows
         if progress is not None:
             progress(pruned)
@@ -308,7 +317,9 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
                     continue
                 report.collectable += 1
                 own = _own_objects(view, root, decoded.artifact_revision_id)
-                work.append((decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own), len(own)))
+                work.append(
+                    (decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own), len(own))
+                )
             if page.next_marker is None:
                 break
             marker = page.next_marker
@@ -489,7 +500,9 @@ def _reconcile_operations(root, report: GcReport) -> None:
         return normalize_path(operation.path) in publish.RESERVED_MANIFESTS
 
     with root.read() as view:
-        attempts_in_doubt = any(staged(op) for _, op in publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined))
+        attempts_in_doubt = any(
+            staged(op) for _, op in publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined)
+        )
     drive_each(
         root,
         publish.ROWS,
@@ -500,8 +513,17 @@ def _reconcile_operations(root, report: GcReport) -> None:
         (build_commit.ROWS, build_commit, BuildCommitPhase.Quarantined),
         (restore.ROWS, restore, RestorePhase.Quarantined),
     ):
-        wanted = (lambda op, rows=rows: op.phase in rows.terminal) if attempts_in_doubt else (lambda op, q=quarantined: op.phase == q)
-        drive_each(root, rows, counted(lambda op_id, op, machine=machine: machine.reconcile(root, op_id, op), quarantined), wanted=wanted)
+        wanted = (
+            (lambda op, rows=rows: op.phase in rows.terminal)
+            if attempts_in_doubt
+            else (lambda op, q=quarantined: op.phase == q)
+        )
+        drive_each(
+            root,
+            rows,
+            counted(lambda op_id, op, machine=machine: machine.reconcile(root, op_id, op), quarantined),
+            wanted=wanted,
+        )
 
 
 def _requeue(root, op_id: bytes, operation: GcOperation) -> None:
@@ -514,8 +536,16 @@ def _requeue(root, op_id: bytes, operation: GcOperation) -> None:
         if current.phase != GcPhase.Quarantined or revision.state != RevisionState.Quarantined:
             raise PredicateFailed(f"gc of {revision_id.hex()} is no longer quarantined")
         predicates = [ValueEquals("artifact_revision", _revision_key(root, revision_id), raw_revision)]
-        mutations = [Put("artifact_revision", _revision_key(root, revision_id), dataclasses.replace(revision, state=RevisionState.Deleting))]
-        predicates, mutations = _with_candidate(view, root, current, predicates, mutations, claim_state=GcClaimState.Claimed)
+        mutations = [
+            Put(
+                "artifact_revision",
+                _revision_key(root, revision_id),
+                dataclasses.replace(revision, state=RevisionState.Deleting),
+            )
+        ]
+        predicates, mutations = _with_candidate(
+            view, root, current, predicates, mutations, claim_state=GcClaimState.Claimed
+        )
         return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Deleting)
 
     ROWS.step(root, op_id, "gc.reconcile", change, digest=intent_digest("gc.reconcile", op_id))
@@ -602,14 +632,36 @@ def _finish_many(root, finished: list) -> None:
             raw_revision = view.get("artifact_revision", revision_key)
             revision = ArtifactRevision.decode(raw_revision)
             # The child's own objects are gone: now, and only now, release its dependency set.
-            dependency_prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id))
+            dependency_prefix = keys.revision_ref_prefix(
+                root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
+            )
             for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
-                refs.remove(ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id)
-            predicates += [ValueEquals("operation", ROWS.key(root, op_id), raw_op), ValueEquals("artifact_revision", revision_key, raw_revision)]
-            mutations.append(Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted)))
-            predicates, mutations = _with_candidate(view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete)
-            mutations += [Delete("artifact_manifest", k) for k, _ in iter_prefix(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, revision_id))]
-            mutations.append(Put("operation", ROWS.key(root, op_id), dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own))))
+                refs.remove(
+                    ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id
+                )
+            predicates += [
+                ValueEquals("operation", ROWS.key(root, op_id), raw_op),
+                ValueEquals("artifact_revision", revision_key, raw_revision),
+            ]
+            mutations.append(
+                Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted))
+            )
+            predicates, mutations = _with_candidate(
+                view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete
+            )
+            mutations += [
+                Delete("artifact_manifest", k)
+                for k, _ in iter_prefix(
+                    view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, revision_id)
+                )
+            ]
+            mutations.append(
+                Put(
+                    "operation",
+                    ROWS.key(root, op_id),
+                    dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own)),
+                )
+            )
         ref_predicates, ref_mutations = refs.rows()
         return Built(predicates=ref_predicates + predicates, mutations=ref_mutations + mutations)
 
@@ -626,14 +678,31 @@ def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> No
     def change(view, current):
         raw_revision = view.get("artifact_revision", revision_key)
         predicates = [ValueEquals("artifact_revision", revision_key, raw_revision)]
-        mutations = [Put("artifact_revision", revision_key, dataclasses.replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined))]
+        mutations = [
+            Put(
+                "artifact_revision",
+                revision_key,
+                dataclasses.replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined),
+            )
+        ]
         candidate = _candidate(view, root, current)
         if candidate is not None:
             predicates, mutations = _with_candidate(
-                view, root, current, predicates, mutations, predicate=False,
-                claim_state=GcClaimState.Quarantined, retry_count=candidate.retry_count + 1, quarantine_evidence=evidence[:1024],
+                view,
+                root,
+                current,
+                predicates,
+                mutations,
+                predicate=False,
+                claim_state=GcClaimState.Quarantined,
+                retry_count=candidate.retry_count + 1,
+                quarantine_evidence=evidence[:1024],
             )
-        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Quarantined, terminal_error=evidence[:1024])
+        return (
+            predicates,
+            mutations,
+            dataclasses.replace(current, phase=GcPhase.Quarantined, terminal_error=evidence[:1024]),
+        )
 
     try:
         ROWS.step(root, op_id, "gc.quarantine", change, digest=intent_digest("gc.quarantine", op_id))
@@ -642,5 +711,8 @@ def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> No
 
 
 def _candidate(view, root, operation: GcOperation) -> GcCandidate | None:
-    raw = view.get("gc_candidate", keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode())
+    raw = view.get(
+        "gc_candidate",
+        keys.GcCandidateKey(root.root_id, operation.artifact_revision_id, operation.reference_epoch).encode(),
+    )
     return None if raw is None else GcCandidate.decode(raw)

@@ -50,7 +50,9 @@ def _check_name(name) -> str:
     if not raw or len(raw) > MAX_NAME_BYTES or b"\x00" in raw or not name.isprintable():
         raise IndexValueInvalid(f"index field name {name!r} must be 1-{MAX_NAME_BYTES} printable UTF-8 bytes")
     if attributes.is_reserved_field(name):
-        raise IndexValueInvalid(f"index field names starting {attributes.RESERVED_FIELD_PREFIX!r} are reserved: {name!r}")
+        raise IndexValueInvalid(
+            f"index field names starting {attributes.RESERVED_FIELD_PREFIX!r} are reserved: {name!r}"
+        )
     return name
 
 
@@ -79,7 +81,19 @@ def _encode(value) -> bytes:
     return index_codec.encode(typed)
 
 
-def search(root, workbench_id: str, field: str, *, equals=None, lower=None, upper=None, include_lower: bool = True, include_upper: bool = False, cursor: str | None = None, limit: int = 100) -> SearchPage:
+def search(
+    root,
+    workbench_id: str,
+    field: str,
+    *,
+    equals=None,
+    lower=None,
+    upper=None,
+    include_lower: bool = True,
+    include_upper: bool = False,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> SearchPage:
     """Paths whose `field` equals a value, or lies in a range (default [lower, upper))."""
     if not 1 <= limit <= 10_000:
         raise InvalidInput("limit must be between 1 and 10000")
@@ -93,7 +107,12 @@ def search(root, workbench_id: str, field: str, *, equals=None, lower=None, uppe
         high = None if upper is None else _encode(upper)
         low_inclusive, high_inclusive = include_lower, include_upper
     query = hashlib.sha256(
-        b"nokv.search.v1\0" + workbench_id.encode() + b"\0" + base + b"\0" + repr((low, low_inclusive, high, high_inclusive)).encode()
+        b"nokv.search.v1\0"
+        + workbench_id.encode()
+        + b"\0"
+        + base
+        + b"\0"
+        + repr((low, low_inclusive, high, high_inclusive)).encode()
     ).digest()[:16]
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
@@ -122,7 +141,9 @@ def search(root, workbench_id: str, field: str, *, equals=None, lower=None, uppe
             position = key + b"\x00"
             if decoded_key.workspace_incarnation_id != workbench.incarnation_id:
                 continue
-            raw = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, decoded_key.path))
+            raw = view.get(
+                "path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, decoded_key.path)
+            )
             if raw is None:
                 continue
             entry = PathEntry.decode(raw)
@@ -161,6 +182,9 @@ def _decode_cursor(cursor: str, query: bytes, version: int) -> bytes:
         raise InvalidInput("the cursor belongs to another search")
     frozen = struct.unpack_from(">Q", raw, 16)[0]
     if frozen != version:
-        raise ReadVersionStale(f"the search cursor is frozen at version {frozen}; the root is at {version}", expected=frozen, current=version)
+        raise ReadVersionStale(
+            f"the search cursor is frozen at version {frozen}; the root is at {version}",
+            expected=frozen,
+            current=version,
+        )
     return raw[24:]
-

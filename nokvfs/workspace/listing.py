@@ -82,7 +82,9 @@ def stat_in(view, root, workbench: wb.Workbench, components: tuple[str, ...]) ->
     return stat_tree(components, workbench, view.version, workbench.revision, workbench.workbench_id, entry, below)
 
 
-def stat_tree(components: tuple[str, ...], workbench: wb.Workbench, version: int, revision: int, label: str, entry, below) -> Stat:
+def stat_tree(
+    components: tuple[str, ...], workbench: wb.Workbench, version: int, revision: int, label: str, entry, below
+) -> Stat:
     """The one namespace rule of every tree (live, snapshot, commit): the workbench and its
     sections are directories, nothing else lives at the top, a path is the file `entry()`
     finds there, else a directory when `below()` finds something under it, else NotFound
@@ -120,7 +122,15 @@ def stat(view, root, workbench_id: str, path: str) -> Stat:
     return stat_in(view, root, workbench, split(path))
 
 
-def children_page(view, root, workbench: wb.Workbench, components: tuple[str, ...], *, start_after: bytes | None, limit: int = MAX_ITEMS_PER_CALL):
+def children_page(
+    view,
+    root,
+    workbench: wb.Workbench,
+    components: tuple[str, ...],
+    *,
+    start_after: bytes | None,
+    limit: int = MAX_ITEMS_PER_CALL,
+):
     """One bounded engine page of a directory's children: ([Child], next anchor or None).
 
     Anchors are ordered component bytes; the caller (a cursor, the mount's readdir) keeps them.
@@ -152,7 +162,12 @@ def children_page(view, root, workbench: wb.Workbench, components: tuple[str, ..
 
 def _cursor_digest(workbench: wb.Workbench, components, selector: str) -> bytes:
     h = hashlib.sha256(b"nokv.listing.cursor.v1\0")
-    for part in (workbench.workbench_id.encode(), workbench.incarnation_id, join(components).encode(), selector.encode()):
+    for part in (
+        workbench.workbench_id.encode(),
+        workbench.incarnation_id,
+        join(components).encode(),
+        selector.encode(),
+    ):
         h.update(len(part).to_bytes(4, "big") + part)
     return h.digest()[:16]
 
@@ -186,7 +201,9 @@ def _listed_path(root, workbench: wb.Workbench, workbench_id: str, components: t
         raise NotFound(f"{workbench_id}:{join(components)} does not exist")
 
 
-def _after_descendant_eof(view, root, workbench: wb.Workbench, workbench_id: str, components, found_any: bool, first_page: bool):
+def _after_descendant_eof(
+    view, root, workbench: wb.Workbench, workbench_id: str, components, found_any: bool, first_page: bool
+):
     """The exact-prefix point read after descendant EOF: the file at the listed path, or None.
     NotFound when a first and last page found neither descendants nor the path itself (and the
     directory holds not even its attributes marker, which listings leave out)."""
@@ -202,7 +219,16 @@ def _after_descendant_eof(view, root, workbench: wb.Workbench, workbench_id: str
     return exact
 
 
-def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000, selector: str = "live") -> ListPage:
+def list_dir(
+    view,
+    root,
+    workbench_id: str,
+    path: str = "",
+    *,
+    cursor: str | None = None,
+    limit: int = 1000,
+    selector: str = "live",
+) -> ListPage:
     """A protocol page of direct children (several bounded engine calls when limit > 255); on the
     last page, `exact` is the file at `path` itself if it is one."""
     if limit < 1:
@@ -214,7 +240,9 @@ def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | Non
     anchor = None if cursor is None else _decode_cursor(cursor, view, digest)
     out = []
     while len(out) < limit:
-        children, anchor = children_page(view, root, workbench, components, start_after=anchor, limit=min(MAX_ITEMS_PER_CALL, limit - len(out)))
+        children, anchor = children_page(
+            view, root, workbench, components, start_after=anchor, limit=min(MAX_ITEMS_PER_CALL, limit - len(out))
+        )
         out += children
         if anchor is None:
             break
@@ -224,7 +252,16 @@ def list_dir(view, root, workbench_id: str, path: str = "", *, cursor: str | Non
     return ListPage(tuple(out), view.version, None, exact)
 
 
-def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str | None = None, limit: int = 1000, with_markers: bool = False) -> ListPage:
+def list_recursive(
+    view,
+    root,
+    workbench_id: str,
+    path: str = "",
+    *,
+    cursor: str | None = None,
+    limit: int = 1000,
+    with_markers: bool = False,
+) -> ListPage:
     """Every file below `path`, in canonical path order; Child.name is the path below `path`. On
     the last page, `exact` is the file at `path` itself if it is one.
 
@@ -247,12 +284,14 @@ def list_recursive(view, root, workbench_id: str, path: str = "", *, cursor: str
     marker = None if cursor is None else _decode_cursor(cursor, view, digest)
     out = []
     while len(out) < limit:
-        page = scan_prefix(view, "path_current", prefix, start_after=marker, limit=min(MAX_ITEMS_PER_CALL, limit - len(out)))
+        page = scan_prefix(
+            view, "path_current", prefix, start_after=marker, limit=min(MAX_ITEMS_PER_CALL, limit - len(out))
+        )
         for key, value in page.items:
             full = unordered_path(key[base:])
             if not with_markers and full[-1] == attributes.DIRECTORY_MARKER:
                 continue
-            out.append(Child(join(full[len(components):]), FILE, PathEntry.decode(value)))
+            out.append(Child(join(full[len(components) :]), FILE, PathEntry.decode(value)))
         marker = page.next_marker
         if marker is None:
             break

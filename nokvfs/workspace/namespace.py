@@ -16,20 +16,43 @@ from __future__ import annotations
 import dataclasses
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
-from nokvfs.errors import AlreadyExists, CommandTooLarge, CorruptRecord, GenerationConflict, InvalidInput, IsADirectory, NotADirectory, NotFound
+from nokvfs.errors import (
+    AlreadyExists,
+    CommandTooLarge,
+    CorruptRecord,
+    GenerationConflict,
+    InvalidInput,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+)
 from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind, ReferenceKind
 from nokvfs.schema.paths import join, normalize_path
 from nokvfs.schema.records import PathEntry
 from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import publish, reading, workbench as wb
+from nokvfs.workspace import publish, reading
+from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.attributes import Attributes
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
 
-def put(root, workbench_id: str, path: str, source, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None, content_type: str = publish.DEFAULT_CONTENT_TYPE, producer: str = "", index_fields=(), progress=None, attributes: Attributes | None = None) -> PathEntry:
+def put(
+    root,
+    workbench_id: str,
+    path: str,
+    source,
+    *,
+    expected_generation: int | None = None,
+    expected_revision_id: bytes | None = None,
+    content_type: str = publish.DEFAULT_CONTENT_TYPE,
+    producer: str = "",
+    index_fields=(),
+    progress=None,
+    attributes: Attributes | None = None,
+) -> PathEntry:
     """Publish `source` (bytes, a Body, or a readable binary stream) as a new revision of `path`.
 
     expected_generation: None replaces unconditionally, 0 requires the path to be absent, N
@@ -38,14 +61,41 @@ def put(root, workbench_id: str, path: str, source, *, expected_generation: int 
     nothing stored; the path then shows the defaults of attributes.shown).
     """
     if content_type in attrs.RESERVED_CONTENT_TYPES:
-        raise InvalidInput(f"content type {content_type!r} is reserved: links are made by symlink, directory markers by set_directory_attributes")
+        raise InvalidInput(
+            f"content type {content_type!r} is reserved: links are made by symlink, directory markers by "
+            "set_directory_attributes"
+        )
     components = normalize_path(path)
     publish.check_publishable(components)
-    return _put(root, workbench_id, components, source, expected_generation=expected_generation, expected_revision_id=expected_revision_id,
-                content_type=content_type, producer=producer, index_fields=check_index_fields(index_fields), progress=progress, attributes=attributes)
+    return _put(
+        root,
+        workbench_id,
+        components,
+        source,
+        expected_generation=expected_generation,
+        expected_revision_id=expected_revision_id,
+        content_type=content_type,
+        producer=producer,
+        index_fields=check_index_fields(index_fields),
+        progress=progress,
+        attributes=attributes,
+    )
 
 
-def _put(root, workbench_id: str, components, source, *, expected_generation, expected_revision_id, content_type, producer="", index_fields=(), progress=None, attributes=None) -> PathEntry:
+def _put(
+    root,
+    workbench_id: str,
+    components,
+    source,
+    *,
+    expected_generation,
+    expected_revision_id,
+    content_type,
+    producer="",
+    index_fields=(),
+    progress=None,
+    attributes=None,
+) -> PathEntry:
     if attributes is not None and not isinstance(attributes, Attributes):
         raise InvalidInput(f"attributes must be an Attributes, not {type(attributes).__name__}")
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -119,10 +169,23 @@ def existing_file(view, root, workbench, components, *, hint: str = "") -> tuple
     return key, raw
 
 
-def remove(root, workbench_id: str, path: str, *, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
+def remove(
+    root,
+    workbench_id: str,
+    path: str,
+    *,
+    expected_generation: int | None = None,
+    expected_revision_id: bytes | None = None,
+) -> PathEntry:
     components = normalize_path(path)
     publish.check_publishable(components)
-    return _remove(root, workbench_id, components, expected_generation=expected_generation, expected_revision_id=expected_revision_id)
+    return _remove(
+        root,
+        workbench_id,
+        components,
+        expected_generation=expected_generation,
+        expected_revision_id=expected_revision_id,
+    )
 
 
 def _remove(root, workbench_id: str, components, *, expected_generation=None, expected_revision_id=None) -> PathEntry:
@@ -135,7 +198,9 @@ def _remove(root, workbench_id: str, components, *, expected_generation=None, ex
         publish.check_expectation(expected_generation, expected_revision_id, entry, join(components))
         version = view.version + 1
         refs = References(view, root.root_id)
-        refs.remove(ReferenceKind.Path, publish.path_owner(workbench.incarnation_id, components), entry.artifact_revision_id)
+        refs.remove(
+            ReferenceKind.Path, publish.path_owner(workbench.incarnation_id, components), entry.artifact_revision_id
+        )
         predicates, mutations = refs.rows()
         wb_predicate, wb_mutation = wb.advance_revision(root.root_id, workbench_id, raw_wb, version)
         predicates += [ValueEquals("path_current", key, raw), wb_predicate]
@@ -144,11 +209,16 @@ def _remove(root, workbench_id: str, components, *, expected_generation=None, ex
         return Built(
             predicates=predicates,
             mutations=mutations,
-            events=[wb.event(workbench, ChangeEventKind.PathRemoved, join(components), entry.artifact_revision_id, None)],
+            events=[
+                wb.event(workbench, ChangeEventKind.PathRemoved, join(components), entry.artifact_revision_id, None)
+            ],
             value=entry,
         )
 
-    _, built = root.apply(build, digest=intent_digest("path.remove", workbench_id, join(components), expected_generation, expected_revision_id))
+    _, built = root.apply(
+        build,
+        digest=intent_digest("path.remove", workbench_id, join(components), expected_generation, expected_revision_id),
+    )
     return built.value
 
 
@@ -197,7 +267,11 @@ def rename(root, workbench_id: str, source: str, target: str, *, replace: bool =
         return Built(
             predicates=predicates,
             mutations=mutations,
-            events=[wb.event(workbench, ChangeEventKind.PathRenamed, join(dst), join(src).encode(), entry.artifact_revision_id)],
+            events=[
+                wb.event(
+                    workbench, ChangeEventKind.PathRenamed, join(dst), join(src).encode(), entry.artifact_revision_id
+                )
+            ],
             value=moved,
         )
 
@@ -225,7 +299,9 @@ def paths_below(view, root, incarnation: bytes, components, limit: int) -> list[
     return found
 
 
-def rename_directory(root, workbench_id: str, source: str, target: str, *, limit: int = MAX_DIRECTORY_RENAME) -> list[tuple[tuple, tuple, PathEntry]]:
+def rename_directory(
+    root, workbench_id: str, source: str, target: str, *, limit: int = MAX_DIRECTORY_RENAME
+) -> list[tuple[tuple, tuple, PathEntry]]:
     """rename(2) of a directory: every path below `source` (files, links, attribute markers)
     moves below `target` in ONE command, one PathRenamed event per path, so every other reader
     sees the whole subtree move at once or not at all. Returns (old components, new components,
@@ -252,7 +328,9 @@ def rename_directory(root, workbench_id: str, source: str, target: str, *, limit
         if not moving:
             raise NotFound(f"{workbench_id}:{join(src)} holds no published path")
         if len(moving) > limit:
-            raise CommandTooLarge(f"{workbench_id}:{join(src)} holds more than {limit} paths: one rename moves at most {limit}")
+            raise CommandTooLarge(
+                f"{workbench_id}:{join(src)} holds more than {limit} paths: one rename moves at most {limit}"
+            )
         marker = dst + (attrs.DIRECTORY_MARKER,)
         replaced = {}
         for key, raw, components in paths_below(view, root, inc, dst, 2):
@@ -263,7 +341,7 @@ def rename_directory(root, workbench_id: str, source: str, target: str, *, limit
         refs = References(view, root.root_id)
         predicates, mutations, events, done = [], [], [], []
         for key, raw, components in moving:
-            new = dst + components[len(src):]
+            new = dst + components[len(src) :]
             entry = PathEntry.decode(raw)
             new_key = keys.path_current_key(root.root_id, inc, new)
             old_key, old_raw = replaced.pop(new, (new_key, None))
@@ -273,13 +351,27 @@ def rename_directory(root, workbench_id: str, source: str, target: str, *, limit
             if old is not None:
                 refs.remove(ReferenceKind.Path, publish.path_owner(inc, new), old.artifact_revision_id)
             moved = dataclasses.replace(
-                entry, generation=1 if old is None else old.generation + 1, created_version=version, modified_version=version,
+                entry,
+                generation=1 if old is None else old.generation + 1,
+                created_version=version,
+                modified_version=version,
             )
-            predicates += [ValueEquals("path_current", key, raw), Absent("path_current", new_key) if old_raw is None else ValueEquals("path_current", new_key, old_raw)]
+            predicates += [
+                ValueEquals("path_current", key, raw),
+                Absent("path_current", new_key) if old_raw is None else ValueEquals("path_current", new_key, old_raw),
+            ]
             mutations += [Delete("path_current", key), Put("path_current", new_key, moved)]
             mutations += publish.index_mutations(root.root_id, inc, components, entry, None)
             mutations += publish.index_mutations(root.root_id, inc, new, old, moved)
-            events.append(wb.event(workbench, ChangeEventKind.PathRenamed, join(new), join(components).encode(), entry.artifact_revision_id))
+            events.append(
+                wb.event(
+                    workbench,
+                    ChangeEventKind.PathRenamed,
+                    join(new),
+                    join(components).encode(),
+                    entry.artifact_revision_id,
+                )
+            )
             done.append((components, new, moved))
         for components, (key, raw) in replaced.items():  # the target's marker, not replaced by one
             old = PathEntry.decode(raw)
@@ -287,7 +379,9 @@ def rename_directory(root, workbench_id: str, source: str, target: str, *, limit
             predicates.append(ValueEquals("path_current", key, raw))
             mutations.append(Delete("path_current", key))
             mutations += publish.index_mutations(root.root_id, inc, components, old, None)
-            events.append(wb.event(workbench, ChangeEventKind.PathRemoved, join(components), old.artifact_revision_id, None))
+            events.append(
+                wb.event(workbench, ChangeEventKind.PathRemoved, join(components), old.artifact_revision_id, None)
+            )
         ref_predicates, ref_mutations = refs.rows()
         wb_predicate, wb_mutation = wb.advance_revision(root.root_id, workbench_id, raw_wb, version)
         return Built(
@@ -304,7 +398,18 @@ def rename_directory(root, workbench_id: str, source: str, target: str, *, limit
 # --- attributes, links and directory markers ---------------------------------------------------
 
 
-def set_attributes(root, workbench_id: str, path: str, *, mode: int | None = None, uid: int | None = None, gid: int | None = None, mtime_ns: int | None = None, atime_ns: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
+def set_attributes(
+    root,
+    workbench_id: str,
+    path: str,
+    *,
+    mode: int | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    mtime_ns: int | None = None,
+    atime_ns: int | None = None,
+    expected_revision_id: bytes | None = None,
+) -> PathEntry:
     """chmod/chown/utime of an existing file or link: ONE metadata-only command.
 
     The entry keeps its revision, body, size and generation; its projection gets the merged
@@ -315,16 +420,26 @@ def set_attributes(root, workbench_id: str, path: str, *, mode: int | None = Non
     """
     components = normalize_path(path)
     publish.check_publishable(components)
-    return _set_attributes(root, workbench_id, components, dict(mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns), expected_revision_id)
+    return _set_attributes(
+        root,
+        workbench_id,
+        components,
+        dict(mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns),
+        expected_revision_id,
+    )
 
 
-def _set_attributes(root, workbench_id: str, components, changes: dict, expected_revision_id: bytes | None = None) -> PathEntry:
+def _set_attributes(
+    root, workbench_id: str, components, changes: dict, expected_revision_id: bytes | None = None
+) -> PathEntry:
     ctime = attrs.now_ns()  # taken once, so a rebuilt command stores the same time
     attrs.merged(Attributes(0, None, None, 0, 0, 0), **changes)  # bad values fail here, before any read
 
     def build(view):
         raw_wb, workbench = wb.visible(view, root.root_id, workbench_id)
-        key, raw = existing_file(view, root, workbench, components, hint=": set its attributes with set_directory_attributes")
+        key, raw = existing_file(
+            view, root, workbench, components, hint=": set its attributes with set_directory_attributes"
+        )
         entry = PathEntry.decode(raw)
         publish.check_expectation(None, expected_revision_id, entry, join(components))
         stored = attrs.merged(attrs.shown(entry), **changes, ctime_ns=ctime)
@@ -346,11 +461,23 @@ def _set_attributes(root, workbench_id: str, components, changes: dict, expected
         )
 
     parts = [changes[name] for name in ("mode", "uid", "gid", "mtime_ns", "atime_ns")]
-    _, built = root.apply(build, digest=intent_digest("path.attributes", workbench_id, join(components), *parts, expected_revision_id, ctime))
+    _, built = root.apply(
+        build,
+        digest=intent_digest("path.attributes", workbench_id, join(components), *parts, expected_revision_id, ctime),
+    )
     return built.value
 
 
-def symlink(root, workbench_id: str, path: str, target: str, *, attributes: Attributes | None = None, expected_generation: int | None = None, expected_revision_id: bytes | None = None) -> PathEntry:
+def symlink(
+    root,
+    workbench_id: str,
+    path: str,
+    target: str,
+    *,
+    attributes: Attributes | None = None,
+    expected_generation: int | None = None,
+    expected_revision_id: bytes | None = None,
+) -> PathEntry:
     """A symbolic link at `path`: an artifact (SYMLINK_CONTENT_TYPE) whose body is the target's
     UTF-8 bytes (1..MAX_LINK_TARGET, no NUL; InvalidInput otherwise), with mode LINK_MODE and
     the current time unless `attributes` are given. The target is never resolved."""
@@ -360,8 +487,16 @@ def symlink(root, workbench_id: str, path: str, target: str, *, attributes: Attr
     if attributes is None:
         now = attrs.now_ns()
         attributes = Attributes(attrs.LINK_MODE, None, None, now, now, now)
-    return _put(root, workbench_id, components, raw, expected_generation=expected_generation, expected_revision_id=expected_revision_id,
-                content_type=attrs.SYMLINK_CONTENT_TYPE, attributes=attributes)
+    return _put(
+        root,
+        workbench_id,
+        components,
+        raw,
+        expected_generation=expected_generation,
+        expected_revision_id=expected_revision_id,
+        content_type=attrs.SYMLINK_CONTENT_TYPE,
+        attributes=attributes,
+    )
 
 
 def read_link(root, entry: PathEntry, *, view=None) -> str:
@@ -388,11 +523,23 @@ def _marker(dir_path: str) -> tuple[str, ...]:
 
 def directory_attributes(view, root, incarnation: bytes, components: tuple) -> Attributes | None:
     """The stored attributes of a directory: one PathCurrent point read of its marker."""
-    raw = view.get("path_current", keys.path_current_key(root.root_id, incarnation, tuple(components) + (attrs.DIRECTORY_MARKER,)))
+    raw = view.get(
+        "path_current", keys.path_current_key(root.root_id, incarnation, tuple(components) + (attrs.DIRECTORY_MARKER,))
+    )
     return None if raw is None else attrs.shown(PathEntry.decode(raw))
 
 
-def set_directory_attributes(root, workbench_id: str, dir_path: str, *, mode: int | None = None, uid: int | None = None, gid: int | None = None, mtime_ns: int | None = None, atime_ns: int | None = None) -> PathEntry:
+def set_directory_attributes(
+    root,
+    workbench_id: str,
+    dir_path: str,
+    *,
+    mode: int | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    mtime_ns: int | None = None,
+    atime_ns: int | None = None,
+) -> PathEntry:
     """chmod/chown/utime of a directory: creates its marker (an empty-body artifact) with these
     attributes if it has none (unset fields: DIRECTORY_MODE, no owner, now), else one
     metadata-only change of the marker. A directory that does not exist yet comes into being
@@ -401,15 +548,29 @@ def set_directory_attributes(root, workbench_id: str, dir_path: str, *, mode: in
     changes = dict(mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns)
     with root.read() as view:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
-        if view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components[:-1])) is not None:
+        if (
+            view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components[:-1]))
+            is not None
+        ):
             raise NotADirectory(f"{workbench_id}:{join(components[:-1])} is a file")
-        exists = view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components)) is not None
+        exists = (
+            view.get("path_current", keys.path_current_key(root.root_id, workbench.incarnation_id, components))
+            is not None
+        )
     if not exists:
         now = attrs.now_ns()
         fresh = attrs.merged(Attributes(attrs.DIRECTORY_MODE, None, None, now, now, now), **changes)
         try:
-            return _put(root, workbench_id, components, b"", expected_generation=0, expected_revision_id=None,
-                        content_type=attrs.DIRECTORY_CONTENT_TYPE, attributes=fresh)
+            return _put(
+                root,
+                workbench_id,
+                components,
+                b"",
+                expected_generation=0,
+                expected_revision_id=None,
+                content_type=attrs.DIRECTORY_CONTENT_TYPE,
+                attributes=fresh,
+            )
         except GenerationConflict:
             pass  # another writer created the marker first: change it instead
     return _set_attributes(root, workbench_id, components, changes)

@@ -101,7 +101,7 @@ class OperationLock:
         self._fd = None
 
 
-class driving:  # noqa: N801 - used as a context manager, like open()
+class driving:
     """Hold an operation's lock for a `with` block; PredicateFailed when a live process holds it."""
 
     def __init__(self, root, operation_id: bytes, what: str):
@@ -182,7 +182,16 @@ class Rows:
                 out.append((keys.OperationKey.decode(key).operation_id, operation))
         return out
 
-    def apply(self, root, label: str, operation_id: bytes, build, *, digest: bytes | None = None, request_id: bytes | None = None):
+    def apply(
+        self,
+        root,
+        label: str,
+        operation_id: bytes,
+        build,
+        *,
+        digest: bytes | None = None,
+        request_id: bytes | None = None,
+    ):
         """root.apply with the machine's intent digest: `digest`, or one naming the label, the
         operation and the request (a fresh request id unless one is given)."""
         if digest is None:
@@ -190,7 +199,16 @@ class Rows:
             digest = intent_digest(label, operation_id, request_id)
         return root.apply(build, digest=digest, request_id=request_id)
 
-    def step(self, root, operation_id: bytes, label: str, change, *, digest: bytes | None = None, request_id: bytes | None = None):
+    def step(
+        self,
+        root,
+        operation_id: bytes,
+        label: str,
+        change,
+        *,
+        digest: bytes | None = None,
+        request_id: bytes | None = None,
+    ):
         """One command on the exact operation row: `change(view, op)` returns (predicates,
         mutations, updated op or None) or raises to refuse; the command predicates the row it
         read and writes the updated one."""
@@ -227,7 +245,9 @@ class Rows:
         self.require(operation_id, self.get(root, operation_id), cleaning)
         return True
 
-    def set_phase(self, root, operation_id: bytes, expected, new, *, label: str, extra=None, digest: bytes | None = None, **fields) -> None:
+    def set_phase(
+        self, root, operation_id: bytes, expected, new, *, label: str, extra=None, digest: bytes | None = None, **fields
+    ) -> None:
         """One command: `expected` -> `new` (and `fields`) on the exact row, with the (predicates,
         mutations) `extra(view, op)` adds, if given."""
 
@@ -239,7 +259,18 @@ class Rows:
         self.step(root, operation_id, label, change, digest=digest)
 
 
-def drive_to_terminal(root, rows: Rows, operation_id: bytes, *, result, cleaning: tuple, clean, advance, abort, abort_on_failure: bool = True):
+def drive_to_terminal(
+    root,
+    rows: Rows,
+    operation_id: bytes,
+    *,
+    result,
+    cleaning: tuple,
+    clean,
+    advance,
+    abort,
+    abort_on_failure: bool = True,
+):
     """The drive loop of a multi-step machine, for a caller that holds the operation's lock.
 
     A terminal operation returns `result(op)` (which raises for an aborted one); a phase in

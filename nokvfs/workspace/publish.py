@@ -104,10 +104,15 @@ def check_publishable(components: tuple[str, ...], *, directory_marker: bool = F
         raise InvalidInput(f"{components[0]!r} is a section; it cannot be replaced or removed")
     if components in RESERVED_MANIFESTS:
         raise ReservedPath(f"{join(components)} is written only by its commit/restore state machine")
-    if attributes.DIRECTORY_MARKER in components[:-1] or (components[-1] == attributes.DIRECTORY_MARKER) != directory_marker:
+    if (
+        attributes.DIRECTORY_MARKER in components[:-1]
+        or (components[-1] == attributes.DIRECTORY_MARKER) != directory_marker
+    ):
         if directory_marker:
             raise InvalidInput(f"{join(components)} is not a directory marker path")
-        raise ReservedPath(f"{attributes.DIRECTORY_MARKER!r} is reserved for a directory's attributes: {join(components)}")
+        raise ReservedPath(
+            f"{attributes.DIRECTORY_MARKER!r} is reserved for a directory's attributes: {join(components)}"
+        )
 
 
 def path_owner(incarnation: bytes, components: tuple[str, ...]) -> bytes:
@@ -219,7 +224,9 @@ def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> Non
         return
     placeholder = bytes(16)
     longest = [
-        keys.RevisionRefKey(root.root_id, ReferenceKind.Path, path_owner(placeholder, components), placeholder).encode(),
+        keys.RevisionRefKey(
+            root.root_id, ReferenceKind.Path, path_owner(placeholder, components), placeholder
+        ).encode(),
         keys.path_current_key(root.root_id, placeholder, components),
     ]
     longest += [
@@ -230,7 +237,9 @@ def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> Non
     if size > limit:
         from nokvfs.errors import KeyTooLong
 
-        raise KeyTooLong(f"{join(components)} is too long for this shard: its keys would be {size} bytes, the limit is {limit}")
+        raise KeyTooLong(
+            f"{join(components)} is too long for this shard: its keys would be {size} bytes, the limit is {limit}"
+        )
 
 
 def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
@@ -298,7 +307,9 @@ def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
     for start in range(ROW_BATCH, len(pub.body.blocks), ROW_BATCH):
         batch = staged_rows(pub.body.blocks[start : start + ROW_BATCH])
         root.apply(
-            lambda view, batch=batch: Built(predicates=[ValueEquals("operation", op_key, built.value)], mutations=batch),
+            lambda view, batch=batch: Built(
+                predicates=[ValueEquals("operation", op_key, built.value)], mutations=batch
+            ),
             digest=intent_digest("publish.ledger", pub.operation_id, start),
         )
 
@@ -328,7 +339,10 @@ def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: 
             raw = view.get("staged_object", staged_key)
             row = StagedObject.decode(raw)
             updated = dataclasses.replace(row, upload_id=upload_id, provider_state=StagedProviderState.Uploading)
-            return Built(predicates=[ValueEquals("staged_object", staged_key, raw)], mutations=[Put("staged_object", staged_key, updated)])
+            return Built(
+                predicates=[ValueEquals("staged_object", staged_key, raw)],
+                mutations=[Put("staged_object", staged_key, updated)],
+            )
 
         root.apply(build, digest=intent_digest("publish.multipart", operation_id, sequence, upload_id))
 
@@ -359,9 +373,16 @@ def finalize(root, operation_id: bytes) -> None:
         rows = manifest_rows(view, root, operation, ledger)
     if operation.phase != PublishPhase.Uploading:
         raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
-    puts = [Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded)) for key, row in ledger]
+    puts = [
+        Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded))
+        for key, row in ledger
+    ]
     puts += [
-        Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, operation.artifact_revision_id, index).encode(), row)
+        Put(
+            "artifact_manifest",
+            keys.ArtifactManifestKey(root.root_id, operation.artifact_revision_id, index).encode(),
+            row,
+        )
         for index, row in enumerate(rows)
     ]
     batches = [puts[i : i + ROW_BATCH] for i in range(0, len(puts), ROW_BATCH)] or [[]]
@@ -371,7 +392,9 @@ def finalize(root, operation_id: bytes) -> None:
         if last:
             mutations.append(Put("operation", op_key, dataclasses.replace(operation, phase=PublishPhase.Finalizing)))
         root.apply(
-            lambda view, mutations=mutations: Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations),
+            lambda view, mutations=mutations: Built(
+                predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations
+            ),
             digest=intent_digest("publish.finalize", operation_id, number),
         )
 
@@ -432,7 +455,9 @@ def _publish(root, operation_id: bytes) -> PathEntry:
         )
         predicates, mutations = refs.rows()
         predicates.append(ValueEquals("operation", op_key, raw_op))
-        predicates.append(Absent("path_current", path_key) if old_raw is None else ValueEquals("path_current", path_key, old_raw))
+        predicates.append(
+            Absent("path_current", path_key) if old_raw is None else ValueEquals("path_current", path_key, old_raw)
+        )
         wb_predicate, wb_mutation = wb.advance_revision(root.root_id, op.workbench_id, raw_wb, version)
         predicates.append(wb_predicate)
         mutations += [Put("path_current", path_key, entry), wb_mutation]
@@ -453,7 +478,9 @@ def _publish(root, operation_id: bytes) -> PathEntry:
         )
 
     crash_point("before-publish-command")
-    outcome, built = root.apply(build, digest=intent_digest("publish.final", operation_id), request_id=operation.request_id)
+    outcome, built = root.apply(
+        build, digest=intent_digest("publish.final", operation_id), request_id=operation.request_id
+    )
     crash_point("after-publish-command")
     if operation.object_count > ROW_BATCH:
         _tidy_ledger(root, operation_id)
@@ -471,13 +498,17 @@ def _tidy_ledger(root, operation_id: bytes) -> None:
     while True:
         with root.read() as view:
             raw, op = read_operation(view, root, operation_id)
-            page = scan_prefix(view, "staged_object", keys.staged_object_prefix(root.root_id, operation_id), limit=min(255, ROW_BATCH))
+            page = scan_prefix(
+                view, "staged_object", keys.staged_object_prefix(root.root_id, operation_id), limit=min(255, ROW_BATCH)
+            )
         if op.phase != PublishPhase.Published or not page.items:
             return
         deletes = [Delete("staged_object", key) for key, _ in page.items]
         try:
             root.apply(
-                lambda view, deletes=deletes: Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=deletes),
+                lambda view, deletes=deletes, raw=raw: Built(
+                    predicates=[ValueEquals("operation", op_key, raw)], mutations=deletes
+                ),
                 digest=intent_digest("publish.tidy", operation_id, page.items[0][0]),
             )
         except NokvError as exc:
@@ -500,7 +531,9 @@ def check_expectation(generation: int | None, revision_id: bytes | None, old: Pa
         if old is None:
             raise GenerationConflict(f"{path} does not exist, expected revision {revision_id.hex()}")
         if old.artifact_revision_id != revision_id:
-            raise GenerationConflict(f"{path} holds revision {old.artifact_revision_id.hex()}, expected {revision_id.hex()}")
+            raise GenerationConflict(
+                f"{path} holds revision {old.artifact_revision_id.hex()}, expected {revision_id.hex()}"
+            )
 
 
 def _check_no_file_ancestor_or_descendant(view, root, incarnation: bytes, components) -> None:
@@ -541,7 +574,9 @@ def manifest_rows(view, root, op: PublishOperation, ledger) -> list[ArtifactMani
     return rows
 
 
-def available_revision(op: PublishOperation, rows: list[ArtifactManifest], dependencies, depth: int, version: int) -> ArtifactRevision:
+def available_revision(
+    op: PublishOperation, rows: list[ArtifactManifest], dependencies, depth: int, version: int
+) -> ArtifactRevision:
     """The ArtifactRevision (Available, no references yet) the final command creates."""
     return ArtifactRevision(
         logical_size=op.logical_size,
@@ -575,11 +610,19 @@ def index_mutations(root_id, incarnation, components, old: PathEntry | None, new
     """SecondaryIndex rows follow the PathEntry's typed projection in the same command: its user
     fields only (reserved fields such as the POSIX attributes are projection-only)."""
     mutations = []
-    old_fields = {} if old is None else {f.name: f.encoded_value for f in attributes.user_fields(old.typed_index_projection)}
-    new_fields = {} if new is None else {f.name: f.encoded_value for f in attributes.user_fields(new.typed_index_projection)}
+    old_fields = (
+        {} if old is None else {f.name: f.encoded_value for f in attributes.user_fields(old.typed_index_projection)}
+    )
+    new_fields = (
+        {} if new is None else {f.name: f.encoded_value for f in attributes.user_fields(new.typed_index_projection)}
+    )
     for name, value in old_fields.items():
         if new_fields.get(name) != value or new is None:
-            mutations.append(Delete("secondary_index", keys.SecondaryIndexKey(root_id, name, value, incarnation, components).encode()))
+            mutations.append(
+                Delete(
+                    "secondary_index", keys.SecondaryIndexKey(root_id, name, value, incarnation, components).encode()
+                )
+            )
     for name, value in new_fields.items():
         if old is not None and old.generation == new.generation and old_fields.get(name) == value:
             continue  # the same row (a metadata-only change): nothing to write
@@ -616,7 +659,9 @@ def abort(root, operation_id: bytes, *, reason: str) -> PublishPhase:
             return predicates, [], dataclasses.replace(op, phase=PublishPhase.Aborting, terminal_error=reason[:1024])
 
         try:
-            ROWS.step(root, operation_id, "publish.abort", take_over, digest=intent_digest("publish.abort", operation_id))
+            ROWS.step(
+                root, operation_id, "publish.abort", take_over, digest=intent_digest("publish.abort", operation_id)
+            )
         except PredicateFailed:
             with root.read() as view:
                 _, operation = read_operation(view, root, operation_id)
@@ -650,7 +695,10 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
         _, op = read_operation(view, root, operation_id)
         # A revision of this id exists only when another attempt staged the same revision (a
         # restore's manifest) and published it: its manifest owns the objects now.
-        published = view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode()) is not None
+        published = (
+            view.get("artifact_revision", keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode())
+            is not None
+        )
     quarantined = False
     for start in range(0, len(ledger), LEDGER_BATCH):
         updates = []
@@ -663,7 +711,9 @@ def _clean(root, operation_id: bytes) -> PublishPhase:
             else:
                 state, provider = _delete_staged(root, row)
             quarantined |= state == StagedCleanupState.Quarantined
-            updates.append(Put("staged_object", key, dataclasses.replace(row, cleanup_state=state, provider_state=provider)))
+            updates.append(
+                Put("staged_object", key, dataclasses.replace(row, cleanup_state=state, provider_state=provider))
+            )
         if updates:
             _apply_ledger_updates(root, operation_id, updates, start)
     _drop_unpublished_manifest(root, operation_id)
@@ -699,7 +749,10 @@ def reconcile(root, operation_id: bytes) -> PublishPhase:
     in_doubt = [(key, row) for key, row in ledger if row.cleanup_state == StagedCleanupState.Quarantined]
     for start in range(0, len(in_doubt), LEDGER_BATCH):
         batch = in_doubt[start : start + LEDGER_BATCH]
-        due = [Put("staged_object", key, dataclasses.replace(row, cleanup_state=StagedCleanupState.DeletePending)) for key, row in batch]
+        due = [
+            Put("staged_object", key, dataclasses.replace(row, cleanup_state=StagedCleanupState.DeletePending))
+            for key, row in batch
+        ]
         _apply_ledger_updates(root, operation_id, due, -1 - start)
     return _clean(root, operation_id)
 
@@ -711,7 +764,12 @@ def _drop_unpublished_manifest(root, operation_id: bytes) -> None:
         revision_key = keys.ArtifactRevisionKey(root.root_id, op.artifact_revision_id).encode()
         if view.get("artifact_revision", revision_key) is not None:
             return
-        keys_to_drop = [k for k, _ in iter_prefix(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, op.artifact_revision_id))]
+        keys_to_drop = [
+            k
+            for k, _ in iter_prefix(
+                view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, op.artifact_revision_id)
+            )
+        ]
     for start in range(0, len(keys_to_drop), ROW_BATCH):
         batch = [Delete("artifact_manifest", k) for k in keys_to_drop[start : start + ROW_BATCH]]
         root.apply(

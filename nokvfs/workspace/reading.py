@@ -42,7 +42,6 @@ class ManifestCache:
                 self._rows.popitem(last=False)
         return value
 
-
     def forget(self, revision_id: bytes) -> None:
         with self._lock:
             self._rows.pop(revision_id, None)
@@ -76,7 +75,9 @@ def read(root, entry: PathEntry, offset: int = 0, size: int | None = None, *, vi
         parts.append(data[row.object_offset + lo : row.object_offset + hi])
     out = b"".join(parts)
     if len(out) != size:
-        raise IntegrityError(f"manifest of revision {entry.artifact_revision_id.hex()} does not cover bytes {offset}..{offset + size}")
+        raise IntegrityError(
+            f"manifest of revision {entry.artifact_revision_id.hex()} does not cover bytes {offset}..{offset + size}"
+        )
     return out
 
 

@@ -44,9 +44,7 @@ class References:
     def add(self, kind: ReferenceKind, owner: bytes, revision_id: bytes) -> None:
         revision = self.revision(revision_id)
         if revision.state != RevisionState.Available:
-            raise PredicateFailed(
-                f"revision {revision_id.hex()} is {revision.state.name}: references need Available"
-            )
+            raise PredicateFailed(f"revision {revision_id.hex()} is {revision.state.name}: references need Available")
         key = keys.RevisionRefKey(self.root_id, kind, owner, revision_id).encode()
         if key in self._refs:
             if self._refs[key] is not None:
@@ -90,7 +88,11 @@ class References:
         for revision_id, revision in self._current.items():
             key = keys.ArtifactRevisionKey(self.root_id, revision_id).encode()
             original = self._original[revision_id]
-            predicates.append(Absent("artifact_revision", key) if original is None else ValueEquals("artifact_revision", key, original))
+            predicates.append(
+                Absent("artifact_revision", key)
+                if original is None
+                else ValueEquals("artifact_revision", key, original)
+            )
             mutations.append(Put("artifact_revision", key, revision))
         for key, value in self._refs.items():
             mutations.append(Delete("revision_ref", key) if value is None else Put("revision_ref", key, value))

@@ -113,15 +113,20 @@ def parse_role(raw: bytes, *, where: str = ROLE_NAME) -> ReplicaRole:
     if not isinstance(bucket, str) or not bucket or not isinstance(endpoint, str) or not isinstance(reason, str):
         raise FormatError(f"{where}: bucket, endpointUrl and reason must be strings (bucket non-empty)")
     try:
-        shard_id = bytes.fromhex(shard) if isinstance(shard, str) and len(shard) == 32 and shard == shard.lower() else None
+        shard_id = (
+            bytes.fromhex(shard) if isinstance(shard, str) and len(shard) == 32 and shard == shard.lower() else None
+        )
     except ValueError:
         shard_id = None
     if shard_id is None:
         raise FormatError(f"{where}: logicalShardId must be 32 lowercase hex characters")
     if not _u64(epoch) or (role == FENCED) != (epoch > 0):
         raise FormatError(f"{where}: ownedEpoch must be a u64, above 0 exactly for a fenced directory")
-    if not isinstance(unshipped, list) or len(unshipped) not in (0, 2) or not all(_u64(n) for n in unshipped) or (
-        unshipped and (role != FENCED or unshipped[0] > unshipped[1] or unshipped[1] == 0)
+    if (
+        not isinstance(unshipped, list)
+        or len(unshipped) not in (0, 2)
+        or not all(_u64(n) for n in unshipped)
+        or (unshipped and (role != FENCED or unshipped[0] > unshipped[1] or unshipped[1] == 0))
     ):
         raise FormatError(f"{where}: unshipped must be [] or [first, last] LSNs (fenced directories only)")
     return ReplicaRole(role, bucket, endpoint or None, shard_id, epoch, tuple(unshipped) or None, reason)
@@ -154,7 +159,6 @@ def write_role(data_dir: str, role: ReplicaRole) -> None:
 def is_read_only(root) -> bool:
     """Whether `root` was opened as a replica that is not the owner (a follower, a fenced owner)."""
     return isinstance(root.shard, ReplicaShard)
-
 
 
 class ReplicaShard:

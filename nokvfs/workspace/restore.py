@@ -151,7 +151,9 @@ EOF = commits.EOF
 
 TERMINAL = (RestorePhase.Complete, RestorePhase.Cleaned, RestorePhase.Quarantined)
 LIVE = (RestorePhase.Preparing, RestorePhase.Copying, RestorePhase.SourceSealed, RestorePhase.Ready)
-ROWS = Rows(OperationKind.Restore, "restore", TERMINAL, subject=lambda op_id, op: f"restore to {op.destination_workbench_id}")
+ROWS = Rows(
+    OperationKind.Restore, "restore", TERMINAL, subject=lambda op_id, op: f"restore to {op.destination_workbench_id}"
+)
 _KIND_NAMES = {RestoreSourceKind.Snapshot: "snapshot", RestoreSourceKind.Commit: "commit"}
 
 _U32 = struct.Struct(">I")
@@ -186,7 +188,9 @@ class RestoreRequest:
         check_id16(self.source_incarnation, "source incarnation")
         check_id16(self.destination_incarnation, "destination incarnation")
         if not isinstance(self.source_selector, (bytes, bytearray)):
-            raise InvalidInput(f"a restore source is a concrete id, not {self.source_selector!r} (resolve aliases first)")
+            raise InvalidInput(
+                f"a restore source is a concrete id, not {self.source_selector!r} (resolve aliases first)"
+            )
         width = {RestoreSourceKind.Snapshot: 8, RestoreSourceKind.Commit: 32}[RestoreSourceKind(self.source_kind)]
         if len(self.source_selector) != width:
             raise InvalidInput(f"a {_KIND_NAMES[self.source_kind]} source selector is {width} bytes")
@@ -203,7 +207,14 @@ class RestoreRequest:
 
     @classmethod
     def from_op(cls, op: RestoreOperation) -> "RestoreRequest":
-        return cls(op.source_workbench_id, op.source_workspace_incarnation_id, op.source_kind, bytes(op.source_selector), op.destination_workbench_id, op.destination_workspace_incarnation_id)
+        return cls(
+            op.source_workbench_id,
+            op.source_workspace_incarnation_id,
+            op.source_kind,
+            bytes(op.source_selector),
+            op.destination_workbench_id,
+            op.destination_workspace_incarnation_id,
+        )
 
 
 def identity_digest(root_id: bytes, request: RestoreRequest) -> bytes:
@@ -348,7 +359,9 @@ def operation(root, op_id: bytes) -> RestoreOperation:
 
 def attempts_of(op_id: bytes) -> staging.Attempts:
     """The staged restore-manifest attempts of a restore: every one stages the same revision."""
-    return staging.Attempts(lambda n: manifest_publish_id(op_id, n), f"restore {op_id.hex()}", "restore manifest", same_keys=True)
+    return staging.Attempts(
+        lambda n: manifest_publish_id(op_id, n), f"restore {op_id.hex()}", "restore manifest", same_keys=True
+    )
 
 
 def _snapshot_ref_key(root, op: RestoreOperation) -> bytes:
@@ -366,9 +379,14 @@ def _release_source(view, root, op_id: bytes, op: RestoreOperation):
         ref = SnapshotRef.decode(raw_ref)
         if ref.consumer_count == 0:
             raise IntegrityError(f"snapshot {op.source_snapshot_id} has no consumer to release")
-        released = dataclasses.replace(ref, consumer_count=ref.consumer_count - 1, consumer_epoch=ref.consumer_epoch + 1)
+        released = dataclasses.replace(
+            ref, consumer_count=ref.consumer_count - 1, consumer_epoch=ref.consumer_epoch + 1
+        )
         return (
-            [ValueEquals("snapshot_ref", ref_key, raw_ref), ValueEquals("history_hold", ROWS.hold_key(root, op_id), raw_hold)],
+            [
+                ValueEquals("snapshot_ref", ref_key, raw_ref),
+                ValueEquals("history_hold", ROWS.hold_key(root, op_id), raw_hold),
+            ],
             [Put("snapshot_ref", ref_key, released), Delete("history_hold", ROWS.hold_key(root, op_id))],
         )
     consumers = Consumers(view, root.root_id)
@@ -389,7 +407,10 @@ def _check_existing(root, op_id: bytes, identity: bytes, request: RestoreRequest
     if op.identity_digest != identity:
         raise OperationCollision(f"restore operation id {op_id.hex()} belongs to another identity")
     entry, _ = manifest_entry(root, op_id, request, op.created_version)
-    if initialization_digest(identity, entry.encode()) != op.initialization_digest or entry.encode() != op.restore_manifest_entry:
+    if (
+        initialization_digest(identity, entry.encode()) != op.initialization_digest
+        or entry.encode() != op.restore_manifest_entry
+    ):
         raise RequestMismatch(f"restore {op_id.hex()}: the same identity with another initialization")
     return True
 
@@ -420,7 +441,9 @@ def prepare(root, request: RestoreRequest) -> bytes:
         entry, _ = manifest_entry(root, op_id, request, version)
         predicates = [
             Absent("operation", op_key),
-            Absent("workspace_current", marker_key) if raw_marker is None else ValueEquals("workspace_current", marker_key, raw_marker),
+            Absent("workspace_current", marker_key)
+            if raw_marker is None
+            else ValueEquals("workspace_current", marker_key, raw_marker),
             Absent("workspace_incarnation_claim", claim_key),
         ]
         mutations = []
@@ -434,12 +457,18 @@ def prepare(root, request: RestoreRequest) -> bytes:
                 raise PredicateFailed(f"snapshot {request.snapshot_id} is {ref.state.name}")
             if ref.lease_deadline <= clock:
                 raise PredicateFailed(f"snapshot {request.snapshot_id}'s lease has expired")
-            attached = dataclasses.replace(ref, consumer_count=ref.consumer_count + 1, consumer_epoch=ref.consumer_epoch + 1)
+            attached = dataclasses.replace(
+                ref, consumer_count=ref.consumer_count + 1, consumer_epoch=ref.consumer_epoch + 1
+            )
             hold_key = ROWS.hold_key(root, op_id)
             predicates += [ValueEquals("snapshot_ref", ref_key, raw_ref), Absent("history_hold", hold_key)]
             mutations += [
                 Put("snapshot_ref", ref_key, attached),
-                Put("history_hold", hold_key, HistoryHold(ref.read_version, request.snapshot_id, HistoryHoldState.Active, version)),
+                Put(
+                    "history_hold",
+                    hold_key,
+                    HistoryHold(ref.read_version, request.snapshot_id, HistoryHoldState.Active, version),
+                ),
             ]
             read_version = ref.read_version
         else:
@@ -485,7 +514,11 @@ def prepare(root, request: RestoreRequest) -> bytes:
         mutations += [
             Put("operation", op_key, op),
             Put("workspace_current", marker_key, staging),
-            Put("workspace_incarnation_claim", claim_key, WorkspaceIncarnationClaim(workbench_id=request.destination_workbench_id)),
+            Put(
+                "workspace_incarnation_claim",
+                claim_key,
+                WorkspaceIncarnationClaim(workbench_id=request.destination_workbench_id),
+            ),
         ]
         return Built(predicates=predicates, mutations=mutations, result=op_id)
 
@@ -504,10 +537,19 @@ def _bind_manifest(root, op_id: bytes, publish_id: bytes) -> None:
     def rows(view, staged, refs):
         raw_op, op = ROWS.read(view, root, op_id)
         entry, revision = PathEntry.decode(op.restore_manifest_entry), staged.revision
-        found = (staged.op.artifact_revision_id, revision.logical_size, revision.body_digest_uri, revision.manifest_digest_uri)
+        found = (
+            staged.op.artifact_revision_id,
+            revision.logical_size,
+            revision.body_digest_uri,
+            revision.manifest_digest_uri,
+        )
         if found != (entry.artifact_revision_id, entry.logical_size, entry.body_digest_uri, entry.manifest_digest_uri):
             raise IntegrityError(f"staged publish {publish_id.hex()} is not the sealed restore manifest")
-        refs.add(ReferenceKind.Path, publish.path_owner(op.destination_workspace_incarnation_id, RESTORE_MANIFEST), entry.artifact_revision_id)
+        refs.add(
+            ReferenceKind.Path,
+            publish.path_owner(op.destination_workspace_incarnation_id, RESTORE_MANIFEST),
+            entry.artifact_revision_id,
+        )
         path_key = keys.path_current_key(root.root_id, op.destination_workspace_incarnation_id, RESTORE_MANIFEST)
         predicates = [ValueEquals("operation", ROWS.key(root, op_id), raw_op), Absent("path_current", path_key)]
         mutations = [
@@ -540,7 +582,13 @@ def _stage_manifest(root, op_id: bytes) -> None:
             request_id=new_id16(),
         )
 
-    staging.stage_next(root, attempts_of(op_id), publication, op.destination_workspace_incarnation_id, lambda publish_id: _bind_manifest(root, op_id, publish_id))
+    staging.stage_next(
+        root,
+        attempts_of(op_id),
+        publication,
+        op.destination_workspace_incarnation_id,
+        lambda publish_id: _bind_manifest(root, op_id, publish_id),
+    )
 
 
 # --- step 3: copying --------------------------------------------------------------------------
@@ -564,7 +612,7 @@ def source_entries(view, root, op: RestoreOperation, start_after: bytes | None):
     while True:
         page = scan_prefix(frozen, tree, prefix, start_after=marker)
         for key, value in page.items:
-            suffix = key[len(prefix):]
+            suffix = key[len(prefix) :]
             components = unordered_path(suffix)
             if tree == "path_current":
                 entry = PathEntry.decode(value)
@@ -602,7 +650,15 @@ def _copy_batch(root, op_id: bytes, batch: int) -> None:
                 mutations.append(Put("path_current", path_key, entry))
                 refs.add(ReferenceKind.Path, publish.path_owner(inc, components), entry.artifact_revision_id)
                 mutations += publish.index_mutations(root.root_id, inc, components, None, entry)
-            mutations.append(Put("restore_member", member_key, RestoreMember(join(components), entry.artifact_revision_id, entry.generation, row_digest(components, member))))
+            mutations.append(
+                Put(
+                    "restore_member",
+                    member_key,
+                    RestoreMember(
+                        join(components), entry.artifact_revision_id, entry.generation, row_digest(components, member)
+                    ),
+                )
+            )
             sequence += 1
             count += 1
             digest = commits.member_chain(digest, components, member)
@@ -637,7 +693,9 @@ def verify_members(view, root, op_id: bytes, op: RestoreOperation, *, staged: bo
     is an ordinary workbench that may have changed)."""
     count, digest = 0, ZERO_DIGEST
     inc = op.destination_workspace_incarnation_id
-    for index, (row, source) in enumerate(zip_longest(_restore_members(view, root, op_id), source_entries(view, root, op, None))):
+    for index, (row, source) in enumerate(
+        zip_longest(_restore_members(view, root, op_id), source_entries(view, root, op, None))
+    ):
         if row is None or source is None:
             raise IntegrityError(f"restore {op_id.hex()}: the member index and the source differ in length at {index}")
         sequence, member_row = row
@@ -653,18 +711,34 @@ def verify_members(view, root, op_id: bytes, op: RestoreOperation, *, staged: bo
         if staged and components != RESTORE_MANIFEST:
             raw = view.get("path_current", keys.path_current_key(root.root_id, inc, components))
             if raw is None or PathEntry.decode(raw).artifact_revision_id != entry.artifact_revision_id:
-                raise IntegrityError(f"restore {op_id.hex()}: the staged destination {member_row.path} is missing or differs")
-            if view.get("revision_ref", keys.RevisionRefKey.path(root.root_id, inc, components, entry.artifact_revision_id).encode()) is None:
-                raise IntegrityError(f"restore {op_id.hex()}: the staged destination {member_row.path} has no reference")
+                raise IntegrityError(
+                    f"restore {op_id.hex()}: the staged destination {member_row.path} is missing or differs"
+                )
+            if (
+                view.get(
+                    "revision_ref",
+                    keys.RevisionRefKey.path(root.root_id, inc, components, entry.artifact_revision_id).encode(),
+                )
+                is None
+            ):
+                raise IntegrityError(
+                    f"restore {op_id.hex()}: the staged destination {member_row.path} has no reference"
+                )
         count += 1
         digest = commits.member_chain(digest, components, member)
     if (count, digest) != (op.member_count, op.member_digest) or count != op.member_sequence:
         raise IntegrityError(f"restore {op_id.hex()}: the members do not match the sealed count/digest")
     if staged:
         sealed = PathEntry.decode(op.restore_manifest_entry)
-        if view.get("path_current", keys.path_current_key(root.root_id, inc, RESTORE_MANIFEST)) != op.restore_manifest_entry or view.get(
-            "revision_ref", keys.RevisionRefKey.path(root.root_id, inc, RESTORE_MANIFEST, sealed.artifact_revision_id).encode()
-        ) is None:
+        if (
+            view.get("path_current", keys.path_current_key(root.root_id, inc, RESTORE_MANIFEST))
+            != op.restore_manifest_entry
+            or view.get(
+                "revision_ref",
+                keys.RevisionRefKey.path(root.root_id, inc, RESTORE_MANIFEST, sealed.artifact_revision_id).encode(),
+            )
+            is None
+        ):
             raise IntegrityError(f"restore {op_id.hex()}: the staged restore manifest is missing or differs")
     if op.source_kind == RestoreSourceKind.Commit:
         _, commit = read_commit(view, root.root_id, op.source_commit_id)
@@ -714,8 +788,15 @@ def _complete(root, op_id: bytes) -> None:
         if view.get("path_current", path_key) != op.restore_manifest_entry:
             raise IntegrityError(f"restore {op_id.hex()}: the staged restore manifest is not the sealed entry")
         predicates, mutations = _release_source(view, root, op_id, op)
-        result = RestoreResult(op_id, op.destination_workbench_id, inc, op.source_kind, bytes(op.source_selector), op.member_count, version).to_bytes()
-        visible = dataclasses.replace(marker, state=WorkspaceState.Visible, workspace_revision=marker.workspace_revision + 1, modified_version=version)
+        result = RestoreResult(
+            op_id, op.destination_workbench_id, inc, op.source_kind, bytes(op.source_selector), op.member_count, version
+        ).to_bytes()
+        visible = dataclasses.replace(
+            marker,
+            state=WorkspaceState.Visible,
+            workspace_revision=marker.workspace_revision + 1,
+            modified_version=version,
+        )
         predicates += [
             ValueEquals("operation", ROWS.key(root, op_id), raw_op),
             ValueEquals("workspace_current", marker_key, raw_marker),
@@ -723,9 +804,17 @@ def _complete(root, op_id: bytes) -> None:
         ]
         mutations += [
             Put("workspace_current", marker_key, visible),
-            Put("operation", ROWS.key(root, op_id), dataclasses.replace(op, phase=RestorePhase.Complete, result=result)),
+            Put(
+                "operation", ROWS.key(root, op_id), dataclasses.replace(op, phase=RestorePhase.Complete, result=result)
+            ),
         ]
-        event = wb.event((op.destination_workbench_id, inc), ChangeEventKind.WorkspaceRestored, None, bytes(op.source_selector), op_id)
+        event = wb.event(
+            (op.destination_workbench_id, inc),
+            ChangeEventKind.WorkspaceRestored,
+            None,
+            bytes(op.source_selector),
+            op_id,
+        )
         return Built(predicates=predicates, mutations=mutations, events=[event], result=result)
 
     crash_point("restore-before-complete-command")
@@ -778,7 +867,12 @@ def _find_existing(root, request_kind, selector, source: wb.Workbench, destinati
             raw = view.get("operation", ROWS.key(root, owner.operation_id))
             if raw is not None:
                 op = RestoreOperation.decode(raw)
-                if (op.source_workbench_id, op.source_workspace_incarnation_id, op.source_kind, bytes(op.source_selector)) == (
+                if (
+                    op.source_workbench_id,
+                    op.source_workspace_incarnation_id,
+                    op.source_kind,
+                    bytes(op.source_selector),
+                ) == (
                     source.workbench_id,
                     source.incarnation_id,
                     request_kind,
@@ -789,7 +883,9 @@ def _find_existing(root, request_kind, selector, source: wb.Workbench, destinati
     raise AlreadyExists(f"workbench {destination_workbench_id!r} {what}")
 
 
-def restore(root, source_workbench: str, source, destination_workbench: str, *, batch: int = COPY_BATCH) -> RestoreResult:
+def restore(
+    root, source_workbench: str, source, destination_workbench: str, *, batch: int = COPY_BATCH
+) -> RestoreResult:
     """Create `destination_workbench` from ("snapshot", id_or_alias) or ("commit", commit) of
     `source_workbench`. An exact retry resumes or returns the terminal result."""
     check_workbench_id(destination_workbench)
@@ -799,7 +895,9 @@ def restore(root, source_workbench: str, source, destination_workbench: str, *, 
     existing = _find_existing(root, kind, selector, workbench, destination_workbench)
     if existing is not None:
         return resume(root, existing, batch=batch)
-    request = RestoreRequest(source_workbench, workbench.incarnation_id, kind, selector, destination_workbench, new_id16())
+    request = RestoreRequest(
+        source_workbench, workbench.incarnation_id, kind, selector, destination_workbench, new_id16()
+    )
     op_id = prepare(root, request)
     return resume(root, op_id, batch=batch)
 
@@ -907,7 +1005,14 @@ def _clean_members(root, op_id: bytes, batch: int) -> bool:
 
 def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
     cleaning = RestorePhase.Cleaning
-    if not ROWS.start_cleaning(root, op_id, aborting=RestorePhase.Aborting, cleaning=cleaning, label="restore.cleaning", crash="restore-after-cleaning"):
+    if not ROWS.start_cleaning(
+        root,
+        op_id,
+        aborting=RestorePhase.Aborting,
+        cleaning=cleaning,
+        label="restore.cleaning",
+        crash="restore-after-cleaning",
+    ):
         return operation(root, op_id).phase
     quarantined = staging.abort_attempts(root, attempts_of(op_id), "its restore was aborted")
     while _clean_members(root, op_id, batch):
@@ -919,7 +1024,13 @@ def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
         entry = PathEntry.decode(op.restore_manifest_entry)
         refs = References(view, root.root_id)
         owner = publish.path_owner(inc, RESTORE_MANIFEST)
-        if view.get("revision_ref", keys.RevisionRefKey(root.root_id, ReferenceKind.Path, owner, entry.artifact_revision_id).encode()) is not None:
+        if (
+            view.get(
+                "revision_ref",
+                keys.RevisionRefKey(root.root_id, ReferenceKind.Path, owner, entry.artifact_revision_id).encode(),
+            )
+            is not None
+        ):
             refs.remove(ReferenceKind.Path, owner, entry.artifact_revision_id)  # the bound staged manifest
         predicates, mutations = refs.rows()
         path_key = keys.path_current_key(root.root_id, inc, RESTORE_MANIFEST)
@@ -929,9 +1040,19 @@ def _clean(root, op_id: bytes, batch: int = COPY_BATCH) -> RestorePhase:
         if final == RestorePhase.Cleaned:
             marker_key = wb.current_key(root.root_id, op.destination_workbench_id)
             raw_marker, marker = wb.read_current(view, root.root_id, op.destination_workbench_id)
-            if marker is not None and marker.owning_operation == OperationRef(OperationKind.Restore, op_id) and marker.state == WorkspaceState.Staging:
+            if (
+                marker is not None
+                and marker.owning_operation == OperationRef(OperationKind.Restore, op_id)
+                and marker.state == WorkspaceState.Staging
+            ):
                 predicates.append(ValueEquals("workspace_current", marker_key, raw_marker))
-                mutations.append(Put("workspace_current", marker_key, dataclasses.replace(marker, state=WorkspaceState.Retired, modified_version=view.version + 1)))
+                mutations.append(
+                    Put(
+                        "workspace_current",
+                        marker_key,
+                        dataclasses.replace(marker, state=WorkspaceState.Retired, modified_version=view.version + 1),
+                    )
+                )
             source_predicates, source_mutations = _release_source(view, root, op_id, op)
             predicates += source_predicates
             mutations += source_mutations

@@ -103,8 +103,15 @@ def targets(root, settings: RetentionSettings) -> tuple[int, int, int]:
     return floor, request_horizon, through
 
 
-def slices(root, settings: RetentionSettings, report: RetentionReport | None = None, *,
-           max_rows: int = SLICE_ROWS, max_records: int = SLICE_RECORDS, observe_clock: bool = True):
+def slices(
+    root,
+    settings: RetentionSettings,
+    report: RetentionReport | None = None,
+    *,
+    max_rows: int = SLICE_ROWS,
+    max_records: int = SLICE_RECORDS,
+    observe_clock: bool = True,
+):
     """The retention pass as a generator: each step is at most one write transaction; the
     report (given or new) is updated as it goes and is the generator's return value."""
     report = report if report is not None else RetentionReport()
@@ -118,8 +125,14 @@ def slices(root, settings: RetentionSettings, report: RetentionReport | None = N
     for family, horizon_ms in ((RetainedFamily.ChangeEvent, 0), (RetainedFamily.CommandDedupe, request_horizon)):
         start = b""
         while True:
-            outcome = shard.prune_retained(owner_epoch=root.owner_epoch, family=family, floor_version=floor,
-                                           horizon_ms=horizon_ms, start_key=start, max_rows=max_rows)
+            outcome = shard.prune_retained(
+                owner_epoch=root.owner_epoch,
+                family=family,
+                floor_version=floor,
+                horizon_ms=horizon_ms,
+                start_key=start,
+                max_rows=max_rows,
+            )
             if family == RetainedFamily.ChangeEvent:
                 report.events_removed += outcome.pruned_rows
             else:
@@ -146,7 +159,10 @@ def slices(root, settings: RetentionSettings, report: RetentionReport | None = N
             break
     floors = shard.retention_floors
     report.event_floor, report.request_horizon_ms, report.outbox_floor_lsn = (
-        floors.event_floor_version, floors.request_horizon_ms, floors.outbox_floor_lsn)
+        floors.event_floor_version,
+        floors.request_horizon_ms,
+        floors.outbox_floor_lsn,
+    )
     return report
 
 

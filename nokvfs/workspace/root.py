@@ -50,8 +50,19 @@ def intent_digest(operation: str, *parts: bytes | str | int) -> bytes:
 
 
 class Root:
-    def __init__(self, shard, root_id: bytes, placement_generation: int, store, blocks, *, block_size: int, data_dir: str,
-                 owner_epoch: int | None = None, history_retention: int = 0):
+    def __init__(
+        self,
+        shard,
+        root_id: bytes,
+        placement_generation: int,
+        store,
+        blocks,
+        *,
+        block_size: int,
+        data_dir: str,
+        owner_epoch: int | None = None,
+        history_retention: int = 0,
+    ):
         from nokvfs.workspace.reading import ManifestCache
 
         self.shard = shard

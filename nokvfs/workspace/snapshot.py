@@ -122,13 +122,22 @@ def list_snapshots(root, workbench_id: str) -> list[Snapshot]:
         while True:
             page = scan_prefix(view, "snapshot_ref", prefix, start_after=marker)
             for key, value in page.items:
-                out.append(Snapshot(keys.SnapshotRefKey.decode(key).snapshot_id, workbench, SnapshotRef.decode(value), clock))
+                out.append(
+                    Snapshot(keys.SnapshotRefKey.decode(key).snapshot_id, workbench, SnapshotRef.decode(value), clock)
+                )
             if page.next_marker is None:
                 return out
             marker = page.next_marker
 
 
-def mint(root, workbench_id: str, *, alias: str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS, annotation: str | None = None) -> Snapshot:
+def mint(
+    root,
+    workbench_id: str,
+    *,
+    alias: str | None = None,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    annotation: str | None = None,
+) -> Snapshot:
     if alias is not None:
         check_snapshot_alias(alias)
     lease = _lease_ms(lease_seconds)
@@ -161,7 +170,11 @@ def mint(root, workbench_id: str, *, alias: str | None = None, lease_seconds: fl
             alias_key = _alias_key(root, workbench.incarnation_id, alias)
             raw_alias = view.get("snapshot_alias", alias_key)
             generation = 1 if raw_alias is None else SnapshotAlias.decode(raw_alias).alias_generation + 1
-            predicates.append(Absent("snapshot_alias", alias_key) if raw_alias is None else ValueEquals("snapshot_alias", alias_key, raw_alias))
+            predicates.append(
+                Absent("snapshot_alias", alias_key)
+                if raw_alias is None
+                else ValueEquals("snapshot_alias", alias_key, raw_alias)
+            )
             mutations.append(Put("snapshot_alias", alias_key, SnapshotAlias(snapshot_id, generation, None)))
         return Built(
             predicates=predicates,
@@ -208,20 +221,37 @@ def renew(root, workbench_id: str, selector: int | str, *, lease_seconds: float 
             raise PredicateFailed(f"snapshot {snapshot_id} is {ref.state.name}: it cannot be renewed")
         renewed = dataclasses.replace(ref, lease_deadline=max(ref.lease_deadline, clock + lease))
         predicates = [ValueEquals("snapshot_ref", ref_key, raw)] + ([alias_predicate] if alias_predicate else [])
-        return Built(predicates=predicates, mutations=[Put("snapshot_ref", ref_key, renewed)], value=Snapshot(snapshot_id, workbench, renewed, clock))
+        return Built(
+            predicates=predicates,
+            mutations=[Put("snapshot_ref", ref_key, renewed)],
+            value=Snapshot(snapshot_id, workbench, renewed, clock),
+        )
 
     _, built = root.apply(build, digest=intent_digest("snapshot.renew", workbench_id, snapshot_id, lease, clock))
     return built.value
 
 
-def _terminal(view, root, workbench, snapshot_id: int, ref_key: bytes, raw: bytes, alias_predicate, state: SnapshotState, kind: ChangeEventKind | None):
+def _terminal(
+    view,
+    root,
+    workbench,
+    snapshot_id: int,
+    ref_key: bytes,
+    raw: bytes,
+    alias_predicate,
+    state: SnapshotState,
+    kind: ChangeEventKind | None,
+):
     ref = SnapshotRef.decode(raw)
     if ref.state != SnapshotState.Active:
         raise PredicateFailed(f"snapshot {snapshot_id} is {ref.state.name}")
     if ref.consumer_count != 0:
         raise ForkRetentionActive(f"snapshot {snapshot_id} has {ref.consumer_count} live restore/fork consumer(s)")
     predicates = [ValueEquals("snapshot_ref", ref_key, raw)] + ([alias_predicate] if alias_predicate else [])
-    mutations = [Put("snapshot_ref", ref_key, dataclasses.replace(ref, state=state)), Delete("history_hold", _hold_key(root, snapshot_id))]
+    mutations = [
+        Put("snapshot_ref", ref_key, dataclasses.replace(ref, state=state)),
+        Delete("history_hold", _hold_key(root, snapshot_id)),
+    ]
     raw_hold = view.get("history_hold", _hold_key(root, snapshot_id))
     if raw_hold is None:
         raise IntegrityError(f"Active snapshot {snapshot_id} has no HistoryHold")
@@ -234,7 +264,9 @@ def _terminal(view, root, workbench, snapshot_id: int, ref_key: bytes, raw: byte
             current = SnapshotAlias.decode(raw_alias)
             if current.snapshot_id == snapshot_id:
                 terminal = SnapshotState.Reaped if state == SnapshotState.ReapClaimed else state
-                mutations.append(Put("snapshot_alias", alias_key, dataclasses.replace(current, terminal_state=terminal)))
+                mutations.append(
+                    Put("snapshot_alias", alias_key, dataclasses.replace(current, terminal_state=terminal))
+                )
                 if alias_predicate is None:
                     predicates.append(ValueEquals("snapshot_alias", alias_key, raw_alias))
     events = [] if kind is None else [wb.event(workbench, kind, ref.alias, snapshot_id.to_bytes(8, "big"), None)]
@@ -248,7 +280,17 @@ def retire(root, workbench_id: str, selector: int | str) -> int:
         _, workbench = wb.visible(view, root.root_id, workbench_id)
         _check_pin(view, alias_predicate)
         _, ref_key, raw, _ = _resolve(view, root, workbench, snapshot_id)
-        built = _terminal(view, root, workbench, snapshot_id, ref_key, raw, alias_predicate, SnapshotState.Retired, ChangeEventKind.SnapshotRetired)
+        built = _terminal(
+            view,
+            root,
+            workbench,
+            snapshot_id,
+            ref_key,
+            raw,
+            alias_predicate,
+            SnapshotState.Retired,
+            ChangeEventKind.SnapshotRetired,
+        )
         built.value = snapshot_id
         return built
 
@@ -275,7 +317,12 @@ def reap(root, *, skew_grace_ms: int = DEFAULT_SKEW_GRACE_MS, now_ms: int | None
             try:
                 if ref.state == SnapshotState.ReapClaimed:
                     _finish_reap(root, workbench, snapshot.snapshot_id)
-                elif ref.state != SnapshotState.Active or observed < clock or ref.lease_deadline + skew_grace_ms > clock or ref.consumer_count:
+                elif (
+                    ref.state != SnapshotState.Active
+                    or observed < clock
+                    or ref.lease_deadline + skew_grace_ms > clock
+                    or ref.consumer_count
+                ):
                     continue  # live, terminal, or the wall clock regressed below the high water
                 else:
                     _claim_reap(root, workbench, snapshot.snapshot_id)
@@ -315,7 +362,9 @@ def _finish_reap(root, workbench: wb.Workbench, snapshot_id: int) -> None:
         return Built(
             predicates=[ValueEquals("snapshot_ref", ref_key, raw)],
             mutations=[Put("snapshot_ref", ref_key, dataclasses.replace(ref, state=SnapshotState.Reaped))],
-            events=[wb.event(workbench, ChangeEventKind.SnapshotRetired, ref.alias, snapshot_id.to_bytes(8, "big"), None)],
+            events=[
+                wb.event(workbench, ChangeEventKind.SnapshotRetired, ref.alias, snapshot_id.to_bytes(8, "big"), None)
+            ],
         )
 
     root.apply(finish, digest=intent_digest("snapshot.reap", workbench.incarnation_id, snapshot_id))

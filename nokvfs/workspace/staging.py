@@ -102,7 +102,9 @@ def stage_next(root, attempts: Attempts, publication, incarnation: bytes, bind_a
         if pub.phase in (PublishPhase.Cleaned, PublishPhase.Quarantined):
             continue
         if pub.phase == PublishPhase.Published:
-            raise IntegrityError(f"staged {attempts.manifest} {publish_id.hex()} was published outside its {attempts.owner.split()[0]}")
+            raise IntegrityError(
+                f"staged {attempts.manifest} {publish_id.hex()} was published outside its {attempts.owner.split()[0]}"
+            )
         outcome = _settle(root, publish_id, pub, lambda publish_id=publish_id: bind_attempt(publish_id))
         if outcome == "bound":
             return
@@ -115,7 +117,9 @@ def stage_next(root, attempts: Attempts, publication, incarnation: bytes, bind_a
 
 
 def _keys_in_doubt(attempts: Attempts, publish_id: bytes) -> IntegrityError:
-    return IntegrityError(f"{attempts.owner}: staging attempt {publish_id.hex()} is quarantined; its object keys cannot be reused")
+    return IntegrityError(
+        f"{attempts.owner}: staging attempt {publish_id.hex()} is quarantined; its object keys cannot be reused"
+    )
 
 
 def _stage(root, pub: publish.Publication, incarnation: bytes, bind) -> None:
@@ -193,7 +197,9 @@ def reconcile(root, attempts: Attempts) -> bool:
 def quarantined_bytes(view, root, publish_id: bytes) -> tuple[int, int]:
     """(objects, bytes) a publish operation's ledger still owns (what is in doubt while it is
     Quarantined)."""
-    rows = [row for _, row in publish.read_ledger(view, root, publish_id) if row.cleanup_state != StagedCleanupState.Deleted]
+    rows = [
+        row for _, row in publish.read_ledger(view, root, publish_id) if row.cleanup_state != StagedCleanupState.Deleted
+    ]
     return len(rows), sum(row.expected_length for row in rows)
 
 
@@ -235,10 +241,20 @@ def bind(root, publish_id: bytes, digest: bytes, check, rows) -> None:
         predicates, mutations = refs.rows()
         predicates += [ValueEquals("operation", publish.ROWS.key(root, publish_id), raw_pub)] + owner_predicates
         mutations += [
-            Put("artifact_manifest", keys.ArtifactManifestKey(root.root_id, pub.artifact_revision_id, index).encode(), row)
+            Put(
+                "artifact_manifest",
+                keys.ArtifactManifestKey(root.root_id, pub.artifact_revision_id, index).encode(),
+                row,
+            )
             for index, row in enumerate(to_write)
         ]
-        mutations.append(Put("operation", publish.ROWS.key(root, publish_id), dataclasses.replace(pub, phase=PublishPhase.Published, result=result)))
+        mutations.append(
+            Put(
+                "operation",
+                publish.ROWS.key(root, publish_id),
+                dataclasses.replace(pub, phase=PublishPhase.Published, result=result),
+            )
+        )
         mutations += [Delete("staged_object", key) for key in ledger_keys]
         return Built(predicates=predicates, mutations=mutations + owner_mutations)
 

@@ -50,7 +50,7 @@ def _check_generation(name: str, expected: int | None, current: Tag | None) -> N
         raise GenerationConflict(f"tag {name!r} is at generation {actual}, expected {expected}")
 
 
-def set(root, workbench_id: str, name: str, commit_id: bytes, expected_generation: int | None = None) -> TagInfo:  # noqa: A001 - the facade verb
+def set(root, workbench_id: str, name: str, commit_id: bytes, expected_generation: int | None = None) -> TagInfo:
     """Point `name` at `commit_id` (creating or moving the tag)."""
     check_tag_name(name)
     check_commit_id(commit_id)
@@ -107,7 +107,10 @@ def delete(root, workbench_id: str, name: str, expected_generation: int | None =
         consumers = Consumers(view, root.root_id)
         consumers.remove(current.commit_id, CommitConsumerKind.Tag, keys.tag_consumer_owner(inc, name))
         predicates, mutations = consumers.rows()
-        predicates += [ValueEquals("workspace_current", wb.current_key(root.root_id, workbench_id), raw_wb), ValueEquals("tag", key, raw)]
+        predicates += [
+            ValueEquals("workspace_current", wb.current_key(root.root_id, workbench_id), raw_wb),
+            ValueEquals("tag", key, raw),
+        ]
         mutations.append(Delete("tag", key))
         return Built(
             predicates=predicates,
@@ -152,7 +155,7 @@ def list_tags(root, workbench_id: str) -> list[TagInfo]:
             marker = page.next_marker
 
 
-list = list_tags  # noqa: A001 - tag.list is the facade name; builtins stay reachable as `builtins.list`
+list = list_tags
 
 
 class _Unchanged(Exception):

@@ -63,7 +63,13 @@ def visible(view, root_id: bytes, workbench_id: str) -> tuple[bytes, Workbench]:
     return raw, Workbench.from_record(workbench_id, record)
 
 
-def event(workbench: Workbench | tuple, kind: ChangeEventKind, path: str | None = None, before: bytes | None = None, after: bytes | None = None) -> ChangeEvent:
+def event(
+    workbench: Workbench | tuple,
+    kind: ChangeEventKind,
+    path: str | None = None,
+    before: bytes | None = None,
+    after: bytes | None = None,
+) -> ChangeEvent:
     workbench_id, incarnation = (
         (workbench.workbench_id, workbench.incarnation_id) if isinstance(workbench, Workbench) else workbench
     )

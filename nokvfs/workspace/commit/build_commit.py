@@ -139,7 +139,12 @@ _CURRENT = object()  # "the head seen at step 1"
 _U32 = struct.Struct(">I")
 
 BUILD_TERMINAL = (BuildCommitPhase.Complete, BuildCommitPhase.Cleaned, BuildCommitPhase.Quarantined)
-ROWS = Rows(OperationKind.BuildCommit, "build-commit", BUILD_TERMINAL, subject=lambda op_id, op: f"build-commit {op.commit_id.hex()[:12]}")
+ROWS = Rows(
+    OperationKind.BuildCommit,
+    "build-commit",
+    BUILD_TERMINAL,
+    subject=lambda op_id, op: f"build-commit {op.commit_id.hex()[:12]}",
+)
 
 
 class CommitAborted(PredicateFailed):
@@ -222,7 +227,9 @@ def operation(root, op_id: bytes) -> BuildCommitOperation:
 
 def attempts_of(op_id: bytes) -> staging.Attempts:
     """The staged run-manifest attempts of a build (each stages a fresh revision)."""
-    return staging.Attempts(lambda n: staged_publish_id(op_id, n), f"build-commit {op_id.hex()}", "run manifest", same_keys=False)
+    return staging.Attempts(
+        lambda n: staged_publish_id(op_id, n), f"build-commit {op_id.hex()}", "run manifest", same_keys=False
+    )
 
 
 # --- step 1 -----------------------------------------------------------------------------------
@@ -242,7 +249,9 @@ def _authenticate(op: BuildCommitOperation, request: CommitRequest) -> None:
     if request.committed_at is not None and op.committed_at_unix_seconds != request.committed_at:
         differences.append("committed_at")
     if differences:
-        raise RequestMismatch(f"request id {op.request_id.hex()} was used for another commit ({', '.join(differences)} differ)")
+        raise RequestMismatch(
+            f"request id {op.request_id.hex()} was used for another commit ({', '.join(differences)} differ)"
+        )
 
 
 def _check_parents(parents) -> tuple:
@@ -274,7 +283,9 @@ def begin(root, request: CommitRequest) -> bytes:
         head = None if raw_head is None else WorkbenchCommitHead.decode(raw_head)
         head_id = None if head is None else head.commit_id
         if request.expected_head is not _CURRENT and request.expected_head != head_id:
-            raise GenerationConflict(f"{request.workbench_id}: the head is {head_id.hex() if head_id else 'absent'}, not the expected one")
+            raise GenerationConflict(
+                f"{request.workbench_id}: the head is {head_id.hex() if head_id else 'absent'}, not the expected one"
+            )
         parents = explicit_parents if explicit_parents is not None else (() if head is None else (head.commit_id,))
         for parent in parents:
             _, parent_commit = read_commit(view, root.root_id, parent)
@@ -345,7 +356,9 @@ def begin(root, request: CommitRequest) -> bytes:
                 Absent("operation", op_key),
                 Absent("history_hold", hold_key),
                 ValueEquals("workspace_current", wb.current_key(root.root_id, request.workbench_id), raw_wb),
-                Absent("workbench_commit_head", head_key(root, inc)) if raw_head is None else ValueEquals("workbench_commit_head", head_key(root, inc), raw_head),
+                Absent("workbench_commit_head", head_key(root, inc))
+                if raw_head is None
+                else ValueEquals("workbench_commit_head", head_key(root, inc), raw_head),
             ],
             mutations=[
                 Put("operation", op_key, op),
@@ -448,7 +461,13 @@ def _stage_run_manifest(root, op_id: bytes) -> None:
             request_id=new_id16(),
         )
 
-    staging.stage_next(root, attempts_of(op_id), publication, op.source_workspace_incarnation_id, lambda publish_id: _bind_run_manifest(root, op_id, publish_id))
+    staging.stage_next(
+        root,
+        attempts_of(op_id),
+        publication,
+        op.source_workspace_incarnation_id,
+        lambda publish_id: _bind_run_manifest(root, op_id, publish_id),
+    )
 
 
 # --- steps 3-6 --------------------------------------------------------------------------------
@@ -471,7 +490,11 @@ def _member_batch(root, op_id: bytes, batch: int) -> None:
             count += 1
             digest = member_chain(digest, components, member)
         cursor = take[-1][0] if more else EOF
-        return predicates, mutations, dataclasses.replace(op, member_cursor=cursor, member_count=count, member_digest=digest)
+        return (
+            predicates,
+            mutations,
+            dataclasses.replace(op, member_cursor=cursor, member_count=count, member_digest=digest),
+        )
 
     ROWS.step(root, op_id, "commit.members", change)
 
@@ -488,18 +511,24 @@ def _revision_batch(root, op_id: bytes, batch: int) -> None:
         added = set()
         for _, value in page.items:
             rev = CommitMember.decode(value).artifact_revision_id
-            if rev in added or view.get("revision_ref", keys.RevisionRefKey.commit(root.root_id, op.commit_id, rev).encode()) is not None:
+            if (
+                rev in added
+                or view.get("revision_ref", keys.RevisionRefKey.commit(root.root_id, op.commit_id, rev).encode())
+                is not None
+            ):
                 continue
             refs.add(ReferenceKind.Commit, op.commit_id, rev)
             added.add(rev)
         eof = page.next_marker is None
         updated = dataclasses.replace(
             op,
-            revision_cursor=EOF if eof else page.items[-1][0][len(prefix):],
+            revision_cursor=EOF if eof else page.items[-1][0][len(prefix) :],
             unique_revision_count=op.unique_revision_count + len(added),
         )
         if eof:
-            updated = dataclasses.replace(updated, revision_digest=revision_digest(set(commit_ref_ids(view, root, op.commit_id)) | added))
+            updated = dataclasses.replace(
+                updated, revision_digest=revision_digest(set(commit_ref_ids(view, root, op.commit_id)) | added)
+            )
         return *refs.rows(), updated
 
     ROWS.step(root, op_id, "commit.revisions", change)
@@ -585,7 +614,9 @@ def _publish(root, op_id: bytes) -> None:
         head_row = head_key(root, inc)
         raw_head = view.get("workbench_commit_head", head_row)
         head = None if raw_head is None else WorkbenchCommitHead.decode(raw_head)
-        if (None if head is None else head.commit_id) != op.expected_head or (0 if head is None else head.head_generation) != op.expected_head_generation:
+        if (None if head is None else head.commit_id) != op.expected_head or (
+            0 if head is None else head.head_generation
+        ) != op.expected_head_generation:
             raise GenerationConflict(f"{op.workbench_id}: the head moved since the commit was frozen")
         rm_key = keys.path_current_key(root.root_id, inc, RUN_MANIFEST)
         old_raw = view.get("path_current", rm_key)
@@ -671,7 +702,9 @@ def _publish(root, op_id: bytes) -> None:
         predicates += [
             ValueEquals("operation", op_key, raw_op),
             wb_predicate,
-            Absent("workbench_commit_head", head_row) if raw_head is None else ValueEquals("workbench_commit_head", head_row, raw_head),
+            Absent("workbench_commit_head", head_row)
+            if raw_head is None
+            else ValueEquals("workbench_commit_head", head_row, raw_head),
             Absent("path_current", rm_key) if old_raw is None else ValueEquals("path_current", rm_key, old_raw),
             ValueEquals("history_hold", hold_key, raw_hold),
         ]
@@ -683,7 +716,13 @@ def _publish(root, op_id: bytes) -> None:
             Delete("history_hold", hold_key),
         ]
         mutations += publish.index_mutations(root.root_id, inc, RUN_MANIFEST, old, entry)
-        event = wb.event(workbench, ChangeEventKind.CommitPublished, RUN_MANIFEST_PATH, None if head is None else head.commit_id, op.commit_id)
+        event = wb.event(
+            workbench,
+            ChangeEventKind.CommitPublished,
+            RUN_MANIFEST_PATH,
+            None if head is None else head.commit_id,
+            op.commit_id,
+        )
         return Built(predicates=predicates, mutations=mutations, events=[event], result=result)
 
     crash_point("commit-before-publish-command")
@@ -701,7 +740,10 @@ def _terminal_result(root, op_id: bytes, op: BuildCommitOperation) -> CommitResu
     problems = []
     if commit_id != op.commit_id:
         problems.append("commit id")
-    if frozen.projection_input_digest(commit_id) != op.projection_input_digest or frozen.initialization_digest(commit_id) != op.initialization_digest:
+    if (
+        frozen.projection_input_digest(commit_id) != op.projection_input_digest
+        or frozen.initialization_digest(commit_id) != op.initialization_digest
+    ):
         problems.append("request digests")
     if op.content_digest_uri != frozen.content_digest_uri(commit_id) or op.manifest_digest_uri != op.content_digest_uri:
         problems.append("manifest digests")
@@ -715,21 +757,40 @@ def _terminal_result(root, op_id: bytes, op: BuildCommitOperation) -> CommitResu
             or pub.phase != PublishPhase.Published
             or staged is None
             or (staged.artifact_revision_id, staged.body_digest_uri, staged.logical_size, staged.manifest_digest_uri)
-            != (binding.artifact_revision_id, binding.body_digest_uri, binding.logical_size, binding.manifest_digest_uri)
+            != (
+                binding.artifact_revision_id,
+                binding.body_digest_uri,
+                binding.logical_size,
+                binding.manifest_digest_uri,
+            )
         ):
             problems.append("staged publish result")
     result = CommitResult.from_bytes(op.result)
     if result.commit_id != op.commit_id or result.operation_id != op_id:
         problems.append("stored result")
     if problems:
-        raise IntegrityError(f"build-commit {op_id.hex()}: the terminal envelope does not verify ({', '.join(problems)})")
+        raise IntegrityError(
+            f"build-commit {op_id.hex()}: the terminal envelope does not verify ({', '.join(problems)})"
+        )
     return result
 
 
 # --- driving, abort and cleanup ---------------------------------------------------------------
 
 
-def build(root, workbench_id: str, *, parents=None, producer: str = "", lineage: str = "", replace: bool = True, expected_head=_CURRENT, request_id: bytes | None = None, committed_at: int | None = None, batch: int = MEMBER_BATCH) -> CommitResult:
+def build(
+    root,
+    workbench_id: str,
+    *,
+    parents=None,
+    producer: str = "",
+    lineage: str = "",
+    replace: bool = True,
+    expected_head=_CURRENT,
+    request_id: bytes | None = None,
+    committed_at: int | None = None,
+    batch: int = MEMBER_BATCH,
+) -> CommitResult:
     """Commit the workbench's current tree (steps 1-9), or return the original result of an
     exact retry of `request_id`. A lost race or failure aborts and cleans the build and raises."""
     request = CommitRequest(
@@ -794,7 +855,11 @@ def abort(root, op_id: bytes, *, reason: str, batch: int = MEMBER_BATCH) -> Buil
                 if view.get("commit", commit_key) is not None or view.get("command_dedupe", dedupe_key) is not None:
                     raise PredicateFailed(f"build-commit {op_id.hex()} was published")
                 predicates += [Absent("commit", commit_key), Absent("command_dedupe", dedupe_key)]
-            return predicates, [], dataclasses.replace(current, phase=BuildCommitPhase.Aborting, terminal_error=reason[:1024])
+            return (
+                predicates,
+                [],
+                dataclasses.replace(current, phase=BuildCommitPhase.Aborting, terminal_error=reason[:1024]),
+            )
 
         try:
             ROWS.step(root, op_id, "commit.abort", take_over)
@@ -823,7 +888,14 @@ def _clean_batch(root, op_id: bytes, stage: bytes, collect) -> bool:
 
 def _clean(root, op_id: bytes, batch: int = MEMBER_BATCH) -> BuildCommitPhase:
     cleaning = BuildCommitPhase.Cleaning
-    if not ROWS.start_cleaning(root, op_id, aborting=BuildCommitPhase.Aborting, cleaning=cleaning, label="commit.cleaning", crash="commit-after-cleaning"):
+    if not ROWS.start_cleaning(
+        root,
+        op_id,
+        aborting=BuildCommitPhase.Aborting,
+        cleaning=cleaning,
+        label="commit.cleaning",
+        crash="commit-after-cleaning",
+    ):
         return operation(root, op_id).phase
     # The staged run manifest: a publish attempt that is not terminal is aborted (the bind
     # needs Building, so none can publish any more); a bound one's Commit ref goes below.
@@ -836,7 +908,7 @@ def _clean(root, op_id: bytes, batch: int = MEMBER_BATCH) -> BuildCommitPhase:
 
     def revisions(view, op):
         prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.Commit, keys.commit_reference_owner(op.commit_id))
-        ids = [k[len(prefix):] for k, _ in scan_prefix(view, "revision_ref", prefix, limit=limit).items]
+        ids = [k[len(prefix) :] for k, _ in scan_prefix(view, "revision_ref", prefix, limit=limit).items]
         if not ids:
             return None
         refs = References(view, root.root_id)

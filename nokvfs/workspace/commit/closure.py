@@ -87,7 +87,7 @@ def frozen_members(frozen, root, op: BuildCommitOperation, start_after: bytes | 
     while True:
         page = scan_prefix(frozen, "path_current", prefix, start_after=marker)
         for key, value in page.items:
-            suffix = key[len(prefix):]
+            suffix = key[len(prefix) :]
             if not emitted and suffix >= virtual_key:
                 emitted = True
                 yield virtual_key, RUN_MANIFEST, virtual
@@ -105,13 +105,13 @@ def member_rows(view, root, commit_id: bytes):
     """Every (ordered suffix, components, CommitMember) of a commit, in path order."""
     prefix = keys.commit_member_prefix(root.root_id, commit_id)
     for key, value in iter_prefix(view, "commit_member", prefix):
-        suffix = key[len(prefix):]
+        suffix = key[len(prefix) :]
         yield suffix, unordered_path(suffix), CommitMember.decode(value)
 
 
 def commit_ref_ids(view, root, commit_id: bytes) -> list[bytes]:
     prefix = keys.revision_ref_prefix(root.root_id, ReferenceKind.Commit, keys.commit_reference_owner(commit_id))
-    return [key[len(prefix):] for key, _ in iter_prefix(view, "revision_ref", prefix)]
+    return [key[len(prefix) :] for key, _ in iter_prefix(view, "revision_ref", prefix)]
 
 
 @dataclass(frozen=True)
@@ -134,22 +134,54 @@ def verify_closure(view, root, commit_id: bytes, seals: Seals) -> None:
         digest = member_chain(digest, components, member)
         revisions.add(member.artifact_revision_id)
     if (count, digest) != (seals.member_count, seals.member_digest):
-        raise IntegrityError(f"commit {commit_id.hex()}: the CommitMember rows do not match the member seal ({count} rows, sealed {seals.member_count})")
+        raise IntegrityError(
+            f"commit {commit_id.hex()}: the CommitMember rows do not match the member seal ({count} rows, sealed "
+            f"{seals.member_count})"
+        )
     refs = commit_ref_ids(view, root, commit_id)
-    if set(refs) != revisions or len(refs) != seals.unique_revision_count or revision_digest(refs) != seals.revision_digest:
-        raise IntegrityError(f"commit {commit_id.hex()}: the Commit RevisionRefs do not match the revision seal ({len(refs)} refs, {len(revisions)} member revisions, sealed {seals.unique_revision_count})")
+    if (
+        set(refs) != revisions
+        or len(refs) != seals.unique_revision_count
+        or revision_digest(refs) != seals.revision_digest
+    ):
+        raise IntegrityError(
+            f"commit {commit_id.hex()}: the Commit RevisionRefs do not match the revision seal ({len(refs)} refs, "
+            f"{len(revisions)} member revisions, sealed {seals.unique_revision_count})"
+        )
     parents = tuple(seals.parents)
-    if len(set(parents)) != len(parents) or len(parents) != seals.parent_count or parent_digest(parents) != seals.parent_digest:
+    if (
+        len(set(parents)) != len(parents)
+        or len(parents) != seals.parent_count
+        or parent_digest(parents) != seals.parent_digest
+    ):
         raise IntegrityError(f"commit {commit_id.hex()}: the parents do not match the parent seal")
     for parent in parents:
-        if view.get("commit_consumer", consumer_key(root.root_id, parent, CommitConsumerKind.ChildCommit, commit_id)) is None:
+        if (
+            view.get("commit_consumer", consumer_key(root.root_id, parent, CommitConsumerKind.ChildCommit, commit_id))
+            is None
+        ):
             raise IntegrityError(f"commit {commit_id.hex()}: parent {parent.hex()} has no ChildCommit consumer row")
 
 
 def op_seals(op: BuildCommitOperation) -> Seals:
-    return Seals(op.member_count, op.member_digest, op.unique_revision_count, op.revision_digest, tuple(op.parents), op.parent_count, op.parent_digest)
+    return Seals(
+        op.member_count,
+        op.member_digest,
+        op.unique_revision_count,
+        op.revision_digest,
+        tuple(op.parents),
+        op.parent_count,
+        op.parent_digest,
+    )
 
 
 def commit_seals(commit: Commit) -> Seals:
-    return Seals(commit.member_count, commit.member_digest, commit.unique_revision_count, commit.revision_digest, tuple(commit.parents), commit.parent_count, commit.parent_digest)
-
+    return Seals(
+        commit.member_count,
+        commit.member_digest,
+        commit.unique_revision_count,
+        commit.revision_digest,
+        tuple(commit.parents),
+        commit.parent_count,
+        commit.parent_digest,
+    )

@@ -72,7 +72,9 @@ def publish_request_id(operation: bytes) -> bytes:
     return derived_id16(hashlib.sha256(b"nokv.build-commit.publish-request.v1\0" + operation).digest())
 
 
-def commit_identity(root_id: bytes, incarnation: bytes, read_version: int, committed_at: int, request_id: bytes, parents) -> bytes:
+def commit_identity(
+    root_id: bytes, incarnation: bytes, read_version: int, committed_at: int, request_id: bytes, parents
+) -> bytes:
     h = hashlib.sha256(b"nokv.commit.identity.v1\0")
     h.update(root_id + incarnation + _U64.pack(read_version) + _U64.pack(committed_at) + request_id)
     h.update(_U32.pack(len(parents)))
@@ -83,7 +85,9 @@ def commit_identity(root_id: bytes, incarnation: bytes, read_version: int, commi
 
 def member_chain(previous: bytes, components: tuple[str, ...], member: CommitMember) -> bytes:
     path = join(components).encode("utf-8")
-    return hashlib.sha256(b"nokv.commit.member.v1\0" + previous + _U32.pack(len(path)) + path + member.encode()).digest()
+    return hashlib.sha256(
+        b"nokv.commit.member.v1\0" + previous + _U32.pack(len(path)) + path + member.encode()
+    ).digest()
 
 
 def revision_digest(revision_ids) -> bytes:
@@ -94,9 +98,22 @@ def parent_digest(parents) -> bytes:
     return hashlib.sha256(b"nokv.commit.parents.v1\0" + b"".join(parents)).digest()
 
 
-def projection_input_digest(workbench_id: str, workbench_path: str, content_digest_uri: str, canonical_manifest: bytes, manifest_digest_uri: str, identity: bytes) -> bytes:
+def projection_input_digest(
+    workbench_id: str,
+    workbench_path: str,
+    content_digest_uri: str,
+    canonical_manifest: bytes,
+    manifest_digest_uri: str,
+    identity: bytes,
+) -> bytes:
     h = hashlib.sha256(b"nokv.workbench.run_manifest.projection_input.v1\0")
-    for part in (workbench_id.encode(), workbench_path.encode(), content_digest_uri.encode(), canonical_manifest, manifest_digest_uri.encode()):
+    for part in (
+        workbench_id.encode(),
+        workbench_path.encode(),
+        content_digest_uri.encode(),
+        canonical_manifest,
+        manifest_digest_uri.encode(),
+    ):
         h.update(_len64(part))
     h.update(check_commit_id(identity))
     return h.digest()
@@ -143,7 +160,9 @@ class FrozenRequest:
         )
 
     def commit_id(self, root_id: bytes) -> bytes:
-        return commit_identity(root_id, self.incarnation, self.read_version, self.committed_at, self.request_id, self.parents)
+        return commit_identity(
+            root_id, self.incarnation, self.read_version, self.committed_at, self.request_id, self.parents
+        )
 
     def manifest_object(self, commit_id: bytes) -> dict:
         return {
@@ -171,7 +190,9 @@ class FrozenRequest:
 
     def projection_input_digest(self, commit_id: bytes) -> bytes:
         uri = self.content_digest_uri(commit_id)
-        return projection_input_digest(self.workbench_id, RUN_MANIFEST_PATH, uri, self.canonical_manifest(commit_id), uri, commit_id)
+        return projection_input_digest(
+            self.workbench_id, RUN_MANIFEST_PATH, uri, self.canonical_manifest(commit_id), uri, commit_id
+        )
 
     def initialization_digest(self, commit_id: bytes) -> bytes:
         uri = self.content_digest_uri(commit_id)
@@ -191,4 +212,3 @@ class FrozenRequest:
         for parent in self.parents:
             h.update(parent)
         return h.digest()
-

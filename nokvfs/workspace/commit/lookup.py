@@ -92,7 +92,12 @@ def resolve(root, workbench_id: str, prefix: str) -> bytes:
 
 def resolve_in(view, root, workbench: wb.Workbench, prefix: str) -> bytes:
     """`resolve` within one read view, for a workbench already read from it."""
-    if not isinstance(prefix, str) or not prefix or len(prefix) > 64 or any(c not in "0123456789abcdef" for c in prefix):
+    if (
+        not isinstance(prefix, str)
+        or not prefix
+        or len(prefix) > 64
+        or any(c not in "0123456789abcdef" for c in prefix)
+    ):
         raise InvalidInput(f"a commit reference is 1..64 lowercase hex characters, not {prefix!r}")
     matches = []
     key_prefix = root.root_id + bytes.fromhex(prefix[: len(prefix) // 2 * 2])
@@ -101,7 +106,10 @@ def resolve_in(view, root, workbench: wb.Workbench, prefix: str) -> bytes:
         page = scan_prefix(view, "commit", key_prefix, start_after=marker)
         for key, value in page.items:
             commit_id = keys.CommitKey.decode(key).commit_id
-            if commit_id.hex().startswith(prefix) and Commit.decode(value).source_workspace_incarnation_id == workbench.incarnation_id:
+            if (
+                commit_id.hex().startswith(prefix)
+                and Commit.decode(value).source_workspace_incarnation_id == workbench.incarnation_id
+            ):
                 matches.append(commit_id)
         if page.next_marker is None:
             break
@@ -110,7 +118,9 @@ def resolve_in(view, root, workbench: wb.Workbench, prefix: str) -> bytes:
         raise NotFound(f"no commit {prefix} in {workbench.workbench_id}")
     if len(matches) > 1:
         hexes = [m.hex() for m in matches]
-        raise AmbiguousReference(f"commit prefix {prefix} is ambiguous in {workbench.workbench_id}: " + ", ".join(hexes), hexes)
+        raise AmbiguousReference(
+            f"commit prefix {prefix} is ambiguous in {workbench.workbench_id}: " + ", ".join(hexes), hexes
+        )
     return matches[0]
 
 
@@ -118,4 +128,4 @@ def members(view, root, commit_id: bytes, *, start_after: bytes | None = None, l
     """One bounded page of a commit's members: ([(path text, CommitMember)], next marker)."""
     prefix = keys.commit_member_prefix(root.root_id, check_commit_id(commit_id))
     page = scan_prefix(view, "commit_member", prefix, start_after=start_after, limit=limit)
-    return [(join(unordered_path(k[len(prefix):])), CommitMember.decode(v)) for k, v in page.items], page.next_marker
+    return [(join(unordered_path(k[len(prefix) :])), CommitMember.decode(v)) for k, v in page.items], page.next_marker

@@ -37,7 +37,12 @@ from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built
 
 RETIRE_TERMINAL = (CommitRetirePhase.Complete, CommitRetirePhase.Quarantined)
-ROWS = Rows(OperationKind.CommitRetire, "commit-retire", RETIRE_TERMINAL, subject=lambda op_id, op: f"commit retirement {op_id.hex()}")
+ROWS = Rows(
+    OperationKind.CommitRetire,
+    "commit-retire",
+    RETIRE_TERMINAL,
+    subject=lambda op_id, op: f"commit retirement {op_id.hex()}",
+)
 BATCH = 200
 
 _U32 = struct.Struct(">I")
@@ -70,9 +75,13 @@ def claim_retirement(root, commit_id: bytes, *, expected_epoch: int | None = Non
         if commit.state != CommitState.Sealed:
             raise PredicateFailed(f"commit {commit_id.hex()} is {commit.state.name}")
         if commit.consumer_count != 0:
-            raise CommitInUse(f"commit {commit_id.hex()} has {commit.consumer_count} consumer(s) (head, tag, lease or child)")
+            raise CommitInUse(
+                f"commit {commit_id.hex()} has {commit.consumer_count} consumer(s) (head, tag, lease or child)"
+            )
         if commit.consumer_epoch != expected_epoch:
-            raise PredicateFailed(f"commit {commit_id.hex()} is at consumer epoch {commit.consumer_epoch}, expected {expected_epoch}")
+            raise PredicateFailed(
+                f"commit {commit_id.hex()} is at consumer epoch {commit.consumer_epoch}, expected {expected_epoch}"
+            )
         key = keys.CommitKey(root.root_id, commit_id).encode()
         op = CommitRetireOperation(
             commit_id=commit_id,
@@ -90,7 +99,10 @@ def claim_retirement(root, commit_id: bytes, *, expected_epoch: int | None = Non
         )
         return Built(
             predicates=[ValueEquals("commit", key, raw), Absent("operation", ROWS.key(root, op_id))],
-            mutations=[Put("commit", key, dataclasses.replace(commit, state=CommitState.Retiring)), Put("operation", ROWS.key(root, op_id), op)],
+            mutations=[
+                Put("commit", key, dataclasses.replace(commit, state=CommitState.Retiring)),
+                Put("operation", ROWS.key(root, op_id), op),
+            ],
         )
 
     ROWS.apply(root, "commit.retire-claim", op_id, build)
@@ -120,7 +132,11 @@ def _retire_cas(root, op_id: bytes, label: str, collect):
         new_commit = dataclasses.replace(commit, retirement_cursor=_retirement_cursor(updated))
         if updated.phase == CommitRetirePhase.Complete:
             new_commit = dataclasses.replace(new_commit, state=CommitState.Retired)
-        return predicates + [ValueEquals("commit", commit_key, raw_commit)], mutations + [Put("commit", commit_key, new_commit)], updated
+        return (
+            predicates + [ValueEquals("commit", commit_key, raw_commit)],
+            mutations + [Put("commit", commit_key, new_commit)],
+            updated,
+        )
 
     ROWS.step(root, op_id, label, change)
 
@@ -167,7 +183,12 @@ def _drive(root, op_id: bytes, *, batch: int = BATCH) -> CommitRetireOperation:
                     raise
             rechecked = True
         if op.phase == CommitRetirePhase.Claiming:
-            _retire_cas(root, op_id, "commit.retire-release", lambda v, o, c: ([], [], dataclasses.replace(o, phase=CommitRetirePhase.Releasing)))
+            _retire_cas(
+                root,
+                op_id,
+                "commit.retire-release",
+                lambda v, o, c: ([], [], dataclasses.replace(o, phase=CommitRetirePhase.Releasing)),
+            )
             continue
         if op.revision_cursor != EOF:
             _retire_cas(root, op_id, "commit.retire-revisions", lambda v, o, c: _release_revisions(v, root, o, limit))
@@ -197,13 +218,17 @@ def _recheck_retiring(view, root, commit: Commit, op: CommitRetireOperation) -> 
         count += 1
         digest = member_chain(digest, components, member)
         revisions.add(member.artifact_revision_id)
-    if (count, digest) != (commit.member_count, commit.member_digest) or revision_digest(revisions) != commit.revision_digest:
+    if (count, digest) != (commit.member_count, commit.member_digest) or revision_digest(
+        revisions
+    ) != commit.revision_digest:
         raise IntegrityError(f"commit {op.commit_id.hex()}: the members no longer match the seals")
     remaining = commit_ref_ids(view, root, op.commit_id)
     cursor = b"" if op.revision_cursor == EOF else op.revision_cursor
     expected = sorted(r for r in revisions if op.revision_cursor != EOF and r > cursor)
     if remaining != expected or op.released_revision_count + len(remaining) != commit.unique_revision_count:
-        raise IntegrityError(f"commit {op.commit_id.hex()}: the remaining Commit refs do not follow the revision cursor")
+        raise IntegrityError(
+            f"commit {op.commit_id.hex()}: the remaining Commit refs do not follow the revision cursor"
+        )
     if parent_digest(commit.parents) != commit.parent_digest:
         raise IntegrityError(f"commit {op.commit_id.hex()}: the parents no longer match the parent seal")
 
@@ -214,10 +239,16 @@ def _release_revisions(view, root, op: CommitRetireOperation, limit: int):
     page = scan_prefix(view, "revision_ref", prefix, start_after=marker, limit=limit)
     refs = References(view, root.root_id)
     for key, _ in page.items:
-        refs.remove(ReferenceKind.Commit, op.commit_id, key[len(prefix):])
+        refs.remove(ReferenceKind.Commit, op.commit_id, key[len(prefix) :])
     predicates, mutations = refs.rows()
-    cursor = EOF if page.next_marker is None else page.items[-1][0][len(prefix):]
-    return predicates, mutations, dataclasses.replace(op, revision_cursor=cursor, released_revision_count=op.released_revision_count + len(page.items))
+    cursor = EOF if page.next_marker is None else page.items[-1][0][len(prefix) :]
+    return (
+        predicates,
+        mutations,
+        dataclasses.replace(
+            op, revision_cursor=cursor, released_revision_count=op.released_revision_count + len(page.items)
+        ),
+    )
 
 
 def _release_parents(view, root, op: CommitRetireOperation, commit: Commit, limit: int):
@@ -229,7 +260,11 @@ def _release_parents(view, root, op: CommitRetireOperation, commit: Commit, limi
     predicates, mutations = consumers.rows()
     end = start + len(chosen)
     cursor = EOF if end >= len(commit.parents) else _U32.pack(end)
-    return predicates, mutations, dataclasses.replace(op, parent_cursor=cursor, released_parent_count=op.released_parent_count + len(chosen))
+    return (
+        predicates,
+        mutations,
+        dataclasses.replace(op, parent_cursor=cursor, released_parent_count=op.released_parent_count + len(chosen)),
+    )
 
 
 def _release_members(view, root, op: CommitRetireOperation, limit: int):
@@ -237,8 +272,12 @@ def _release_members(view, root, op: CommitRetireOperation, limit: int):
     marker = None if not op.member_cursor else prefix + op.member_cursor
     page = scan_prefix(view, "commit_member", prefix, start_after=marker, limit=limit)
     mutations = [Delete("commit_member", k) for k, _ in page.items]
-    cursor = EOF if page.next_marker is None else page.items[-1][0][len(prefix):]
-    return [], mutations, dataclasses.replace(op, member_cursor=cursor, released_member_count=op.released_member_count + len(page.items))
+    cursor = EOF if page.next_marker is None else page.items[-1][0][len(prefix) :]
+    return (
+        [],
+        mutations,
+        dataclasses.replace(op, member_cursor=cursor, released_member_count=op.released_member_count + len(page.items)),
+    )
 
 
 def _finish_retire(op: CommitRetireOperation, commit: Commit):
@@ -246,7 +285,14 @@ def _finish_retire(op: CommitRetireOperation, commit: Commit):
     sealed = (commit.member_count, commit.unique_revision_count, commit.parent_count)
     if released != sealed:
         raise IntegrityError(f"commit {op.commit_id.hex()}: released {released}, sealed {sealed}")
-    result = canonical_json.dumps({"commit_id": op.commit_id.hex(), "released_members": released[0], "released_revisions": released[1], "released_parents": released[2]})
+    result = canonical_json.dumps(
+        {
+            "commit_id": op.commit_id.hex(),
+            "released_members": released[0],
+            "released_revisions": released[1],
+            "released_parents": released[2],
+        }
+    )
     return [], [], dataclasses.replace(op, phase=CommitRetirePhase.Complete, result=result)
 
 
