@@ -74,7 +74,10 @@ def _journal(data_dir: str, records: list[bytes]) -> str:
 def test_restore_turns_a_dead_daemons_journal_into_pending_spools(tmp_path):
     data = str(tmp_path)
     directory = spools.spool_dir(data)
-    meta = lambda name, path: {"spool": name, "path": path, "workbench": "wb", "state": "pending", "size": 2}  # noqa: E731
+
+    def meta(name, path):
+        return {"spool": name, "path": path, "workbench": "wb", "state": "pending", "size": 2}
+
     os.makedirs(directory)
     with open(os.path.join(directory, "big.spool"), "wb") as f:
         f.write(b"BIG")

@@ -73,7 +73,13 @@ from nokvfs.schema.records import (
 from nokvfs.workspace import attributes
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.body import Body
-from nokvfs.workspace.operations import CRASH_ENV, Rows, crash_point, drive_each, driving  # noqa: F401 - CRASH_ENV for callers
+from nokvfs.workspace.operations import (
+    CRASH_ENV,  # noqa: F401 - re-exported for callers
+    Rows,
+    crash_point,
+    drive_each,
+    driving,
+)
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
