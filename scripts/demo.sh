@@ -35,5 +35,6 @@ step "echo 'written through the mount' > $MOUNTPOINT/demo/logs/run.log"
 echo "written through the mount" > "$MOUNTPOINT/demo/logs/run.log"
 step "nokvfs get demo:logs/run.log   # published as a new revision on close"; nokvfs get demo:logs/run.log
 step "nokvfs ls -l -R demo"; nokvfs ls -l -R demo
+step "nokvfs status $MOUNTPOINT   # what the running mount did"; nokvfs status "$MOUNTPOINT"
 step "nokvfs umount $MOUNTPOINT"; nokvfs umount "$MOUNTPOINT"
 step "nokvfs fsck"; nokvfs fsck
