@@ -101,7 +101,7 @@ def test_status_of_a_mount_under_load(mount):
         and final["rss_anon_bytes"] > 0
     )
     assert final["spools"] == {"open": 0, "live": 0, "kept": 0, "kept_bytes": 0, "kept_by_reason": {}}
-    assert final["change_feed"]["versions_behind"] >= 0 and final["replication"] is None
+    assert final["change_feed"]["versions_behind"] >= 0 and final["replication"] is None and final["write_back"] is None
     assert final["publications"]["buckets"][-1] == ["+Inf", final["publications"]["count"]]
     text = nokvfs("status")  # every mount, for people (other mounts on this machine may not answer: exit 3)
     assert text.returncode in (0, 3) and mount.mountpoint not in text.stderr
@@ -263,3 +263,26 @@ def test_metrics_option_is_checked_before_mounting(tmp_path):
     for bad in ("localhost:9100", "127.0.0.1:0", "127.0.0.1:http", "99999"):
         done = nokvfs("mount", str(tmp_path / "data"), str(tmp_path), "--metrics", bad)
         assert done.returncode == 2 and "--metrics" in done.stderr, (bad, done.stderr)
+
+
+def test_a_write_back_mount_shows_its_backlog_draining(tmp_path):
+    """`--write-back`: status counts the files accepted at close and says when they are published."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    with mounted(str(tmp_path), extra_args=("--write-back", "--metrics", str(port))) as m:
+        for index in range(20):
+            with open(m.path("wb", "outputs", f"wb{index}.txt"), "w") as f:
+                f.write(f"accepted {index}\n")
+        deadline = time.monotonic() + 60
+        while (s := status(m))["write_back"]["published"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s["write_back"] == {"backlog": 0, "accepted": 20, "published": 20, "failed": 0}
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+        assert families["nokvfs_writeback_published"].samples[0].value == 20
+        assert families["nokvfs_writeback_backlog"].samples[0].value == 0
+        assert (
+            "write-back:      0 waiting to publish; 20 accepted, 20 published, 0 failed"
+            in nokvfs("status", m.mountpoint).stdout
+        )

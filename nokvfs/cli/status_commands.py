@@ -99,6 +99,12 @@ def render(s: dict) -> str:
         f"  spools:          {spools['open']} open, {spools['kept']} kept ({human_size(spools['kept_bytes'])})"
         + (f": {kept}" if kept else "")
     )
+    write_back = s.get("write_back")
+    if write_back is not None:
+        lines.append(
+            f"  write-back:      {write_back['backlog']} waiting to publish; {write_back['accepted']} accepted, "
+            f"{write_back['published']} published, {write_back['failed']} failed"
+        )
     cache = s["block_cache"]
     if cache is None:
         lines.append("  block cache:     none (held by another process: reads go to the store)")

@@ -124,6 +124,16 @@ class StatusCollector:
             spools["kept"],
         )
         yield gauge("nokvfs_spools_kept_bytes", "Bytes in kept spools", spools["kept_bytes"])
+        write_back = s.get("write_back")
+        if write_back is not None:
+            yield gauge(
+                "nokvfs_writeback_backlog", "Files accepted at close and not published yet", write_back["backlog"]
+            )
+            yield counter("nokvfs_writeback_accepted", "Files accepted at close (--write-back)", write_back["accepted"])
+            yield counter("nokvfs_writeback_published", "Accepted files published", write_back["published"])
+            yield counter(
+                "nokvfs_writeback_failed", "Accepted files whose publication failed (kept)", write_back["failed"]
+            )
         cache = s["block_cache"]
         if cache is not None:
             yield gauge("nokvfs_block_cache_bytes", "Bytes in the on-disk block cache", cache["bytes"])

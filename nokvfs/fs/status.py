@@ -158,6 +158,19 @@ class MountStatus:
                 "events_followed": self.follower.events_seen,
             },
             "replication": self._replication(),
+            "write_back": self._write_back(),
+        }
+
+    def _write_back(self) -> dict | None:
+        """`--write-back`: files accepted at close and not published yet, and the totals."""
+        publisher = getattr(self.fs.files, "writeback", None)
+        if publisher is None:
+            return None
+        return {
+            "backlog": publisher.backlog,
+            "accepted": publisher.accepted,
+            "published": publisher.published,
+            "failed": publisher.failed,
         }
 
     @staticmethod
