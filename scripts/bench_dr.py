@@ -30,7 +30,6 @@ the follower's shard. The script asserts nothing about time.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import statistics
@@ -57,35 +56,9 @@ MiB = 1024 * 1024
 
 def start_moto():
     """A moto S3 server on 127.0.0.1 with dummy credentials; returns (server, endpoint)."""
-    from moto.server import ThreadedMotoServer
+    from tests.s3_fixtures import start_loopback_moto
 
-    for name in (
-        "AWS_PROFILE",
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-    ):
-        os.environ.pop(name, None)
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_CONFIG_FILE=os.devnull,
-        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
-        AWS_EC2_METADATA_DISABLED="true",
-        NO_PROXY="127.0.0.1",
-        no_proxy="127.0.0.1",
-    )
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    return server, f"http://{host}:{port}"
+    return start_loopback_moto(serialised=False)
 
 
 def new_bucket(endpoint: str) -> str:

@@ -369,26 +369,9 @@ def make_tree_tar(path: str, count: int) -> int:
 
 def start_moto():
     """A loopback moto S3 server (serialised like the tests' one) and its endpoint URL."""
-    os.environ.update(
-        {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-            "AWS_EC2_METADATA_DISABLED": "true",
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
-    )
-    import logging
+    from tests.s3_fixtures import start_loopback_moto
 
-    from tests.s3_fixtures import _serialised_moto_server
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = _serialised_moto_server()
-    server.start()
-    host, port = server.get_host_and_port()
-    return server, f"http://{host}:{port}"
+    return start_loopback_moto()
 
 
 def main() -> int:

@@ -70,6 +70,32 @@ def _serialised_moto_server():
     return SerialisedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 
 
+def _started(server) -> str:
+    """Start a moto server made for 127.0.0.1; its endpoint URL."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server.start()
+    host, port = server.get_host_and_port()
+    assert host == "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def start_loopback_moto(*, serialised: bool = True):
+    """For scripts, which have no fixtures: the dummy AWS environment set for this process and a
+    moto server on 127.0.0.1 (serialised like the tests' one, or moto's own threaded server);
+    returns (server, endpoint). The caller stops the server."""
+    from moto.server import ThreadedMotoServer
+
+    for name in _CLEARED_ENV:
+        os.environ.pop(name, None)
+    os.environ.update(_TEST_ENV)
+    server = (
+        _serialised_moto_server() if serialised else ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    )
+    return server, _started(server)
+
+
 @pytest.fixture(scope="session")
 def aws_test_env():
     """Dummy credentials and no real AWS configuration, restored afterwards."""
@@ -90,15 +116,10 @@ def aws_test_env():
 @pytest.fixture(scope="session")
 def s3_endpoint(aws_test_env):
     """``http://127.0.0.1:<port>`` of a moto S3 server running for the session."""
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = _serialised_moto_server()
-    server.start()
-    host, port = server.get_host_and_port()
-    assert host == "127.0.0.1"
+    endpoint = _started(server)
     try:
-        yield f"http://{host}:{port}"
+        yield endpoint
     finally:
         server.stop()
 

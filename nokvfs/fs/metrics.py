@@ -33,11 +33,11 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, port
 
 
-def _histogram(family_cls, name: str, doc: str, meter: dict, labels: dict):
-    family = family_cls(name, doc, labels=list(labels))
+def _add_meter(family, label_values: list, meter: dict) -> None:
+    """One sample of a histogram family from a Meter snapshot (nokvfs.meters): its cumulative
+    buckets and its sum in seconds."""
     buckets = [("+Inf" if bound == "+Inf" else repr(float(bound)), count) for bound, count in meter["buckets"]]
-    family.add_metric(list(labels.values()), buckets=buckets, sum_value=meter["total_ms"] / 1000)
-    return family
+    family.add_metric(label_values, buckets=buckets, sum_value=meter["total_ms"] / 1000)
 
 
 class StatusCollector:
@@ -85,13 +85,11 @@ class StatusCollector:
         for kind in ("publications", "reads", "writes"):
             meter = s[kind]
             singular = kind[:-1]
-            yield _histogram(
-                HistogramMetricFamily,
-                f"nokvfs_{singular}_seconds",
-                f"Latency of {kind} (failed ones included)",
-                meter,
-                labels,
+            latency = HistogramMetricFamily(
+                f"nokvfs_{singular}_seconds", f"Latency of {kind} (failed ones included)", labels=keys
             )
+            _add_meter(latency, values, meter)
+            yield latency
             failures = CounterMetricFamily(
                 f"nokvfs_{singular}_failures", f"Failed {kind} by error kind", labels=keys + ["kind"]
             )
@@ -107,8 +105,7 @@ class StatusCollector:
             labels=keys + ["call", "kind"],
         )
         for call, meter in sorted(s["store"].items()):
-            buckets = [("+Inf" if bound == "+Inf" else repr(float(bound)), count) for bound, count in meter["buckets"]]
-            store.add_metric(values + [call], buckets=buckets, sum_value=meter["total_ms"] / 1000)
+            _add_meter(store, values + [call], meter)
             for error, n in sorted(meter["failures"].items()):
                 store_failures.add_metric(values + [call, error], float(n))
         yield store
