@@ -25,7 +25,7 @@ import lmdb
 import pytest
 
 from nokvfs.cli.main import main as cli_main
-from nokvfs.engine import rows
+from nokvfs.engine import outbox, rows
 from nokvfs.engine.alarm import ALARM_NAME
 from nokvfs.engine.meta import WITNESS_NAME
 from nokvfs.engine.records import HistoryValue
@@ -86,7 +86,7 @@ def pristine(tmp_path_factory) -> Pristine:
             "PathCurrent": ("path_current", path_key),
             "ArtifactRevision": ("artifact_revision", revision_key),
             "History": ("history", history_key),
-            "outbox chunk": ("recovery_outbox", b"\x01" + lsn.to_bytes(8, "big") + (0).to_bytes(4, "big")),
+            "outbox chunk": ("recovery_outbox", outbox.chunk_key(lsn, 0)),
             "System": ("system", b"commit_clock"),
         },
     )

@@ -20,7 +20,7 @@ from nokvfs.schema.codec import (
     Struct,
     record,
 )
-from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind, RetainedFamily
+from nokvfs.schema.enums import MutationKind, OutboxPayloadEncoding, OutboxRecordKind, PredicateKind, RetainedFamily
 
 # --- System tree keys ------------------------------------------------------------------------
 
@@ -158,12 +158,32 @@ OUTBOX_CHUNK_BYTES = 64 * 1024
 
 @record(version=1)
 class OutboxHeader:
+    """The logical header of an outbox record (what shipped packs carry), and the stored header
+    of records written before StoredOutboxHeader, whose chunks are under OUTBOX_CHUNK_PREFIX."""
+
     record_kind: Enum(OutboxRecordKind)
     commit_version: U64
     chunk_count: U32
     payload_length: U64
     payload_sha256: Id32
     previous_chain_digest: Id32
+    chain_digest: Id32
+
+
+@record(version=2)
+class StoredOutboxHeader:
+    """The stored header of outbox records from format 2 on (key 0x00 | u64 lsn); its chunks
+    (OutboxChunk, pieces of the stored payload in `encoding`) follow it under
+    0x00 | u64 lsn | u32 index, so a record's rows are appended in key order. The previous chain
+    digest is not stored (a reader knows it: it is the chain it verifies); the logical
+    OutboxHeader is rebuilt with it."""
+
+    record_kind: Enum(OutboxRecordKind)
+    commit_version: U64
+    chunk_count: U32
+    payload_length: U64
+    payload_sha256: Id32
+    encoding: Enum(OutboxPayloadEncoding)
     chain_digest: Id32
 
 

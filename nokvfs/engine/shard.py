@@ -65,7 +65,6 @@ from nokvfs.engine.records import (
     LeaseClock,
     LeaseClockRecord,
     MutationRow,
-    OutboxHeader,
     OutboxTruncateRecord,
     OwnerEpochRecord,
     OwnerRecord,
@@ -786,10 +785,10 @@ class Shard:
         framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
         db = self._dbs[OUTBOX_TREE]
         for key, value in framed:
-            # Chunk keys (0x01 | lsn | index) are the greatest of the tree: appended, so their
-            # pages fill up (sequential keys put normally leave every page half empty).
-            chunk = key[:1] == outbox.OUTBOX_CHUNK_PREFIX
-            if not (chunk and rows.put(txn, db, OUTBOX_TREE, key, value, append=True)) and not (
+            # A record's rows sort after every row of the tree: appended, so their pages fill up
+            # (sequential keys put normally leave every page half empty). Only chunks of records
+            # written before header format 2 (under 0x01) sort after them, until truncated.
+            if not rows.put(txn, db, OUTBOX_TREE, key, value, append=True) and not (
                 rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False)
             ):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
@@ -1031,14 +1030,14 @@ class Shard:
                 )
             return TruncateOutcome(old, 0, None)
         db = self._dbs[OUTBOX_TREE]
-        raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(target))
-        if raw is None:
+        header = outbox.read_header(txn, db, target)
+        if header is None:
             raise OutboxCorrupt(f"outbox record {target} is missing")
-        header = self._outbox_header(raw, target)
         cursor = txn.cursor(db)
-        for _prefix, first, last in (
-            (outbox.OUTBOX_HEADER_PREFIX, outbox.header_key(old + 1), outbox.header_key(target + 1)),
-            (outbox.OUTBOX_CHUNK_PREFIX, outbox.chunk_key(old + 1, 0), outbox.chunk_key(target + 1, 0)),
+        for first, last in (
+            # Headers and the chunks that follow them; then chunks of version 1 headers.
+            (outbox.header_key(old + 1), outbox.header_key(target + 1)),
+            (outbox.legacy_chunk_key(old + 1, 0), outbox.legacy_chunk_key(target + 1, 0)),
         ):
             found = cursor.set_range(first)
             while found and first <= cursor.key() < last:
@@ -1217,10 +1216,10 @@ class Shard:
             if lsn == floors.outbox_floor_lsn:
                 previous = floors.outbox_floor_digest
             else:
-                raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(lsn))
-                if raw is None:
+                header = outbox.read_header(txn, db, lsn)
+                if header is None:
                     return None, []
-                previous = self._outbox_header(raw, lsn).chain_digest
+                previous = header.chain_digest
             digest_at_lsn = previous
             entries, size, current = [], 0, lsn + 1
             while through_lsn is None or current <= through_lsn:
@@ -1228,29 +1227,14 @@ class Shard:
                     break
                 if max_bytes is not None and entries and size >= max_bytes:
                     break
-                raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(current))
-                if raw is None:
+                found = outbox.read_record(txn, db, current, previous)
+                if found is None:
                     break
-                header = self._outbox_header(raw, current)
-                parts = []
-                for index in range(header.chunk_count):
-                    chunk = rows.get(txn, db, OUTBOX_TREE, outbox.chunk_key(current, index))
-                    if chunk is None:
-                        raise OutboxCorrupt(f"outbox record {current} is missing chunk {index}")
-                    parts.append(outbox.decode_chunk(chunk, current, index))
-                payload = outbox.join_chunks(parts, header, current)
-                previous = verify_outbox_record(current, header, payload, previous)
-                entries.append(outbox.OutboxEntry(current, header, payload))
-                size += len(payload)
+                entry, previous = found
+                entries.append(entry)
+                size += len(entry.payload)
                 current += 1
         return digest_at_lsn, entries
-
-    @staticmethod
-    def _outbox_header(raw: bytes, lsn: int) -> OutboxHeader:
-        try:
-            return OutboxHeader.decode(raw)
-        except FormatError as exc:
-            raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
 
 
 # Shipped packs and outbox ranges are verified by the same function that gates opening.
