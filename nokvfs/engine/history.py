@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 from nokvfs.engine import rows
 from nokvfs.engine.records import HistoryValue
+from nokvfs.engine.retention import SELF_VERSIONED
 from nokvfs.errors import FormatError, IntegrityError
 from nokvfs.schema import keys as family_keys
-from nokvfs.schema.records import WorkspaceCurrent
+from nokvfs.schema.records import ArtifactRevision, RevisionRef, WorkspaceCurrent
 
 _U32 = struct.Struct(">I")
 
@@ -46,10 +47,39 @@ def _visibility(raw: bytes | None):
     return marker.workspace_incarnation_id, marker.state
 
 
-# The state machines' working rows (operations and their staged-object ledgers) are read at the
-# current version only: a read at any other version is refused, so their changes write no
-# History (most of a publish's History bytes were these rows' phase changes).
-CURRENT_ONLY_TREES = frozenset({"operation", "staged_object"})
+# The state machines' working rows (operations, their staged-object ledgers and GC's
+# candidates) are read at the current version only: a read at any other version is refused, so
+# their changes write no History (most of a publish's History bytes were these rows' phase
+# changes).
+CURRENT_ONLY_TREES = frozenset({"operation", "staged_object", "gc_candidate"})
+
+# Families whose rows carry the commit version that created them (the seed's created_version).
+# Creating such a row at exactly that version writes no History: a read at an older version
+# finds no change after it and filters the row it would take by its created_version
+# (nokvfs.engine.mvcc). A key deleted and created again still has the History row of its
+# deletion, so a read between the two sees the absence; a creation whose created_version is
+# another version writes History as any change does.
+CREATION_VERSIONED = {"artifact_revision": ArtifactRevision, "revision_ref": RevisionRef}
+
+
+def created_version(tree: str, value: bytes) -> int | None:
+    """The created_version of a row of a CREATION_VERSIONED family (None if it does not decode:
+    the engine then treats it as any row, with History for its creation)."""
+    try:
+        return CREATION_VERSIONED[tree].decode(value).created_version
+    except FormatError:
+        return None
+
+
+def records_change(tree: str, old: bytes | None, new: bytes | None, commit_version: int) -> bool:
+    """Whether the first change of a key of `tree` in the command committing at `commit_version`
+    writes a History row (the value before the command, `old`)."""
+    if tree in SELF_VERSIONED or tree in CURRENT_ONLY_TREES:
+        return False  # immutable rows that carry their version, or read at the current version only
+    if old is None and new is not None and tree in CREATION_VERSIONED:
+        return created_version(tree, new) != commit_version
+    return True
+
 
 # Families whose History keeps, below the floor, every row that changes this projection.
 RETAINED_PROJECTIONS = {family_keys.FAMILY_BY_NAME["workspace_current"].tag: _visibility}

@@ -740,11 +740,10 @@ class Shard:
             db = self._family_dbs[tree]
             old = rows.get(txn, db, tree, key)
             history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-            if tree in retention.SELF_VERSIONED or tree in history.CURRENT_ONLY_TREES:
-                pass  # read at the current version only, or immutable rows that carry their version
-            elif history_key not in written_history:
+            first = history_key not in written_history
+            written_history.add(history_key)
+            if first and history.records_change(tree, old, value, commit_version):
                 # The first write of a key in a command records the value before the command.
-                written_history.add(history_key)
                 hvalue = HistoryValue(old).encode()
                 prior = self._get(txn, HISTORY_TREE, history_key)
                 rows.put(txn, self._dbs[HISTORY_TREE], HISTORY_TREE, history_key, hvalue)
