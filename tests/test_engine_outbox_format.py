@@ -12,7 +12,7 @@ import pytest
 
 from nokvfs.engine import outbox, rows
 from nokvfs.engine.command import Put
-from nokvfs.engine.outbox_dictionary import DICTIONARY_1
+from nokvfs.engine.compression import DICTIONARY_1
 from nokvfs.engine.records import OutboxChunk, OutboxDeflatedChunk, StoredOutboxHeader
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import OutboxCorrupt

@@ -43,6 +43,12 @@ GOLDEN = {
         (),
     ),
     E.HistoryValue: (E.HistoryValue(b"k"), "0101" + K_HEX, ()),
+    E.DeflatedHistoryValue: (E.DeflatedHistoryValue(3, b"k"), "02" + "00000003" + K_HEX, ()),
+    E.DeflatedCommandDedupe: (
+        E.DeflatedCommandDedupe(C32, 3, b"k", 4, 5),
+        "03" + "c3" * 32 + "00000003" + K_HEX + "0000000000000004" + "0000000000000005",
+        (),
+    ),
     E.OutboxHeader: (
         E.OutboxHeader(OutboxRecordKind.HistoryPrune, 6, 1, 40, C32, D32, E32),
         "01040000000000000006000000010000000000000028" + "c3" * 32 + "d4" * 32 + "e5" * 32,

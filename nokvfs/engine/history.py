@@ -24,10 +24,10 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from nokvfs.engine import rows
-from nokvfs.engine.records import HistoryValue
+from nokvfs.engine import compression, rows
+from nokvfs.engine.records import DeflatedHistoryValue, HistoryValue
 from nokvfs.engine.retention import SELF_VERSIONED
-from nokvfs.errors import FormatError, IntegrityError
+from nokvfs.errors import CorruptRecord, FormatError, IntegrityError
 from nokvfs.schema import keys as family_keys
 from nokvfs.schema.records import ArtifactRevision, RevisionRef, WorkspaceCurrent
 
@@ -38,6 +38,27 @@ _HISTORY = "history"
 # Bounds of one pruning batch (one write transaction and one outbox record).
 MAX_PRUNED_ROWS = 4096
 MAX_VISITED_ROWS = 32768
+
+
+def encode_value(previous: bytes | None) -> bytes:
+    """The stored History value holding `previous` (None: a tombstone): deflated with the preset
+    dictionary when that is smaller (DeflatedHistoryValue), else a HistoryValue."""
+    if previous is not None:
+        deflated = compression.deflate(previous)
+        if deflated is not None:
+            return DeflatedHistoryValue(len(previous), deflated).encode()
+    return HistoryValue(previous).encode()
+
+
+def decode_value(raw: bytes) -> bytes | None:
+    """The previous value a stored History value holds (None: a tombstone), or a FormatError."""
+    if raw[:1] != bytes([DeflatedHistoryValue.VERSION]):
+        return HistoryValue.decode(raw).previous
+    stored = DeflatedHistoryValue.decode(raw)
+    try:
+        return compression.inflate(stored.deflated, stored.previous_length)
+    except ValueError as exc:
+        raise CorruptRecord(f"DeflatedHistoryValue: {exc}") from None
 
 
 def _visibility(raw: bytes | None):
@@ -146,7 +167,7 @@ def plan(
                     # one the next newer row (just before it in key order) recorded, or the current row.
                     user = (tag, user_key)
                     after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, user_key))
-                before = project(HistoryValue.decode(value).previous)
+                before = project(decode_value(value))
                 if version <= floor and (before == after or version <= event_floor):
                     deletions.append((key, value))
                 after = before
@@ -159,6 +180,6 @@ def plan(
 def _value_after(txn, probe, family_db, key: bytes, user_key: bytes) -> bytes | None:
     # Same tag, length and user key, differing only in the trailing inverted version.
     if probe.set_range(key) and probe.prev() and probe.key()[:-8] == key[:-8]:
-        return HistoryValue.decode(rows.unseal(_HISTORY, probe.key(), probe.value())).previous
+        return decode_value(rows.unseal(_HISTORY, probe.key(), probe.value()))
     tag = key[0]
     return rows.get(txn, family_db, family_keys.FAMILY_BY_TAG[tag].name, user_key)

@@ -33,8 +33,13 @@ from __future__ import annotations
 import struct
 
 from nokvfs.engine import rows
-from nokvfs.engine.history import CREATION_VERSIONED, CURRENT_ONLY_TREES, RETAINED_TREES, created_version
-from nokvfs.engine.records import HistoryValue
+from nokvfs.engine.history import (
+    CREATION_VERSIONED,
+    CURRENT_ONLY_TREES,
+    RETAINED_TREES,
+    created_version,
+    decode_value,
+)
 from nokvfs.engine.retention import SELF_VERSIONED, row_version
 from nokvfs.engine.rows import lmdb_errors_translated
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
@@ -178,7 +183,7 @@ class ReadView:
             hkey = cursor.key()
             value = rows.unseal(_HISTORY, hkey, cursor.value())
             if len(hkey) == len(prefix) + 8 and hkey.startswith(prefix):
-                return True, HistoryValue.decode(value).previous
+                return True, decode_value(value)
         return False, None
 
     # --- ordered reads -------------------------------------------------------------------

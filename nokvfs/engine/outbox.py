@@ -11,7 +11,7 @@ SHA-256("nokv.recovery.genesis.v1\\0" | logical shard id).
 A record is written as a StoredOutboxHeader and its chunks right after it in key order, so every
 row is appended (LMDB fills its pages instead of splitting them in half, as it did when headers
 and chunks were two interleaved runs). The chunks hold the payload compressed with a preset
-dictionary (nokvfs.engine.outbox_dictionary) when that is smaller, else raw. The logical
+dictionary (nokvfs.engine.compression) when that is smaller, else raw. The logical
 OutboxHeader -- what entries, replay and shipped packs carry -- is rebuilt on reading with the
 previous digest of the chain being verified, and the payload length and SHA-256 are always the
 payload's own, so the chain and the packs see the same bytes whatever the stored form. Records
@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
 from dataclasses import dataclass
 
-from nokvfs.engine import rows
-from nokvfs.engine.outbox_dictionary import DICTIONARY_1
+from nokvfs.engine import compression, rows
 from nokvfs.engine.records import (
     OUTBOX_CHUNK_BYTES,
     OUTBOX_CHUNK_PREFIX,
@@ -74,19 +72,16 @@ def legacy_chunk_key(lsn: int, index: int) -> bytes:
     return OUTBOX_CHUNK_PREFIX + _CHUNK.pack(lsn, index)
 
 
-# Payloads shorter than this are stored raw: compressing them saves too little to pay its cost.
-COMPRESS_ABOVE = 128
-_COMPRESSION_LEVEL = 6
+# Payloads this long or shorter are stored raw (as before the preset dictionary).
+COMPRESS_ABOVE = compression.COMPRESS_ABOVE
 
 
 def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes, previous: bytes):
     """The (key, value) rows of one outbox record, in key order, and its chain digest."""
     stored, encoding = payload, OutboxPayloadEncoding.Raw
-    if len(payload) > COMPRESS_ABOVE:
-        deflater = zlib.compressobj(_COMPRESSION_LEVEL, zdict=DICTIONARY_1)
-        deflated = deflater.compress(payload) + deflater.flush()
-        if len(deflated) < len(payload):
-            stored, encoding = deflated, OutboxPayloadEncoding.DeflatePreset1
+    deflated = compression.deflate(payload)
+    if deflated is not None:
+        stored, encoding = deflated, OutboxPayloadEncoding.DeflatePreset1
     chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
     digest = chain_digest(previous, lsn, kind, commit_version, payload)
     header = StoredOutboxHeader(
@@ -127,7 +122,7 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tu
         except FormatError as exc:
             raise OutboxCorrupt(f"a chunk of outbox record {lsn} does not decode: {exc}") from None
         if header.encoding == OutboxPayloadEncoding.DeflatePreset1:
-            payload = _inflate(stored, header.payload_length, lsn, DICTIONARY_1)
+            payload = _inflate(stored, header.payload_length, lsn, compression.DICTIONARY_1)
         else:
             payload = stored
         logical = OutboxHeader(
@@ -190,18 +185,10 @@ def join_chunks(parts: list[tuple[bytes, bool]], header: OutboxHeader, lsn: int)
 
 
 def _inflate(stream: bytes, length: int, lsn: int, dictionary: bytes = b"") -> bytes:
-    """The payload the zlib `stream` holds: exactly one stream of `length` bytes. Inflation stops
-    one byte past `length`, so damage cannot make it allocate more than the header states."""
-    inflater = zlib.decompressobj(zdict=dictionary) if dictionary else zlib.decompressobj()
     try:
-        payload = inflater.decompress(stream, length + 1)
-    except zlib.error as exc:
-        why = f"the stored zlib stream does not inflate ({exc})"
-    else:
-        if inflater.eof and not inflater.unused_data and not inflater.unconsumed_tail:
-            return payload
-        why = "the stored zlib stream is not exactly one stream of the header's length"
-    raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 cannot match its header: {why}")
+        return compression.inflate(stream, length, dictionary)
+    except ValueError as exc:
+        raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 cannot match its header: {exc}") from None
 
 
 def verify_record(lsn: int, header: OutboxHeader, payload: bytes, previous: bytes) -> bytes:

@@ -149,6 +149,31 @@ class HistoryValue:
     previous: Opt(Bytes)  # None: the key was absent (tombstone)
 
 
+@record(version=2)
+class DeflatedHistoryValue:
+    """A HistoryValue whose previous value is stored as one zlib stream (RFC 1950) primed with
+    the preset dictionary nokvfs.engine.compression.DICTIONARY_1 (written when the value exceeds
+    128 bytes and the stream is smaller; nokvfs.engine.history.encode_value)."""
+
+    previous_length: U32
+    deflated: Bytes
+
+
+# --- CommandDedupe ---------------------------------------------------------------------------
+
+
+@record(version=3)
+class DeflatedCommandDedupe:
+    """A CommandDedupe row (the seed's record is version 2) whose result is stored as one zlib
+    stream primed with nokvfs.engine.compression.DICTIONARY_1 (nokvfs.engine.dedupe)."""
+
+    command_digest: Id32
+    result_length: U32
+    deflated_result: Bytes
+    commit_version: U64
+    recovery_lsn: U64
+
+
 # --- recovery outbox -------------------------------------------------------------------------
 
 OUTBOX_HEADER_PREFIX = b"\x00"

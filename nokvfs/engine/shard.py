@@ -26,6 +26,7 @@ import lmdb
 
 from nokvfs import filemodes
 from nokvfs.engine import compact, fences, history, outbox, retention, rows
+from nokvfs.engine import dedupe as dedupe_rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.command import (
     FORMAT_VERSION,
@@ -61,7 +62,6 @@ from nokvfs.engine.records import (
     CommitClock,
     HistoryFloor,
     HistoryPruneRecord,
-    HistoryValue,
     LeaseClock,
     LeaseClockRecord,
     MutationRow,
@@ -702,7 +702,7 @@ class Shard:
         dedupe_key = family_keys.CommandDedupeKey(command.root_id, command.request_id).encode()
         stored = self._get(txn, "command_dedupe", dedupe_key)
         if stored is not None:
-            dedupe = family_records.CommandDedupe.decode(stored)
+            dedupe = dedupe_rows.decode(stored)
             if dedupe.command_digest != command.command_digest:
                 raise RequestMismatch(f"request id {command.request_id.hex()} was used for a different command")
             return CommandOutcome(dedupe.commit_version, dedupe.recovery_lsn, dedupe.result, replayed=True)
@@ -744,7 +744,7 @@ class Shard:
             written_history.add(history_key)
             if first and history.records_change(tree, old, value, commit_version):
                 # The first write of a key in a command records the value before the command.
-                hvalue = HistoryValue(old).encode()
+                hvalue = history.encode_value(old)
                 prior = self._get(txn, HISTORY_TREE, history_key)
                 rows.put(txn, self._dbs[HISTORY_TREE], HISTORY_TREE, history_key, hvalue)
                 digests.change(HISTORY_TREE, history_key, prior, hvalue)
@@ -772,7 +772,9 @@ class Shard:
         write(
             "command_dedupe",
             dedupe_key,
-            family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn).encode(),
+            dedupe_rows.encode(
+                family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn)
+            ),
         )
         payload = _command_record(command, commit_version).encode()
         self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)

@@ -229,7 +229,7 @@ class OutboxPayloadEncoding(IntEnum):
 
     Raw = 1
     # One zlib stream (RFC 1950) compressed with the preset dictionary
-    # nokvfs.engine.outbox_dictionary.DICTIONARY_1.
+    # nokvfs.engine.compression.DICTIONARY_1.
     DeflatePreset1 = 2
 
 

@@ -1,16 +1,21 @@
-"""The preset dictionary outbox payloads are compressed with (OutboxPayloadEncoding.DeflatePreset1).
+"""Compression of small stored values with a preset dictionary: outbox payloads
+(OutboxPayloadEncoding.DeflatePreset1) and History values (DeflatedHistoryValue).
 
 A logical outbox record is small (a publish's three commands are about 0.8, 1.3 and 2.5 KB) and
 compressed alone, so zlib finds little to reuse inside one record; most of what it could reuse is
 structure every command repeats (record layouts, tree and record names, content types, digest
 URI prefixes). Priming the compressor with a sample of such records makes a publish's records
 about a quarter smaller. The sample is the three MetadataCommand payloads of one `namespace.put`
-(of "input/data/table.csv" in a fresh shard). DURABLE: stored records can only be inflated with
-these exact bytes (their SHA-256 is pinned in tests/test_engine_outbox_format.py); a better
-dictionary is a new encoding, never a change of this one.
+(of "input/data/table.csv" in a fresh shard); as they hold the rows a publish writes, they
+prime History values (PathEntry, ArtifactRevision, WorkspaceCurrent) as well. DURABLE: stored
+values can only be inflated with these exact bytes (their SHA-256 is pinned in
+tests/test_engine_outbox_format.py); a better dictionary is a new encoding, never a change of
+this one.
 """
 
 from __future__ import annotations
+
+import zlib
 
 DICTIONARY_1 = bytes.fromhex(
     "020000000e6e6f6b765f776f726b737061636501a23b729ad97029bcfffc1dfb541da701a23b729ad3707b91e8fac1b5"
@@ -112,3 +117,31 @@ DICTIONARY_1 = bytes.fromhex(
     "6c69636174696f6e2f6f637465742d73747265616d0000000001a23b729b1e75c6be7c6d1175d74fea00000000000000"
     "0a000000000000000a00000000"
 )
+
+# Values shorter than this are stored raw: compressing them saves too little to pay its cost.
+COMPRESS_ABOVE = 128
+_LEVEL = 6
+
+
+def deflate(data: bytes) -> bytes | None:
+    """`data` as one zlib stream (RFC 1950) primed with DICTIONARY_1, or None when `data` is
+    short or the stream would not be smaller."""
+    if len(data) <= COMPRESS_ABOVE:
+        return None
+    deflater = zlib.compressobj(_LEVEL, zdict=DICTIONARY_1)
+    stream = deflater.compress(data) + deflater.flush()
+    return stream if len(stream) < len(data) else None
+
+
+def inflate(stream: bytes, length: int, dictionary: bytes = DICTIONARY_1) -> bytes:
+    """The `length` bytes the zlib `stream` holds, or ValueError saying why not: it must be
+    exactly one stream of exactly that length. Inflation stops one byte past `length`, so damage
+    cannot make it allocate more than the stored length says."""
+    inflater = zlib.decompressobj(zdict=dictionary) if dictionary else zlib.decompressobj()
+    try:
+        data = inflater.decompress(stream, length + 1)
+    except zlib.error as exc:
+        raise ValueError(f"the stored zlib stream does not inflate ({exc})") from None
+    if not inflater.eof or inflater.unused_data or inflater.unconsumed_tail or len(data) != length:
+        raise ValueError("the stored zlib stream is not exactly one stream of the stored length")
+    return data
