@@ -323,7 +323,7 @@ def compact(path: str) -> CompactReport:
 
 
 def compact_open(
-    shard, *, attempts: int = 3, gate_wait: float = 5.0, hold_limit: int = HOLD_LIMIT
+    shard, *, attempts: int = 2, gate_wait: float = 5.0, hold_limit: int = HOLD_LIMIT
 ) -> CompactReport | None:
     """Compact the shard this process has open, without closing it for longer than the swap
     (module docstring). None when another process has it open, or when every attempt saw a
