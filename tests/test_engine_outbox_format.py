@@ -98,9 +98,9 @@ def test_a_store_written_before_header_format_2_opens_reads_grows_and_truncates(
     shard = shard_env.reopen(verify=True)
     digest, entries = shard.outbox_after(0)
     assert entries[: len(before)] == before and len(entries) == len(before) + 4
-    assert [outbox.read_header(txn, shard._dbs[TREE], e.lsn).VERSION for txn in [shard._env.begin()] for e in entries][
-        len(before) :
-    ] == [2] * 4
+    with shard._env.begin() as txn:
+        versions = [outbox.read_header(txn, shard._dbs[TREE], e.lsn).VERSION for e in entries]
+    assert versions == [1] * len(before) + [2] * 4
     # Truncating through a version 1 record removes its 0x01 chunks; then through the new ones.
     shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=3)
     assert min(int.from_bytes(k[1:9], "big") for k in _keys(shard) if k[:1] == b"\x01") == 4
