@@ -103,10 +103,11 @@ def group_crash_worker(data_dir: str, data: dict, crash_at: str) -> None:
 @pytest.mark.parametrize(
     "crash_at, published",
     [
-        ("after-group-begin", False),
+        ("after-begin", False),
         ("after-upload-1", False),
-        ("after-group-finalize", True),
-        ("after-group-publish", True),
+        ("after-finalize", True),
+        ("before-publish-command", True),
+        ("after-publish-command", True),
     ],
 )
 def test_sigkill_during_a_group_then_recovery(data_dir, crash_at, published):

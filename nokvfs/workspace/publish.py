@@ -216,7 +216,8 @@ def run(root, pub: Publication) -> PathEntry:
 # ledger, request id and commands, built by the same functions `run` uses, so a crash at any
 # point leaves each one in a phase `recover` resumes or cleans exactly as after `run`. A
 # publication refused at any step (a conflict, a failed upload) is aborted and cleaned alone; the
-# others go on. GROUP_MAX bounds a group (one transaction's size and the time it holds the writer).
+# others go on. The crash points are `run`'s, at the same boundaries of the state machine (each
+# reached once per group). GROUP_MAX bounds a group (one transaction's size and the time it holds the writer).
 
 GROUP_MAX = 64
 
@@ -294,7 +295,7 @@ def _run_group_part(root, pubs: list[Publication], indexes: list[int], results: 
             abort_refused=False,  # nothing was created for a refused begin
             pubs=pubs,
         )
-        crash_point("after-group-begin")
+        crash_point("after-begin")
         for index in list(live):
             try:
                 upload(root, pubs[index])
@@ -313,7 +314,8 @@ def _run_group_part(root, pubs: list[Publication], indexes: list[int], results: 
             ),
             pubs=pubs,
         )
-        crash_point("after-group-finalize")
+        crash_point("after-finalize")
+        crash_point("before-publish-command")
         live = _group_step(
             root,
             live,
@@ -326,7 +328,7 @@ def _run_group_part(root, pubs: list[Publication], indexes: list[int], results: 
             pubs=pubs,
             final=True,
         )
-        crash_point("after-group-publish")
+        crash_point("after-publish-command")
 
 
 def _group_step(root, live, results, item, *, pubs, abort_refused=True, final=False) -> list[int]:
