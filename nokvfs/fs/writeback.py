@@ -410,6 +410,9 @@ class Publisher:
                 self._outcome[spool] = error
         if len(self._queue) < self.max_backlog:
             self._room.set()
+        if len(group) > 1:
+            refused = sum(error is not None for error in errors)
+            log.info("write-back: published %d file(s) as one group, %d refused", len(group) - refused, refused)
         if names and self._journal is not None:
             records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
             try:
