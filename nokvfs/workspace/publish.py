@@ -296,13 +296,10 @@ def _run_group_part(root, pubs: list[Publication], indexes: list[int], results: 
             pubs=pubs,
         )
         crash_point("after-begin")
-        for index in list(live):
-            try:
-                upload(root, pubs[index])
-            except Exception as exc:  # noqa: BLE001 - that publication's error (a store's, a spool's)
-                _abort_after_failure(root, pubs[index].operation_id, exc)
-                results[index] = exc
-                live.remove(index)
+        for index, exc in _upload_group(root, [pubs[index] for index in live], live):
+            _abort_after_failure(root, pubs[index].operation_id, exc)
+            results[index] = exc
+            live.remove(index)
         live = _group_step(
             root,
             live,
@@ -329,6 +326,37 @@ def _run_group_part(root, pubs: list[Publication], indexes: list[int], results: 
             final=True,
         )
         crash_point("after-publish-command")
+
+
+def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
+    """Step 2 for a group: every block of every publication under its ledger key in one
+    `put_many` (the store syncs them together: one lock round and one sync per directory
+    locally, parallel PUTs on S3). Returns (index, error) of each publication a block of which
+    was refused."""
+    items, owners = [], []
+    for index, pub in zip(indexes, pubs):
+        for block in pub.body.blocks:
+            key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
+            try:
+                items.append((key, pub.body.read_block(block)))
+            except Exception as exc:  # noqa: BLE001 - that publication's error (its body unreadable)
+                items.append((key, exc))
+            owners.append(index)
+    readable = [(key, data) for key, data in items if not isinstance(data, Exception)]
+    stored = iter(root.store.put_many(readable) if readable else [])
+    failed: dict = {}
+    for (_key, data), index in zip(items, owners):
+        outcome = data if isinstance(data, Exception) else next(stored)
+        if isinstance(outcome, Exception):
+            failed.setdefault(index, outcome)
+    for index, pub in zip(indexes, pubs):
+        if index in failed:
+            continue
+        for block in pub.body.blocks:
+            crash_point(f"after-upload-{block.index}")
+            if pub.progress is not None:
+                pub.progress(block.offset + block.length, pub.body.size)
+    return list(failed.items())
 
 
 def _group_step(root, live, results, item, *, pubs, abort_refused=True, final=False) -> list[int]:
