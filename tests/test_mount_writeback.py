@@ -60,6 +60,19 @@ def _published(data_dir: str, path: str) -> bytes:
     return done.stdout
 
 
+def _start_crashing_daemon(data: str, mnt: str, log: str, crash_at: str):
+    """A write-back daemon that SIGKILLs itself at the publish crash point `crash_at`."""
+    old_env = os.environ.get("NOKVFS_CRASH_AT")
+    os.environ["NOKVFS_CRASH_AT"] = crash_at
+    try:
+        return start_daemon(data, mnt, log, WB)
+    finally:
+        if old_env is None:
+            del os.environ["NOKVFS_CRASH_AT"]
+        else:
+            os.environ["NOKVFS_CRASH_AT"] = old_env
+
+
 def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
     base = str(tmp_path)
     src = _tree(base)
@@ -105,15 +118,7 @@ def test_a_daemon_killed_before_publishing_is_replayed_at_the_next_mount(tmp_pat
     data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
     os.makedirs(mnt)
     init_data_dir(data)
-    old_env = os.environ.get("NOKVFS_CRASH_AT")
-    os.environ["NOKVFS_CRASH_AT"] = "after-begin"  # SIGKILL inside the first background publication
-    try:
-        proc = start_daemon(data, mnt, log, WB)
-    finally:
-        if old_env is None:
-            del os.environ["NOKVFS_CRASH_AT"]
-        else:
-            os.environ["NOKVFS_CRASH_AT"] = old_env
+    proc = _start_crashing_daemon(data, mnt, log, "after-begin")  # SIGKILL inside the first background publication
     accepted = {}
     try:
         wait_mounted(mnt, proc, log)
@@ -299,15 +304,7 @@ def test_sigkill_during_a_group_publication_loses_nothing_accepted(tmp_path, cra
     data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
     os.makedirs(mnt)
     init_data_dir(data)
-    old_env = os.environ.get("NOKVFS_CRASH_AT")
-    os.environ["NOKVFS_CRASH_AT"] = crash_at
-    try:
-        proc = start_daemon(data, mnt, log, WB)
-    finally:
-        if old_env is None:
-            del os.environ["NOKVFS_CRASH_AT"]
-        else:
-            os.environ["NOKVFS_CRASH_AT"] = old_env
+    proc = _start_crashing_daemon(data, mnt, log, crash_at)
     accepted = {}
     try:
         wait_mounted(mnt, proc, log)

@@ -307,6 +307,14 @@ class Files:
             else:
                 self._publication_done(node, spool, result, started, appending=False, last_close=last_close)
                 errors.append(None)
+        if self.ship is not None and None in errors:
+            # --sync: the group is done once the increment holding its last publication is in
+            # the bucket; a failure to ship is each published file's error, as in `publish`.
+            lsn = self.root.shard.recovery_tail.applied_lsn
+            try:
+                await self.workers.run(self.ship, lsn, self.workers.syscall_timeout)
+            except Exception as exc:  # noqa: BLE001 - reported per file (fsync)
+                errors = [exc if error is None else error for error in errors]
         return errors
 
     def _publication_starts(self, node: Node, spool: Spool):
