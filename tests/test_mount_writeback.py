@@ -75,7 +75,8 @@ def _start_crashing_daemon(data: str, mnt: str, log: str, crash_at: str):
 
 def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
     base = str(tmp_path)
-    src = _tree(base)
+    # Enough files that the publisher (group commit) is still busy when `nokvfs umount` starts.
+    src = _tree(base, files=1200)
     tar_path = os.path.join(base, "tree.tar")
     with tarfile.open(tar_path, "w") as tar:
         tar.add(src, arcname="tree")

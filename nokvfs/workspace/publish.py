@@ -364,9 +364,10 @@ UPLOAD_STREAMS = 4  # concurrent put_many calls of one group: their syncs overla
 
 
 def _put_many_parallel(store, items: list) -> list:
-    """store.put_many over `items` split into up to UPLOAD_STREAMS slices run at once; the
-    results in item order."""
-    if len(items) <= 1:
+    """store.put_many over `items` (for a local store split into up to UPLOAD_STREAMS slices run
+    at once); the results in item order."""
+    if len(items) <= 1 or getattr(store, "multipart_threshold", None) is not None:
+        # A store that uploads in parts (S3) sends a put_many's PUTs in parallel itself.
         return store.put_many(items) if items else []
     size = -(-len(items) // UPLOAD_STREAMS)
     slices = [items[start : start + size] for start in range(0, len(items), size)]
