@@ -12,11 +12,16 @@ for `nokvfs spool list|retry|discard`. The journal is emptied whenever nothing a
 unpublished, and removed at a clean unmount.
 
 Publishing. One task drains the accepted spools in the order they were accepted (a spool accepted
-again while still queued keeps its place and publishes its latest bytes), each through the same
-publication the default mode runs at close (nokvfs.fs.files.Files.publish), so expectations,
-conflicts and attributes follow the same rules. A publication that fails leaves the spool's bytes
-in place; once the file's last descriptor is gone the spool is kept with its sidecar and a log
-line says where (a conflict: something outside this mount changed the path).
+again while still queued keeps its place and publishes its latest bytes). The head of the queue
+goes as one group (group commit, nokvfs.workspace.publish.run_group: up to GROUP_MAX files, each
+step of the publish state machine one engine transaction for all of them, their blocks in one
+store batch) when its files are plain puts; an append or an attributes-only change goes alone
+through the publication the default mode runs at close (nokvfs.fs.files.Files.publish). Either
+way expectations, conflicts and attributes follow the same rules, and a file refused in a group
+does not hold back the others. A publication that fails leaves the spool's bytes in place; once
+the file's last descriptor is gone the spool is kept with its sidecar and a log line says where
+(a conflict: something outside this mount changed the path). The published records of a group
+reach the journal with one sync.
 
 fsync(2) on a file waits until the publisher has published it (and everything accepted before
 it) and reports that publication's error; so do rename(2) and unlink(2) of an accepted file (they
