@@ -193,6 +193,7 @@ def restore_journals(data_dir: str) -> int:
 # flock until it is published, so acceptance waits while the limit is queued: MAX_BACKLOG, or
 # less when the descriptor limit (raised to its hard limit first) leaves less room.
 QUIET = 0.05
+QUIET_ENV = "NOKVFS_WRITEBACK_QUIET"  # tests: another quiet time (seconds) for the daemon they start
 MAX_BACKLOG = 8192
 _RESERVED_DESCRIPTORS = 1024  # for everything else the daemon opens
 
@@ -217,9 +218,9 @@ def backlog_limit() -> int:
 class Publisher:
     """The accepted, not yet published spools of a write-back mount, and the task publishing them."""
 
-    def __init__(self, files, *, quiet: float = QUIET, max_backlog: int | None = None):
+    def __init__(self, files, *, quiet: float | None = None, max_backlog: int | None = None):
         self.files = files
-        self.quiet = quiet
+        self.quiet = float(os.environ.get(QUIET_ENV, QUIET)) if quiet is None else quiet
         self.max_backlog = backlog_limit() if max_backlog is None else max_backlog
         self._queue: dict = {}  # spool -> node, in acceptance order (dicts keep insertion order)
         self._done: dict = {}  # spool -> trio.Event set once its queued publication ran
