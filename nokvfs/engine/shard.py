@@ -889,13 +889,9 @@ class Shard:
                 try:
                     command = item(self._write_view(txn)) if callable(item) else item
                     self._check_addressed(command)
-                    child = self._env.begin(write=True, parent=txn)
-                    try:
-                        outcome = self._apply(child, command)
-                    except BaseException:
-                        child.abort()
-                        raise
-                    child.commit()
+                    # Nested in the group's transaction, which holds the gate already.
+                    with self._env.inner.begin(write=True, parent=txn) as child:
+                        outcome = self._apply(child, command)  # an exception aborts the child alone
                 except IntegrityError:
                     raise
                 except NokvError as exc:
