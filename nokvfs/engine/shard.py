@@ -847,16 +847,75 @@ class Shard:
     @_lmdb_errors
     def apply(self, command: MetadataCommand) -> CommandOutcome:
         """Validate and apply one MetadataCommand atomically, or raise and apply nothing."""
-        if command.schema_id != SCHEMA_ID:
-            raise SchemaMismatch(f"command schema {command.schema_id!r} is not {SCHEMA_ID!r}")
-        if command.logical_shard_id != self.logical_shard_id:
-            raise FenceError("command is addressed to another logical shard")
+        self._check_addressed(command)
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
             outcome = self._apply(txn, command)
         if not outcome.replayed:
             self._witness_commit(outcome.recovery_lsn)
         return outcome
+
+    def _check_addressed(self, command: MetadataCommand) -> None:
+        if command.schema_id != SCHEMA_ID:
+            raise SchemaMismatch(f"command schema {command.schema_id!r} is not {SCHEMA_ID!r}")
+        if command.logical_shard_id != self.logical_shard_id:
+            raise FenceError("command is addressed to another logical shard")
+
+    @_lmdb_errors
+    def apply_group(self, items) -> list:
+        """Group commit: several MetadataCommands in ONE LMDB write transaction and one sync.
+
+        Each item is a MetadataCommand or a function of a ReadView returning one; the function
+        is called inside the transaction, on the state the group's earlier commands left (at the
+        version they reached), so a command may depend on the one before it. Each command is
+        applied exactly as `apply` applies it alone -- its own commit version and LSN, fences,
+        dedupe check, predicates, History, ChangeEvents, dedupe row and recovery-outbox record,
+        in group order -- so neither a replica replaying the outbox nor a reader can tell a
+        group from the same commands applied one by one.
+
+        Atomicity is per command: each one runs in a nested transaction. One that is refused (a
+        typed NokvError from its function or from the engine: a failed predicate, a conflict, a
+        stale fence...) leaves no trace and is excluded; the others still commit, and its error
+        is its result. Damage (IntegrityError) or an LMDB failure aborts the whole group: nothing
+        is applied and the error is raised. Returns one result per item, in order: the
+        CommandOutcome, or the exception that excluded it.
+        """
+        self._alarm.refuse_writes()
+        results: list = []
+        last_lsn = None
+        with self._env.begin(write=True) as txn:
+            for item in items:
+                try:
+                    command = item(self._write_view(txn)) if callable(item) else item
+                    self._check_addressed(command)
+                    # Nested in the group's transaction, which holds the gate already.
+                    with self._env.inner.begin(write=True, parent=txn) as child:
+                        outcome = self._apply(child, command)  # an exception aborts the child alone
+                except IntegrityError:
+                    raise
+                except NokvError as exc:
+                    results.append(exc)
+                    continue
+                results.append(outcome)
+                if not outcome.replayed:
+                    last_lsn = outcome.recovery_lsn
+        self._witness_commit(last_lsn)
+        return results
+
+    def _write_view(self, txn) -> ReadView:
+        """A view of the write transaction as it stands: what a group's next command reads."""
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+        return ReadView(
+            txn,
+            self._family_dbs,
+            self._tags,
+            self._dbs[HISTORY_TREE],
+            clock,
+            clock,
+            floor,
+            event_floor=self._floors(txn).event_floor_version,
+        )
 
     def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
         # The seed's order: schema marker (the gate, and `apply`) and the active RootFence, then
