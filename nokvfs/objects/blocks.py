@@ -100,7 +100,7 @@ class BlockReader:
         if actual != digest:
             raise IntegrityError(f"block {object_key} has SHA-256 {sha256_uri(actual)}, manifest says {digest_uri}")
         if self.cache is not None:
-            self.cache.put(digest_uri, data)
+            self.cache.put_checked(digest, data)  # just verified above
         return data
 
     def read_range(self, object_key: str, digest_uri: str, expected_length: int, start: int, length: int) -> bytes:

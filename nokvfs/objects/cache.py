@@ -143,6 +143,11 @@ class BlockCache:
         data = bytes(data)
         if hashlib.sha256(data).digest() != digest:
             raise IntegrityError(f"refusing to cache bytes whose SHA-256 is not {digest_uri}")
+        return self.put_checked(digest, data)
+
+    def put_checked(self, digest: bytes, data: bytes) -> bool:
+        """`put` of bytes whose SHA-256 the caller has just computed and found equal to `digest`
+        (nokvfs.objects.blocks verifies every block it reads): the same, without hashing twice."""
         hex_digest = digest.hex()
         size = len(data)
         if size > self.max_bytes:
