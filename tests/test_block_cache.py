@@ -354,3 +354,70 @@ def test_block_writer_creates_each_key_once_and_warms_the_cache(store, cache):
     with pytest.raises(PreconditionFailed):
         writer.write_block(key, Block(0, b"other", hashlib.sha256(b"other").digest()))
     assert BlockReader(store).read_block(key, block.digest_uri, len(block.data)) == block.data
+
+
+# --- filling in the background (a mount's readers) ---------------------------------------------
+
+
+def _digest(uri: str) -> bytes:
+    return bytes.fromhex(uri.split(":", 1)[1])
+
+
+def test_put_later_is_written_by_close_at_the_latest_and_survives_reopen(cache_dir):
+    cache = BlockCache(cache_dir, max_bytes=10_000)
+    blocks = [_block(n) for n in range(3)]
+    for uri, data in blocks:
+        cache.put_later(_digest(uri), data)
+    cache.close()
+    reopened = BlockCache(cache_dir, max_bytes=10_000)
+    try:
+        for uri, data in blocks:
+            assert reopened.get(uri) == data
+    finally:
+        reopened.close()
+
+
+def test_put_later_drops_blocks_beyond_the_waiting_bound(cache_dir):
+    cache = BlockCache(cache_dir, max_bytes=10_000)
+    try:
+        cache.pending_bytes_max = 1500
+        release = threading.Event()
+        original = cache.put_checked
+
+        def slow_put(digest, data):  # the filler thread is busy until released
+            release.wait(10)
+            return original(digest, data)
+
+        cache.put_checked = slow_put
+        (first_uri, first), (second_uri, second), (third_uri, third) = (_block(n) for n in range(3))
+        cache.put_later(_digest(first_uri), first)
+        cache.put_later(_digest(first_uri), first)  # already waiting: not queued twice
+        cache.put_later(_digest(second_uri), second)  # 2000 bytes would wait: not cached
+        release.set()
+    finally:
+        cache.close()
+    reopened = BlockCache(cache_dir, max_bytes=10_000)
+    try:
+        assert reopened.get(first_uri) == first
+        assert reopened.get(second_uri) is None
+        assert reopened.stats().entries == 1
+    finally:
+        reopened.close()
+
+
+def test_a_reader_filling_in_the_background_returns_verified_bytes_and_caches_only_them(cache_dir, store):
+    cache = BlockCache(cache_dir, max_bytes=10_000)
+    reader = BlockReader(store, cache)
+    reader.fill_in_background = True
+    uri, data = _block(7)
+    wrong_uri = _block(8)[0]
+    key = _key()
+    store.put(key, data)
+    try:
+        assert reader.read_block(key, uri, len(data)) == data
+        with pytest.raises(IntegrityError):
+            reader.read_block(key, wrong_uri, len(data))
+    finally:
+        cache.close()
+    assert os.path.isfile(_entry_path(cache_dir, uri))
+    assert not os.path.exists(_entry_path(cache_dir, wrong_uri))

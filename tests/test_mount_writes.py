@@ -273,3 +273,78 @@ def test_editors_save_through_the_mount(mount):
         )
         assert durable(mount, "scripts/conf.txt")["sha"] == sha(b"delta\ngamma\n")
     assert os.listdir(mount.path("wb", "scripts")) == ["conf.txt"]  # no temporary or swap files left
+
+
+# --- blocks hashed while written ----------------------------------------------------------------
+
+
+def _sha256_of(path: str) -> str:
+    done = subprocess.run(["sha256sum", path], capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.split()[0]
+
+
+@pytest.mark.parametrize("extra_args", [(), ("--write-back",)], ids=["durable", "write-back"])
+def test_dd_in_chunks_then_a_middle_chunk_overwritten_reads_back_after_remount(tmp_path, extra_args):
+    """20 MiB written with dd in 1 MiB chunks (hashed as it arrives), then one middle chunk
+    overwritten in place by dd conv=notrunc (a write back over hashed blocks, inside the third
+    4 MiB block): after a remount the file is byte for byte the local copy's."""
+    from tests.mount_fixtures import mounted
+
+    local = tmp_path / "local.bin"
+    patch = tmp_path / "patch.bin"
+    subprocess.run(["dd", "if=/dev/urandom", f"of={local}", "bs=1M", "count=20", "status=none"], check=True)
+    patch.write_bytes(os.urandom(1024 * 1024))
+    base = str(tmp_path / "m")
+    os.makedirs(base)
+    with mounted(base, extra_args=extra_args) as m:
+        target = m.path("wb", "outputs", "dd.bin")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        subprocess.run(["dd", f"if={local}", f"of={target}", "bs=1M", "status=none"], check=True, timeout=120)
+        for path in (str(local), target):
+            subprocess.run(
+                ["dd", f"if={patch}", f"of={path}", "bs=1M", "seek=9", "count=1", "conv=notrunc", "status=none"],
+                check=True,
+                timeout=120,
+            )
+        assert _sha256_of(target) == _sha256_of(str(local))
+    with mounted(base, init=False, extra_args=extra_args) as m:
+        target = m.path("wb", "outputs", "dd.bin")
+        assert os.path.getsize(target) == 20 * 1024 * 1024
+        assert _sha256_of(target) == _sha256_of(str(local))
+        assert durable(m, "outputs/dd.bin")["sha"] == _sha256_of(str(local))
+
+
+def test_writes_out_of_order_truncates_and_appends_in_one_open_publish_the_file(mount, tmp_path):
+    """Whatever order one descriptor's writes and truncates come in, the published body is the
+    file the descriptor saw: sequential blocks, a shrink into a block, a hole, a write back over
+    a hashed block, and then appends through a second (O_APPEND) open."""
+    path = mount.path("wb", "outputs", "mixed.bin")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    mib = 1024 * 1024
+    expected = bytearray()
+
+    def put(fd, offset, data):
+        os.pwrite(fd, data, offset)
+        if offset > len(expected):
+            expected.extend(bytes(offset - len(expected)))
+        expected[offset : offset + len(data)] = data
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(9):
+            put(fd, i * mib, os.urandom(mib))
+        os.ftruncate(fd, 5 * mib + 3)
+        del expected[5 * mib + 3 :]
+        put(fd, 6 * mib, os.urandom(mib + 11))  # a hole of zeros before it
+        put(fd, mib + 100, os.urandom(4096))
+    finally:
+        os.close(fd)
+    with open(path, "ab") as f:
+        tail = os.urandom(3 * mib + 5)
+        f.write(tail)
+        expected.extend(tail)
+    with open(path, "rb") as f:
+        assert f.read() == bytes(expected)
+    import hashlib
+
+    assert durable(mount, "outputs/mixed.bin")["sha"] == hashlib.sha256(expected).hexdigest()

@@ -378,6 +378,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
         )
         invalidator = Invalidator()
         fetcher = BlockFetcher(root, pool, memory_bytes=o.memory_bytes)
+        root.blocks.fill_in_background = True  # readers do not wait for the block cache's copies
         fs = FileSystem(
             root,
             LiveView(root, read_only=read_only),

@@ -215,7 +215,7 @@ class Files:
                 if offset + size <= split
                 else os.pread(spool.fd, offset + size - max(offset, split), max(offset, split) - split)
             )
-            return head + tail
+            return b"".join((head, tail))
 
     async def write(self, handle: FileHandle, offset: int, data) -> int:
         with self.meters["write"].timing():
@@ -710,9 +710,10 @@ class Files:
         entry = node.bound or self.tree.current_entry(node)
         if entry is None:
             raise refuse(errno.ENOENT, f"{node.describe()} no longer exists")
-        return await self.workers.bounded(
+        target = await self.workers.bounded(
             f"readlink of {node.describe()}", self.fetcher.read, entry, 0, entry.logical_size
         )
+        return bytes(target)
 
     # --- the end of the mount ----------------------------------------------------------------------
 

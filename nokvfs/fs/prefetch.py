@@ -64,7 +64,9 @@ class BlockFetcher:
         """(row start offsets, manifest rows) of the entry's revision (cached; inline LMDB scan)."""
         return self.root.manifests.get(self.root, entry.artifact_revision_id)
 
-    async def read(self, entry, offset: int, size: int, stream: Stream | None = None) -> bytes:
+    async def read(self, entry, offset: int, size: int, stream: Stream | None = None) -> bytes | memoryview:
+        """Bytes [offset, offset + size) of the entry's revision (clipped at its end): bytes, or a
+        read-only view into a block kept in memory."""
         size = max(0, min(size, entry.logical_size - offset))
         if size == 0 or offset < 0:
             return b""
@@ -81,7 +83,8 @@ class BlockFetcher:
             data = await self._block(entry, row)
             lo = max(offset, row.logical_offset) - row.logical_offset
             hi = min(offset + size, row.logical_offset + row.length) - row.logical_offset
-            parts.append(data if lo == 0 and hi == len(data) else data[lo:hi])
+            # A view, not a copy: the kernel's reply is copied out of the block once, by libfuse.
+            parts.append(data if lo == 0 and hi == len(data) else memoryview(data)[lo:hi])
             last = index
         if stream is not None:
             self._follow(stream, entry, rows, offset, size, last)

@@ -132,6 +132,8 @@ class Spool:
         self.attributes = None  # attribute changes waiting for the next publication
         self.writers = 0  # descriptors open for writing
         self.lock = trio.Lock()
+        # The spool file's blocks, hashed as they are written (publication reads only the rest).
+        self.hashes = bodies.WrittenBody(root.block_size)
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
         self.fd = -1  # no spool file (yet, or any more: see the module docstring)
@@ -154,6 +156,7 @@ class Spool:
             raise _storage_error(f"a spool file in {directory}", exc) from None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone
         self.fd, self.path = fd, path
+        self.hashes.reset()
         self.describe_state(LIVE, new=True)
 
     def _need_file(self) -> None:
@@ -267,11 +270,14 @@ class Spool:
                 for position in reversed(range(0, tail, _COPY_CHUNK)):
                     chunk = os.pread(self.fd, min(_COPY_CHUNK, tail - position), position)
                     _write_all(self.fd, chunk, base_size + position)
+                self.hashes.forget()
                 self._copy_base(base_size)
                 self.append_only = False
             else:
+                self.hashes.reset()
                 self._copy_base(min(self.size, self.base.logical_size))
         except OSError as exc:
+            self.hashes.forget()
             raise _storage_error(f"fill the spool {self.path}", exc) from None
         self.filled = True
 
@@ -282,6 +288,7 @@ class Spool:
                 break
             chunk = chunk[: limit - offset]
             _write_all(self.fd, chunk, offset)
+            self.hashes.wrote(offset, chunk)
             offset += len(chunk)
 
     def truncate_blocking(self, size: int) -> None:
@@ -291,7 +298,9 @@ class Spool:
         try:
             os.ftruncate(self.fd, size)
         except OSError as exc:
+            self.hashes.forget()
             raise _storage_error(f"truncate the spool {self.path}", exc) from None
+        self.hashes.truncated(size)
         self.filled = True
         self.size = size
         self.dirty = self.written = True
@@ -303,7 +312,7 @@ class Spool:
         path = self.text_path
         extra = {} if attributes is None else {"attributes": attributes}
         if self.append_only and self.base is not None and self.size > self.base.logical_size:
-            body = bodies.from_file(self.path, self.root.block_size)
+            body = self.hashes.body(self.path, self.size - self.base.logical_size)
             return appends.append(
                 self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
             )
@@ -318,7 +327,7 @@ class Spool:
         """The file's complete bytes as a Body over the spool file."""
         if not self.filled:
             self.fill_blocking()
-        body = bodies.from_file(self.path, self.root.block_size)
+        body = self.hashes.body(self.path, self.size)  # hashed while written (WrittenBody)
         if body.size != self.size:
             raise InvalidInput(f"the spool of {self.describe()} holds {body.size} bytes, expected {self.size}")
         return body
@@ -356,13 +365,13 @@ class Spool:
 
     def write(self, offset: int, data) -> None:
         self._need_file()
+        at = offset - self.base.logical_size if self.append_only else offset  # in the spool file
         try:
-            if self.append_only:
-                _write_all(self.fd, data, offset - self.base.logical_size)
-            else:
-                _write_all(self.fd, data, offset)
+            _write_all(self.fd, data, at)
         except OSError as exc:
+            self.hashes.changed(at, at + len(data))  # some of it may have landed
             raise _storage_error(f"write the spool {self.path}", exc) from None
+        self.hashes.wrote(at, data)
         self.size = max(self.size, offset + len(data))
         self.dirty = self.written = True
         self.truncated_only = False
@@ -375,6 +384,7 @@ class Spool:
         """O_TRUNC: the file is empty in this mount from now on (and for everyone once published)."""
         self._need_file()
         os.ftruncate(self.fd, 0)
+        self.hashes.reset()
         self.filled, self.size, self.append_only = True, 0, False
         self.dirty = self.written = self.truncated_only = True
         self.mtime_ns = time.time_ns()
@@ -389,6 +399,7 @@ class Spool:
             self.append_only = False
         elif self.append_only:
             os.ftruncate(self.fd, 0)
+            self.hashes.reset()
             self.filled = False
         self.base = entry
         self.expected_revision = entry.artifact_revision_id

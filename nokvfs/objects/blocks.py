@@ -73,6 +73,9 @@ class BlockReader:
     def __init__(self, store: ObjectStore, cache: BlockCache | None = None):
         self.store = store
         self.cache = cache
+        # A mount sets this: a block read from the store goes into the cache in the cache's own
+        # thread, so the reader does not wait for its local copy to be written.
+        self.fill_in_background = False
 
     def read_block(self, object_key: str, digest_uri: str, expected_length: int) -> bytes:
         """The whole block at `object_key`, which must be `expected_length` bytes with SHA-256
@@ -100,7 +103,10 @@ class BlockReader:
         if actual != digest:
             raise IntegrityError(f"block {object_key} has SHA-256 {sha256_uri(actual)}, manifest says {digest_uri}")
         if self.cache is not None:
-            self.cache.put(digest_uri, data)
+            if self.fill_in_background:
+                self.cache.put_later(digest, data)  # verified above
+            else:
+                self.cache.put_checked(digest, data)  # verified above
         return data
 
     def read_range(self, object_key: str, digest_uri: str, expected_length: int, start: int, length: int) -> bytes:

@@ -20,6 +20,11 @@ is re-hashed.
 
 The cache is best-effort: an I/O error on a read is a miss and on a write leaves the block
 uncached; neither fails the caller. One process owns a cache directory at a time (flock).
+
+Filling in the background. Writing a block's local copy (a new 4 MiB file) costs a reader more
+than fetching and verifying it from a local store, so a mount hands verified blocks to
+`put_later`: one thread writes them, up to a bound of waiting bytes beyond which blocks are
+simply not cached; `close` writes what waits first.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import threading
 
@@ -45,6 +51,7 @@ from nokvfs.objects.keys import parse_sha256_uri
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.json"
+DEFAULT_PENDING_BYTES = 64 * 1024 * 1024  # of blocks waiting for `put_later`'s thread
 LOCK_NAME = ".lock"
 _TMP_PREFIX = ".tmp-"
 _INDEX_VERSION = 1
@@ -84,6 +91,10 @@ class BlockCache:
         self._hits = self._misses = self._evictions = self._corrupt = 0
         self._dirty = 0
         self._closed = False
+        self.pending_bytes_max = DEFAULT_PENDING_BYTES
+        self._pending: dict[str, int] = {}  # hex digest -> size, queued for the filler thread
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._filler: threading.Thread | None = None
         try:
             filemodes.makedirs(self.directory)
             self._lock_fd = os.open(
@@ -143,6 +154,41 @@ class BlockCache:
         data = bytes(data)
         if hashlib.sha256(data).digest() != digest:
             raise IntegrityError(f"refusing to cache bytes whose SHA-256 is not {digest_uri}")
+        return self.put_checked(digest, data)
+
+    def put_later(self, digest: bytes, data: bytes) -> None:
+        """`put_checked` in the cache's own thread (module docstring): returns at once. Nothing
+        happens when the block is cached or queued already, or when the waiting bytes would
+        exceed `pending_bytes_max`."""
+        hex_digest = digest.hex()
+        with self._lock:
+            if (
+                self._closed
+                or hex_digest in self._entries
+                or hex_digest in self._pending
+                or sum(self._pending.values()) + len(data) > self.pending_bytes_max
+            ):
+                return
+            self._pending[hex_digest] = len(data)
+            if self._filler is None:
+                self._filler = threading.Thread(target=self._fill, name="block-cache-fill", daemon=True)
+                self._filler.start()
+        self._queue.put((digest, data))
+
+    def _fill(self) -> None:
+        while (item := self._queue.get()) is not None:
+            digest, data = item
+            try:
+                self.put_checked(digest, data)
+            except Exception as exc:  # noqa: BLE001 - best-effort: the block is just not cached
+                log.warning("block cache fill of %s failed: %s", digest.hex(), exc)
+            finally:
+                with self._lock:
+                    self._pending.pop(digest.hex(), None)
+
+    def put_checked(self, digest: bytes, data: bytes) -> bool:
+        """`put` of bytes whose SHA-256 the caller has just computed and found equal to `digest`
+        (nokvfs.objects.blocks verifies every block it reads): the same, without hashing twice."""
         hex_digest = digest.hex()
         size = len(data)
         if size > self.max_bytes:
@@ -204,7 +250,11 @@ class BlockCache:
             self._write_index_locked()
 
     def close(self) -> None:
-        """Write the index and release the directory. Idempotent."""
+        """Write what waits for `put_later`, then the index, and release the directory. Idempotent."""
+        filler, self._filler = self._filler, None
+        if filler is not None:
+            self._queue.put(None)
+            filler.join()
         with self._lock:
             if self._closed:
                 return

@@ -4,6 +4,10 @@ The StagedObject ledger must own every key, length and digest before the first b
 body is hashed in one pass first: bytes in memory as they are, a file where it lies, a stream
 spooled to a local file. Upload re-reads each block and re-checks its SHA-256, so a source that
 changes under the upload aborts instead of publishing bytes its digests do not describe.
+
+A file written in place (a mount's spool) can be hashed while it is written instead
+(`WrittenBody`): publication then reads nothing twice when the writes came in order, and only
+re-hashes the blocks a write went back over otherwise.
 """
 
 from __future__ import annotations
@@ -105,6 +109,109 @@ def from_file(path: str, block_size: int = DEFAULT_BLOCK_SIZE, *, owned_spool: b
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
     return Body(offset, whole.digest(), blocks, path=path, owned_spool=owned_spool)
+
+
+class WrittenBody:
+    """The block plan of a local file being written, hashed as its bytes arrive.
+
+    In-order writes (each starting where the hashed bytes end) feed the whole-body SHA-256 and the
+    SHA-256 of the block in progress, so `body` needs no read of what was hashed. Any other change
+    (a write elsewhere, a shrinking truncate) stops the in-order hashing and forgets the digests of
+    the blocks it touched: `body` then reads the file once, hashing the whole body and only the
+    blocks whose digests are unknown. Block boundaries are the publisher's (`block_size`), so the
+    plan is the one `from_file` would make of the same bytes; upload still re-checks every block.
+    Not thread-safe: the owner serializes writes, truncates and `body`.
+    """
+
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE):
+        self.block_size = block_size
+        self.reset()
+
+    def reset(self) -> None:
+        """The file is empty now."""
+        self.hashed = 0  # bytes [0, hashed) went through the running hashes
+        self._whole = hashlib.sha256()
+        self._block = hashlib.sha256()  # of bytes [hashed // block_size * block_size, hashed)
+        self._digests: dict[int, bytes] = {}  # block index -> digest of a complete block
+
+    def forget(self) -> None:
+        """Nothing about the file's bytes is known (it was rewritten some other way)."""
+        self.reset()
+        self._whole = None
+
+    @property
+    def in_order(self) -> bool:
+        return self._whole is not None
+
+    def wrote(self, offset: int, data) -> None:
+        """Bytes [offset, offset + len(data)) of the file are now `data`."""
+        size = len(data)
+        if size == 0:
+            return
+        if offset != self.hashed or self._whole is None:
+            self.changed(offset, offset + size)
+            return
+        view = memoryview(data).cast("B")
+        bs = self.block_size
+        position = offset
+        while view:
+            piece = view[: bs - position % bs]
+            self._whole.update(piece)
+            self._block.update(piece)
+            position += len(piece)
+            view = view[len(piece) :]
+            if position % bs == 0:
+                self._digests[position // bs - 1] = self._block.digest()
+                self._block = hashlib.sha256()
+        self.hashed = position
+
+    def truncated(self, size: int) -> None:
+        """The file is `size` bytes now (a larger size adds zeros, hashed by `body`)."""
+        if size < self.hashed or self._whole is None:
+            self.changed(size, None)
+
+    def changed(self, start: int, end: int | None) -> None:
+        """Bytes from `start` (to `end`, or the end of the file) changed some other way."""
+        bs = self.block_size
+        first, last = start // bs, None if end is None else (end - 1) // bs
+        for index in [i for i in self._digests if i >= first and (last is None or i <= last)]:
+            del self._digests[index]
+        self._whole = None
+
+    def body(self, path: str, size: int) -> Body:
+        """The Body of the file at `path`, which holds `size` bytes: from the running hashes,
+        reading only what they do not cover."""
+        bs = self.block_size
+        if self._whole is not None and self.hashed <= size:
+            whole, offset = self._whole.copy(), self.hashed
+            blocks = [BlockPlan(i, i * bs, bs, self._digests[i]) for i in range(offset // bs)]
+            block = self._block.copy() if offset % bs else None  # the block in progress
+        else:
+            whole, offset, blocks, block = hashlib.sha256(), 0, [], None
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while offset < size or block is not None:
+                    index = offset // bs
+                    start = index * bs
+                    length = min(bs, size - start)
+                    known = None
+                    if block is None:
+                        known = self._digests.get(index) if length == bs else None
+                        block = hashlib.sha256() if known is None else None
+                    end = start + length
+                    while offset < end:
+                        chunk = os.pread(f.fileno(), min(_READ_CHUNK, end - offset), offset)
+                        if not chunk:
+                            raise StoreError(f"{path} ended at {offset} bytes, expected {size}")
+                        whole.update(chunk)
+                        if block is not None:
+                            block.update(chunk)
+                        offset += len(chunk)
+                    blocks.append(BlockPlan(index, start, length, known if block is None else block.digest()))
+                    block = None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+        return Body(size, whole.digest(), blocks, path=path)
 
 
 def from_stream(stream, spool_dir: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Body:
