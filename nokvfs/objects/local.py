@@ -40,7 +40,8 @@ deadline to miss (a hung filesystem hangs them, as it hangs every program using 
 
 Keys whose components would make an object's path a directory of another object's path (``a`` and
 ``a/b``) are valid S3 keys but cannot both exist here; the second is StoreError. Deleting an
-object prunes directories left empty, under the same lock.
+object prunes directories left empty, under the same lock, and fsyncs the directory where that
+ends; `delete_many` does so for many keys with one lock round and each directory fsynced once.
 """
 
 from __future__ import annotations
@@ -552,24 +553,61 @@ class LocalStore(ObjectStore):
         return self._info_at(self._path(key), key)
 
     def delete(self, key) -> None:
-        final = self._path(key)
-        with self._locked():
+        (failure,) = self.delete_many([key])
+        if failure is not None:
+            raise failure
+
+    def delete_many(self, keys) -> list:
+        """Remove several objects under one lock round: every file unlinked, the directories
+        that leaves empty pruned, then each directory that changed fsynced once (so a key is
+        answered None only once its removal is durable). Per key, None or the exception that
+        kept it."""
+        results: list = []
+        paths = []
+        for key in keys:
             try:
-                os.unlink(final)
-            except OSError as exc:
-                if exc.errno in _MISSING_ERRNOS or exc.errno == errno.EISDIR:
-                    return
-                raise _store_error(exc, "delete", final) from exc
-            # Prune directories the delete left empty; rmdir refuses a non-empty one (including
-            # one holding a concurrent writer's temp file), which ends the walk.
-            directory = os.path.dirname(final)
-            while directory != self.root:
+                paths.append((len(results), self._path(key)))
+                results.append(None)
+            except InvalidInput as exc:
+                results.append(exc)
+        if not paths:
+            return results
+        with self._locked():
+            unlinked = []  # (position, the directory that held the file)
+            for position, final in paths:
                 try:
-                    os.rmdir(directory)
-                except OSError:
-                    break
-                directory = os.path.dirname(directory)
-            _fsync_dir(directory)
+                    os.unlink(final)
+                except OSError as exc:
+                    if exc.errno not in _MISSING_ERRNOS and exc.errno != errno.EISDIR:
+                        results[position] = _store_error(exc, "delete", final)
+                    continue  # absent already: nothing to make durable
+                unlinked.append((position, os.path.dirname(final)))
+            # Prune the directories the deletes left empty, each walk upwards ending at the first
+            # one rmdir refuses (a non-empty one, including one holding a concurrent writer's
+            # temp file); that one's fsync makes the removals below it durable.
+            removed: set[str] = set()
+            stops = []
+            for position, directory in unlinked:
+                while directory != self.root:
+                    try:
+                        os.rmdir(directory)
+                    except OSError:
+                        break
+                    removed.add(directory)
+                    directory = os.path.dirname(directory)
+                stops.append((position, directory))
+            durable_at: dict[str, list[int]] = {}
+            for position, directory in stops:
+                while directory in removed:  # a later walk went on past where this one stopped
+                    directory = os.path.dirname(directory)
+                durable_at.setdefault(directory, []).append(position)
+            for directory, positions in durable_at.items():
+                try:
+                    _fsync_dir(directory)
+                except (StoreError, InvalidInput) as exc:
+                    for position in positions:
+                        results[position] = exc
+        return results
 
     def list(self, prefix="") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
