@@ -8,7 +8,9 @@ revision is Available (no publish or append can still add a reference: every ref
 requires Available), and the caller is the fenced owner (every command carries the owner epoch).
 
     claim:   Available -> Deleting, candidate Candidate -> Claimed, GcOperation Deleting
-    delete:  every object the revision physically owns, then confirm each absent
+    delete:  every object the revision physically owns, each confirmed absent by the store's
+             own answer (ObjectStore.delete_many: the local store answers once the removal is
+             fsynced, S3 per key in its DeleteObjects answer)
     finish:  Deleting -> Deleted, candidate Complete, manifest rows pruned, and only then the
              revision's RevisionDependency references released (which may make bases candidates)
     an ambiguous or failed delete: revision, candidate and operation Quarantined with evidence;
@@ -23,10 +25,18 @@ Each run also reconciles the other Quarantined state machines -- publishes, comm
 restores -- by the same rule (probe, then an explicit transition, then the cleanup again); see
 README "Reconciliation" and each machine's `reconcile`.
 
-Claims and finishes are batched: one command claims up to GC_BATCH revisions (each exactly as
-alone; one that stopped being collectable is left out), their objects are deleted, and one
-command finishes those whose deletes were confirmed (a failed one is quarantined alone). The
-configured history retention holds GC like a HistoryHold: those versions stay readable.
+Claims and finishes are batched: one command claims up to `batch_revisions` revisions (each
+exactly as alone; one that stopped being collectable is left out), once that command is durable
+their objects are deleted in one `delete_many`, and one command finishes those whose objects
+were all confirmed absent (one that was not is quarantined alone, and `GcReport.failures` names
+its object and the store's typed error). The order per revision is the seed's whatever the batch:
+no object is deleted before its claim is committed, no row goes before its objects are gone, and
+a collector killed anywhere in between leaves Deleting operations the next run resumes (crash
+points for the tests, NOKVFS_CRASH_AT: "gc-claimed" after the claim command, "gc-deleted" after
+the deletes). A batch is bounded so both commands stay within the engine's limits (revisions,
+manifest rows, released dependencies); a mount's maintenance passes small batches so that a
+request waiting for the writer waits for little. The configured history retention holds GC
+like a HistoryHold: those versions stay readable.
 
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
@@ -40,7 +50,7 @@ needs). In-flight commit builds and restores are covered: each holds a HistoryHo
 first command. Reads below the floor are then refused with HistoryNotRetained.
 
 Progress: `collect(progress=...)` calls `progress(stage, done, total, done_bytes, total_bytes)`
-after each revision it frees (stage "collect": revisions and bytes freed so far, total the
+after each batch of revisions (stage "collect": revisions and bytes freed so far, total the
 revisions this pass found collectable on top of those) and after each History batch (stage
 "prune History": rows pruned so far).
 """
@@ -159,7 +169,13 @@ MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at
 
 
 def collect(
-    root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None, history_batch: int | None = None
+    root,
+    *,
+    dry_run: bool = False,
+    progress=None,
+    keep_versions: int | None = None,
+    history_batch: int | None = None,
+    batch_revisions: int | None = None,
 ) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
@@ -168,8 +184,12 @@ def collect(
 
     With dry_run, nothing is changed and the report lists what the first pass would free (bases
     that only become collectable once their children are gone are not counted) and how many
-    History rows would go.
+    History rows would go. `batch_revisions` (default GC_BATCH) bounds the revisions one claim
+    and one finish command cover.
     """
+    batch_revisions = GC_BATCH if batch_revisions is None else batch_revisions
+    if isinstance(batch_revisions, bool) or not isinstance(batch_revisions, int) or batch_revisions < 1:
+        raise InvalidInput(f"batch_revisions must be a positive integer, got {batch_revisions!r}")
     report = GcReport()
     if not dry_run:
         _resume(root, report)
@@ -177,7 +197,7 @@ def collect(
         _reconcile_operations(root, report)
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
-        _pass(root, report, dry_run=dry_run, progress=progress)
+        _pass(root, report, dry_run=dry_run, progress=progress, batch_revisions=batch_revisions)
         if dry_run or report.freed_revisions == freed:
             break
     if not dry_run:
@@ -302,7 +322,7 @@ def _needs_barrier(root) -> bool:
     return False
 
 
-def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
+def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: int) -> None:
     report.candidates = report.collectable = report.stale_candidates = report.held = 0
     if not dry_run and _needs_barrier(root):
         _advance_barrier(root)
@@ -337,23 +357,31 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
                 # The bytes only a dry run reports; a batch is bounded by the revision's manifest
                 # rows (block_count), which its own objects never exceed.
                 size = sum(r.length for r in _own_objects(view, root, decoded.artifact_revision_id)) if dry_run else 0
-                work.append((decoded.artifact_revision_id, decoded.reference_epoch, size, revision.block_count))
+                work.append(
+                    _Work(
+                        decoded.artifact_revision_id,
+                        decoded.reference_epoch,
+                        size,
+                        revision.block_count,
+                        revision.dependency_count,
+                    )
+                )
             if page.next_marker is None:
                 break
             marker = page.next_marker
     freed_before = report.freed_revisions
     if dry_run:
-        for revision_id, _, size, _ in work:
-            report.freed.append(revision_id.hex())
-            report.freed_bytes += size
+        for item in work:
+            report.freed.append(item.revision_id.hex())
+            report.freed_bytes += item.size
         return
-    for batch in _batches(work):
+    for batch in _batches(work, batch_revisions):
         locks, items = [], []
-        for revision_id, epoch, _, _ in batch:
-            lock = OperationLock(root.run_dir, operation_id(root.root_id, revision_id, epoch))
+        for item in batch:
+            lock = OperationLock(root.run_dir, operation_id(root.root_id, item.revision_id, item.epoch))
             if lock.try_acquire():
                 locks.append(lock)
-                items.append((revision_id, epoch))
+                items.append((item.revision_id, item.epoch))
             # else another collector drives it
         try:
             claimed = _claim_many(root, items) if items else []
@@ -367,20 +395,41 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
             progress("collect", report.freed_revisions, freed_before + len(work), report.freed_bytes, None)
 
 
-# Revisions one claim command and one finish command cover (bounded by their objects too, so a
-# finish that deletes every manifest row stays a bounded command).
-GC_BATCH = 64
-GC_BATCH_OBJECTS = 1024
+# Revisions one claim command and one finish command cover by default (`nokvfs gc`; the mount's
+# maintenance passes fewer), and what else bounds a batch so both commands stay well inside the
+# engine's limits (MAX_PREDICATES 4,096, MAX_MUTATIONS 16,384): the finish deletes every
+# manifest row of its revisions, and requires 3 rows per revision plus one per base revision
+# whose dependency reference it releases (at most 64 per revision).
+GC_BATCH = 256
+GC_BATCH_MANIFEST_ROWS = 4096
+GC_BATCH_PREDICATES = 3072
 
 
-def _batches(work):
-    batch, objects = [], 0
+@dataclass(frozen=True)
+class _Work:
+    """A revision the scan found collectable."""
+
+    revision_id: bytes
+    epoch: int
+    size: int  # its own objects' bytes (dry runs only)
+    manifest_rows: int
+    dependencies: int
+
+
+def _batches(work, revisions: int):
+    batch, rows, predicates = [], 0, 0
     for item in work:
-        if batch and (len(batch) == GC_BATCH or objects + item[3] > GC_BATCH_OBJECTS):
+        more = 3 + item.dependencies
+        if batch and (
+            len(batch) == revisions
+            or rows + item.manifest_rows > GC_BATCH_MANIFEST_ROWS
+            or predicates + more > GC_BATCH_PREDICATES
+        ):
             yield batch
-            batch, objects = [], 0
+            batch, rows, predicates = [], 0, 0
         batch.append(item)
-        objects += item[3]
+        rows += item.manifest_rows
+        predicates += more
     if batch:
         yield batch
 
