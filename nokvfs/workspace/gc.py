@@ -776,11 +776,17 @@ def _finish_many(root, collections: list) -> None:
         predicates, mutations = [], []
         for c in collections:
             revision_id = c.operation.artifact_revision_id
-            # The child's own objects are gone: now, and only now, release its dependency set.
+            # The child's own objects are gone: now, and only now, release its dependency set
+            # (sealed with its count: a revision that depends on nothing has none to look for).
             dependency_prefix = keys.revision_ref_prefix(
                 root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
             )
-            for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+            dependencies = (
+                scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items
+                if c.revision.dependency_count
+                else ()
+            )
+            for key, _ in dependencies:
                 refs.remove(
                     ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id
                 )
