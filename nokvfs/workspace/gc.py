@@ -57,6 +57,7 @@ revisions this pass found collectable on top of those) and after each History ba
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import logging
@@ -375,24 +376,55 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: i
             report.freed.append(item.revision_id.hex())
             report.freed_bytes += item.size
         return
-    for batch in _batches(work, batch_revisions):
-        locks, items = [], []
-        for item in batch:
-            lock = OperationLock(root.run_dir, operation_id(root.root_id, item.revision_id, item.epoch))
-            if lock.try_acquire():
-                locks.append(lock)
-                items.append((item.revision_id, item.epoch))
-            # else another collector drives it
+    # One batch's objects are deleted (on the deleter thread: the store mostly waits on I/O)
+    # while this thread finishes the batch before and claims the next; each batch's order is
+    # the seed's all the same -- claim committed, then its deletes, then its finish.
+    in_flight = []  # at most two: (claimed collections, their locks, the future of their deletes)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gc-delete") as deleter:
         try:
-            claimed = _claim_many(root, items) if items else []
-            if claimed:
-                crash_point("gc-claimed")
-            _delete_and_finish(root, claimed, report)
+            for batch in _batches(work, batch_revisions):
+                locks, items = [], []
+                for item in batch:
+                    lock = OperationLock(root.run_dir, operation_id(root.root_id, item.revision_id, item.epoch))
+                    if lock.try_acquire():
+                        locks.append(lock)
+                        items.append((item.revision_id, item.epoch))
+                    # else another collector drives it
+                try:
+                    claimed = _claim_many(root, items) if items else []
+                    if claimed:
+                        crash_point("gc-claimed")
+                except BaseException:
+                    _release(locks)
+                    raise
+                in_flight.append((claimed, locks, deleter.submit(_delete_objects, root, claimed)))
+                if len(in_flight) == 2:
+                    _finish_deleted(root, in_flight.pop(0), report, progress, freed_before + len(work))
+            while in_flight:
+                _finish_deleted(root, in_flight.pop(0), report, progress, freed_before + len(work))
         finally:
-            for lock in locks:
-                lock.release(remove=True)
-        if progress is not None:
-            progress("collect", report.freed_revisions, freed_before + len(work), report.freed_bytes, None)
+            for _, locks, deleting in in_flight:  # only when something failed: nothing more is finished
+                concurrent.futures.wait([deleting])
+                _release(locks)
+
+
+def _release(locks) -> None:
+    for lock in locks:
+        lock.release(remove=True)
+
+
+def _finish_deleted(root, in_flight, report: GcReport, progress, total: int) -> None:
+    """Once a batch's deletes are done: quarantine or finish each of its collections, let their
+    locks go, and say how far the pass is."""
+    collections, locks, deleting = in_flight
+    try:
+        failures = deleting.result()
+        crash_point("gc-deleted")
+        _settle(root, collections, failures, report)
+    finally:
+        _release(locks)
+    if progress is not None:
+        progress("collect", report.freed_revisions, total, report.freed_bytes, None)
 
 
 # Revisions one claim command and one finish command cover by default (`nokvfs gc`; the mount's
@@ -744,6 +776,12 @@ def _delete_and_finish(root, collections: list, report: GcReport) -> None:
         return
     failures = _delete_objects(root, collections)
     crash_point("gc-deleted")
+    _settle(root, collections, failures, report)
+
+
+def _settle(root, collections: list, failures: dict, report: GcReport) -> None:
+    """After the deletes (`failures` as _delete_objects returns them): quarantine each collection
+    an object of which was not confirmed absent, and finish the others in one command."""
     finished = []
     for collection in collections:
         if collection.op_id not in failures:
