@@ -3,7 +3,7 @@
 
     python3 scripts/bench_growth.py [--steps 10] [--engine-commands 1000000] [--publishes 100000]
                                     [--paths 1000] [--retain-versions 10000] [--no-maintenance]
-                                    [--keep]
+                                    [--gc-revisions 10000] [--gc-store local|s3] [--keep]
 
 Two workloads in a temporary directory, both on a bounded working set, each in --steps steps:
 
@@ -12,9 +12,15 @@ Two workloads in a temporary directory, both on a bounded working set, each in -
            and History pruning after each step (what the mount's maintenance does)
   facade   --publishes `namespace.put` of 100-byte files over --paths paths, then the
            maintenance pass a mount runs (retention, GC, History pruning) after each step
-  gc       --gc-revisions revisions freed by `gc.collect` (rewrites of 100 paths), batched as
-           it runs, against the reference of the same collection one revision per claim and
-           finish command (GC_BATCH = 1, how it ran before), in the same run
+  gc       --gc-revisions revisions freed by `gc.collect` (rewrites of 100 paths) in batches of
+           gc.GC_BATCH, against the reference of the same collection one revision per claim and
+           finish command (batch_revisions=1), in the same run: one data directory is built and
+           copied for both, so they free the same revisions; CPU seconds are printed beside the
+           wall time (the machine may be shared)
+
+A workload runs only when its count is not 0: `--engine-commands 0 --publishes 0` runs gc alone.
+`--gc-store s3` runs the gc workload on a loopback moto server instead of the local store (each
+run then publishes its own revisions).
 
 After each step it prints: commands applied so far, commands (publishes)/s of the step, reopen
 time (`Shard.open` / `datadir.open_root`, cold), the shard's used bytes (LMDB pages in use) and
@@ -272,32 +278,66 @@ def run_facade(work: str, args) -> list:
     return results
 
 
-def run_gc(work: str, args) -> None:
-    from nokvfs.workspace import datadir, gc, namespace, workbench
+def _gc_data(data_dir: str, revisions: int, **store) -> None:
+    """A data directory holding `revisions` revisions nothing references (rewrites of 100 paths)."""
+    from nokvfs.workspace import datadir, namespace, workbench
 
+    datadir.init(data_dir, **store)
+    root = datadir.open_root(data_dir)
+    try:
+        workbench.create(root, "wb")
+        for n in range(revisions + 100):
+            namespace.put(root, "wb", f"outputs/f{n % 100}", b"x" * 100)
+    finally:
+        root.close()
+
+
+def run_gc(work: str, args) -> None:
+    import pathlib
+
+    from nokvfs.workspace import datadir, gc
+
+    server = None
+    if args.gc_store == "s3":
+        import boto3
+
+        from tests.s3_fixtures import start_loopback_moto
+
+        server, endpoint = start_loopback_moto(serialised=False)
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="nokvfs-bench-gc")
+    else:
+        source = os.path.join(work, "gc-source")
+        _gc_data(source, args.gc_revisions)
+        assert datadir.read_config(source)["store"] == pathlib.Path(source, "objects").as_uri(), "not the default store"
+    print(f"gc ({args.gc_store} store): load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rates = {}
-    for batch in (1, gc.GC_BATCH):
-        data_dir = os.path.join(work, f"gc-{batch}")
-        datadir.init(data_dir)
-        root = datadir.open_root(data_dir)
-        try:
-            workbench.create(root, "wb")
-            for n in range(args.gc_revisions + 100):
-                namespace.put(root, "wb", f"outputs/f{n % 100}", b"x" * 100)
-            saved, gc.GC_BATCH = gc.GC_BATCH, batch
+    try:
+        for batch in (1, gc.GC_BATCH):
+            data_dir = os.path.join(work, f"gc-{batch}")
+            if server is not None:  # each run its own objects under its own prefix
+                _gc_data(data_dir, args.gc_revisions, store=f"s3://nokvfs-bench-gc/gc-{batch}", endpoint_url=endpoint)
+            else:  # a copy of the same revisions, with its own objects
+                shutil.copytree(source, data_dir)
+                config = datadir.read_config(data_dir)
+                config["store"] = pathlib.Path(data_dir, "objects").as_uri()
+                datadir._write_config(data_dir, config)
+            root = datadir.open_root(data_dir)
             try:
-                start = time.perf_counter()
-                report = gc.collect(root)
-                elapsed = time.perf_counter() - start
+                start, cpu = time.perf_counter(), time.process_time()
+                report = gc.collect(root, batch_revisions=batch)
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
             finally:
-                gc.GC_BATCH = saved
-        finally:
-            root.close()
-        rates[batch] = report.freed_revisions / elapsed
-        print(
-            f"gc batch {batch}: freed {report.freed_revisions:,} revisions in {elapsed:.2f} s = {rates[batch]:,.0f}/s",
-            flush=True,
-        )
+                root.close()
+            assert report.freed_revisions >= args.gc_revisions and not report.quarantined, report
+            rates[batch] = report.freed_revisions / elapsed
+            print(
+                f"gc batch {batch}: freed {report.freed_revisions:,} revisions in {elapsed:.2f} s = "
+                f"{rates[batch]:,.0f}/s ({cpu:.2f} CPU s = {report.freed_revisions / cpu:,.0f}/CPU s)",
+                flush=True,
+            )
+    finally:
+        if server is not None:
+            server.stop()
     print(f"gc: {rates[gc.GC_BATCH]:,.0f} revisions/s = {rates[gc.GC_BATCH] / rates[1]:.2f}x one revision per command")
 
 
@@ -321,6 +361,9 @@ def main() -> int:
     parser.add_argument("--publishes", type=int, default=100_000)
     parser.add_argument("--paths", type=int, default=1000)
     parser.add_argument("--gc-revisions", type=int, default=10_000)
+    parser.add_argument(
+        "--gc-store", choices=("local", "s3"), default="local", help="s3: a loopback moto server (tests.s3_fixtures)"
+    )
     parser.add_argument("--retain-versions", type=int, default=10_000)
     parser.add_argument(
         "--no-maintenance", action="store_true", help="never run retention/GC (the growth before this issue)"

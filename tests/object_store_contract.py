@@ -99,6 +99,37 @@ def test_delete_removes_and_is_idempotent(store):
     store.delete("d/never")
 
 
+def test_delete_many_removes_every_key_and_answers_each(store, other_store):
+    keys = ["m/a/1", "m/a/2", "m/b/c/3", "m/keep"]
+    for key in keys:
+        store.put(key, key.encode())
+    asked = ["m/a/1", "m/never", "m/b/c/3", "m/a/2", "m/a/1"]  # an absent key, a repeated one
+    assert store.delete_many(asked) == [None] * len(asked)
+    for key in ["m/a/1", "m/a/2", "m/b/c/3"]:
+        assert store.head(key) is None and other_store.head(key) is None
+    assert [i.key for i in store.list("m/")] == ["m/keep"]
+    assert store.get("m/keep") == b"m/keep"
+    assert store.delete_many([]) == []
+
+
+def test_delete_many_refuses_a_bad_key_alone(store):
+    store.put("n/1", b"1")
+    store.put("n/2", b"2")
+    results = store.delete_many(["n/1", "../escape", "n/2"])
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], InvalidInput)
+    assert list(store.list("n/")) == []
+
+
+def test_delete_many_of_many_objects_in_many_directories(store):
+    keys = [f"w/{n % 7}/{n}" for n in range(60)]
+    store.put_many([(key, b"x") for key in keys])
+    assert store.delete_many(keys[:45]) == [None] * 45
+    assert sorted(i.key for i in store.list("w/")) == sorted(keys[45:])
+    assert store.delete_many(keys) == [None] * 60
+    assert list(store.list("")) == []
+
+
 def test_unconditional_put_replaces_and_changes_the_etag(store):
     first = store.put("k", b"one")
     second = store.put("k", b"two")

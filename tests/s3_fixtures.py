@@ -209,8 +209,10 @@ class ScriptedS3Server:
     """An HTTP server on 127.0.0.1 that answers each request with the next scripted response.
 
     A response is ``(status, error_code)``; an error code of None means success (an empty body
-    with an ETag). When the script runs out, every request succeeds. `requests` records the
-    (method, path, headers) of what arrived, so a test can count attempts and inspect headers.
+    with an ETag), and ``(status, None, body)`` answers with that XML body (a DeleteObjects
+    result, say). When the script runs out, every request succeeds. `requests` records the
+    (method, path, headers) of what arrived, so a test can count attempts and inspect headers,
+    and `bodies` the request bodies.
     """
 
     def __init__(self, script=()):
@@ -218,6 +220,7 @@ class ScriptedS3Server:
 
         self.script = list(script)
         self.requests: list[tuple[str, str, dict]] = []
+        self.bodies: list[bytes] = []
         lock = threading.Lock()
         server = self
 
@@ -229,12 +232,16 @@ class ScriptedS3Server:
 
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
+                received = self.rfile.read(length) if length else b""
                 with lock:
                     server.requests.append((self.command, self.path, dict(self.headers)))
-                    status, code = server.script.pop(0) if server.script else (200, None)
-                if code is None:
+                    server.bodies.append(received)
+                    status, code, *scripted = server.script.pop(0) if server.script else (200, None)
+                if code is None and scripted:
+                    body = scripted[0]
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                elif code is None:
                     body = b""
                     self.send_response(status)
                     self.send_header("ETag", '"0123456789abcdef0123456789abcdef"')

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from nokvfs.errors import AmbiguousResult
+from nokvfs.objects.store import ObjectStore
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, RevisionState
 from nokvfs.schema.records import ArtifactRevision, GcCandidate, GcOperation
@@ -158,6 +159,8 @@ class AmbiguousDeletes:
 
     def delete(self, key):
         raise AmbiguousResult(f"timed out deleting {key}")
+
+    delete_many = ObjectStore.delete_many  # key by key through this wrapper's `delete`
 
 
 class UnansweringHeads(AmbiguousDeletes):

@@ -47,6 +47,9 @@ def test_a_metered_store_times_each_call_of_a_real_store(tmp_path):
     snapshot = meters.snapshot()
     assert snapshot["put"]["count"] == 1 and snapshot["head"]["count"] == 1 and snapshot["delete"]["count"] == 1
     assert snapshot["get"]["count"] == 2 and snapshot["get"]["failures"] == {"ObjectMissing": 1}
+    store.put("c/1", b"1")
+    assert store.delete_many(["c/1", "c/never"]) == [None, None] and store.head("c/1") is None
+    assert meters.snapshot()["delete_many"]["count"] == 1
     store.close()
 
 

@@ -80,6 +80,38 @@ def test_delete_prunes_directories_it_left_empty(store):
     assert os.path.isdir(store.root)
 
 
+def test_delete_many_prunes_what_it_left_empty_and_fsyncs_each_directory_once(store, monkeypatch):
+    keys = [f"a/r{n}/blocks/{b}" for n in range(20) for b in range(3)]
+    store.put_many([(key, b"x") for key in keys] + [("a/keep", b"k"), ("z/1", b"1")])
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert store.delete_many(keys + ["z/1"]) == [None] * (len(keys) + 1)
+    # Every r* directory went; the deletes are durable with one fsync of `a` and one of the root.
+    assert sorted(synced) == sorted([os.path.join(store.root, "a"), store.root])
+    assert _files_under(store.root) == [".nokv-lock", ".nokv-store", "a/keep"]
+
+
+def test_delete_many_answers_an_object_the_filesystem_will_not_delete_alone(store):
+    from tests.workspace_helpers import undeletable
+
+    keys = ["u/1", "u/2", "u/3"]
+    store.put_many([(key, key.encode()) for key in keys])
+    with undeletable(os.path.join(store.root, "u", "2")):
+        results = store.delete_many(keys)
+        assert results[0] is None and results[2] is None
+        assert type(results[1]) is StoreError and "Operation not permitted" in str(results[1])
+        assert store.get("u/2") == b"u/2"
+    assert store.head("u/1") is None and store.head("u/3") is None
+    assert store.delete_many(["u/2"]) == [None]
+    assert not os.path.exists(os.path.join(store.root, "u"))
+
+
 def test_key_that_would_nest_under_an_object_is_a_store_error(store):
     store.put("n/leaf", b"1")
     with pytest.raises(StoreError):

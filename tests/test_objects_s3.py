@@ -352,6 +352,74 @@ def test_upload_part_to_an_unknown_upload_is_object_missing(scripted_server):
         _scripted_store(scripted_server).upload_part("k", "upload-1", 1, b"x")
 
 
+def _delete_result(deleted=(), errors=()) -> bytes:
+    """A DeleteObjects answer: the keys deleted, and (key, code) refused."""
+    body = "".join(f"<Deleted><Key>{key}</Key></Deleted>" for key in deleted)
+    body += "".join(f"<Error><Key>{k}</Key><Code>{c}</Code><Message>scripted {c}</Message></Error>" for k, c in errors)
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f'<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{body}</DeleteResult>'
+    ).encode()
+
+
+def _keys_sent(body: bytes) -> list[str]:
+    import xml.etree.ElementTree as ET
+
+    return [element.text for element in ET.fromstring(body).iter() if element.tag.endswith("Key")]
+
+
+def test_delete_many_answers_a_per_key_refusal_for_that_key_alone(scripted_server):
+    scripted_server.script = [(200, None, _delete_result(deleted=["a", "c"], errors=[("b", "AccessDenied")]))]
+    results = _scripted_store(scripted_server).delete_many(["a", "b", "c"])
+    assert results[0] is None and results[2] is None
+    assert type(results[1]) is StoreError and "AccessDenied" in str(results[1]) and "/b" in str(results[1])
+    assert len(scripted_server.requests) == 1
+    method, path, _ = scripted_server.requests[0]
+    assert method == "POST" and path.startswith("/nokv-scripted?delete")
+    assert _keys_sent(scripted_server.bodies[0]) == ["a", "b", "c"]
+
+
+def test_delete_many_sends_a_key_that_failed_inside_the_server_again_alone(scripted_server):
+    scripted_server.script = [
+        (200, None, _delete_result(deleted=["a"], errors=[("b", "InternalError")])),
+        (200, None, _delete_result(deleted=["b"])),
+    ]
+    assert _scripted_store(scripted_server).delete_many(["a", "b"]) == [None, None]
+    assert [_keys_sent(body) for body in scripted_server.bodies] == [["a", "b"], ["b"]]
+
+
+def test_delete_many_whose_key_keeps_failing_inside_the_server_is_ambiguous_for_it(scripted_server):
+    scripted_server.script = [(200, None, _delete_result(deleted=["a"], errors=[("b", "InternalError")]))] + [
+        (200, None, _delete_result(errors=[("b", "InternalError")]))
+    ] * 2
+    results = _scripted_store(scripted_server).delete_many(["a", "b"])
+    assert results[0] is None and isinstance(results[1], AmbiguousResult) and "InternalError" in str(results[1])
+    assert len(scripted_server.requests) == 3  # max_attempts
+
+
+def test_delete_many_fails_every_key_of_a_request_refused_as_a_whole(scripted_server):
+    scripted_server.script = [(403, "AccessDenied")]
+    results = _scripted_store(scripted_server).delete_many(["a", "b"])
+    assert all(type(r) is StoreError and "AccessDenied" in str(r) for r in results)
+
+
+def test_delete_many_sends_at_most_delete_batch_keys_per_request(scripted_server):
+    keys = [f"k{n}" for n in range(5)]
+    scripted_server.script = [(200, None, _delete_result(deleted=keys[i : i + 2])) for i in (0, 2, 4)]
+    store = _scripted_store(scripted_server)
+    store.delete_batch = 2
+    assert store.delete_many(keys) == [None] * 5
+    assert [_keys_sent(body) for body in scripted_server.bodies] == [keys[0:2], keys[2:4], keys[4:]]
+
+
+def test_delete_many_on_the_loopback_endpoint_in_several_requests(store):
+    keys = [f"dm/{n}" for n in range(7)]
+    store.put_many([(key, b"x") for key in keys])
+    store.delete_batch = 3
+    assert store.delete_many(keys + ["dm/absent"]) == [None] * 8
+    assert list(store.list("dm/")) == []
+
+
 # --- deadlines: an endpoint that accepts connections and never answers ----------------------------
 
 
@@ -393,6 +461,14 @@ def test_a_blackholed_endpoint_gives_a_typed_error_within_the_deadline(aws_test_
     assert elapsed <= store.deadline + 1.0, elapsed
     # Retried while a whole attempt fitted (several), never beyond the deadline: not all ten.
     assert 1 <= silent_server.connections < 10
+
+
+def test_delete_many_on_a_blackholed_endpoint_answers_each_key_within_the_deadline(aws_test_env, silent_server):
+    store = _blackholed_store(silent_server)
+    started = time.monotonic()
+    results = store.delete_many(["a", "b"])
+    assert time.monotonic() - started <= store.deadline + 1.0
+    assert all(isinstance(r, AmbiguousTimeout) for r in results)
 
 
 def test_the_default_deadline_bounds_a_call_to_30_seconds(aws_test_env, silent_server):

@@ -1,9 +1,11 @@
 """Helpers the workspace tests share: a fresh data directory's root, a 'process' killed after its
-n-th command, and a workbench's files put and read back whole."""
+n-th command, a workbench's files put and read back whole, and a file nobody can delete."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
 
 from nokvfs.workspace import datadir, listing, namespace, reading, workbench
 
@@ -61,3 +63,20 @@ def files_of(root, workbench_id: str) -> dict[str, bytes]:
             c.name: reading.read(root, c.entry, view=view)
             for c in listing.list_recursive(view, root, workbench_id).children
         }
+
+
+@contextlib.contextmanager
+def undeletable(path: str):
+    """`path` made immutable (chattr +i) for the block: unlinking it fails with EPERM even for
+    root, a real filesystem refusal. Skips the test where the filesystem or the process cannot."""
+    import pytest
+
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    made = subprocess.run(["chattr", "+i", path], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make {path} immutable here: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", path], check=True)

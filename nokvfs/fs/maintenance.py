@@ -184,7 +184,10 @@ class Maintenance:
         kept = retention.RetentionReport()
         for _ in retention.slices(self.root, settings, kept, max_rows=self.slice_rows, max_records=self.slice_rows):
             self._step()
-        collected = gc.collect(self.root, progress=self._step, history_batch=self.slice_rows)
+        # A quarter of a slice's rows in revisions: each takes a few rows in each of its commands.
+        collected = gc.collect(
+            self.root, progress=self._step, history_batch=self.slice_rows, batch_revisions=max(1, self.slice_rows // 4)
+        )
         compacted = self.compact_if_mostly_free()
         self.passes += 1
         self.freed_revisions += collected.freed_revisions

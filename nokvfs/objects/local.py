@@ -40,11 +40,13 @@ deadline to miss (a hung filesystem hangs them, as it hangs every program using 
 
 Keys whose components would make an object's path a directory of another object's path (``a`` and
 ``a/b``) are valid S3 keys but cannot both exist here; the second is StoreError. Deleting an
-object prunes directories left empty, under the same lock.
+object prunes directories left empty, under the same lock, and fsyncs the directory where that
+ends; `delete_many` does so for many keys with one lock round and each directory fsynced once.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -145,6 +147,42 @@ def _fsync_dirs(directories: list[str]) -> None:
         if directory not in seen:
             seen.add(directory)
             _fsync_dir(directory)
+
+
+class _Syscalls:
+    """Runs one system call over many paths: on a few threads when there are enough paths for
+    that to pay (the calls release the GIL while the kernel waits), else in this thread."""
+
+    THREADS = 4
+    WORTH_THREADS = 16
+
+    def __init__(self, count: int):
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(self.THREADS, thread_name_prefix="store-delete")
+            if count >= self.WORTH_THREADS
+            else None
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def each(self, call, paths: list) -> list:
+        """Per path, None or the OSError `call(path)` raised."""
+
+        def one(path):
+            try:
+                call(path)
+            except OSError as exc:
+                return exc
+            return None
+
+        if self._pool is None or len(paths) < self.WORTH_THREADS:
+            return [one(path) for path in paths]
+        return list(self._pool.map(one, paths))
 
 
 def _write_all(fd: int, data) -> None:
@@ -552,24 +590,69 @@ class LocalStore(ObjectStore):
         return self._info_at(self._path(key), key)
 
     def delete(self, key) -> None:
-        final = self._path(key)
-        with self._locked():
+        (failure,) = self.delete_many([key])
+        if failure is not None:
+            raise failure
+
+    def delete_many(self, keys) -> list:
+        """Remove several objects under one lock round: every file unlinked, the directories
+        that leaves empty pruned, then each directory that changed fsynced once (so a key is
+        answered None only once its removal is durable). Per key, None or the exception that
+        kept it. Many keys are unlinked and their directories removed by a few threads at once:
+        each of those system calls waits on the filesystem's journal, and they can wait together."""
+        results: list = []
+        paths = []
+        for key in keys:
             try:
-                os.unlink(final)
-            except OSError as exc:
-                if exc.errno in _MISSING_ERRNOS or exc.errno == errno.EISDIR:
-                    return
-                raise _store_error(exc, "delete", final) from exc
-            # Prune directories the delete left empty; rmdir refuses a non-empty one (including
-            # one holding a concurrent writer's temp file), which ends the walk.
-            directory = os.path.dirname(final)
-            while directory != self.root:
+                paths.append((len(results), self._path(key)))
+                results.append(None)
+            except InvalidInput as exc:
+                results.append(exc)
+        if not paths:
+            return results
+        with self._locked(), _Syscalls(len(paths)) as syscalls:
+            unlinked = []  # (position, the directory that held the file)
+            for (position, final), error in zip(paths, syscalls.each(os.unlink, [f for _, f in paths]), strict=True):
+                if error is None:
+                    unlinked.append((position, os.path.dirname(final)))
+                elif error.errno not in _MISSING_ERRNOS and error.errno != errno.EISDIR:
+                    results[position] = _store_error(error, "delete", final)
+                # else absent already: nothing to make durable
+            removed = self._prune_empty({directory for _, directory in unlinked}, syscalls)
+            # A removal is durable once the nearest directory that stays is fsynced.
+            durable_at: dict[str, list[int]] = {}
+            for position, directory in unlinked:
+                while directory in removed:
+                    directory = os.path.dirname(directory)
+                durable_at.setdefault(directory, []).append(position)
+            for directory, positions in durable_at.items():
                 try:
-                    os.rmdir(directory)
-                except OSError:
-                    break
-                directory = os.path.dirname(directory)
-            _fsync_dir(directory)
+                    _fsync_dir(directory)
+                except (StoreError, InvalidInput) as exc:
+                    for position in positions:
+                        results[position] = exc
+        return results
+
+    def _prune_empty(self, directories: set, syscalls) -> set:
+        """Remove those of `directories` that are empty, and then their parents that this leaves
+        empty, deepest first (never the root); rmdir refuses a non-empty one (including one
+        holding a concurrent writer's temp file), which keeps it and its ancestors. Each level's
+        directories are distinct, so they go at once. Returns the directories removed."""
+        removed: set[str] = set()
+        by_depth: dict[int, set] = {}
+        for directory in directories:
+            if directory != self.root:
+                by_depth.setdefault(directory.count(os.sep), set()).add(directory)
+        while by_depth:
+            depth = max(by_depth)
+            level = sorted(by_depth.pop(depth))
+            for directory, error in zip(level, syscalls.each(os.rmdir, level), strict=True):
+                if error is None:
+                    removed.add(directory)
+                    parent = os.path.dirname(directory)
+                    if parent != self.root:
+                        by_depth.setdefault(depth - 1, set()).add(parent)
+        return removed
 
     def list(self, prefix="") -> Iterator[ObjectInfo]:
         check_prefix(prefix)

@@ -22,7 +22,9 @@ SlowDown and other throttling answers) and classifies everything else:
 * the request was sent and no answer came back (read timeout, connection reset or closed,
   truncated response, 5xx or InternalError other than SlowDown): AmbiguousResult, straight away for non-idempotent
   requests (conditional PUT, CreateMultipartUpload, CompleteMultipartUpload), and after the
-  bounded retries for idempotent ones (plain PUT, UploadPart, DELETE, AbortMultipartUpload);
+  bounded retries for idempotent ones (plain PUT, UploadPart, DELETE, DeleteObjects,
+  AbortMultipartUpload; DeleteObjects also answers per key, and `delete_many` classifies each
+  key's answer the same way);
   an idempotent request that ends in a definite error after an earlier ambiguous attempt is
   still AmbiguousResult, since that earlier attempt may have applied;
 * 412 PreconditionFailed and 409 ConditionalRequestConflict: PreconditionFailed; a 404 on an
@@ -72,6 +74,7 @@ from nokvfs.errors import (
     AmbiguousResult,
     AmbiguousTimeout,
     InvalidInput,
+    NokvError,
     ObjectMissing,
     PreconditionFailed,
     StoreError,
@@ -106,6 +109,7 @@ DEFAULT_READ_TIMEOUT = 10.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_DEADLINE = 30.0
 PARALLEL_PUTS = 8  # concurrent PUTs of one put_many (the client pool holds 16 connections)
+DELETE_BATCH = 1000  # keys per DeleteObjects request: S3's limit
 # The options a data directory's configuration may set for its S3 store ("store_options").
 TIMEOUT_OPTIONS = ("connect_timeout", "read_timeout", "max_attempts", "deadline")
 
@@ -584,6 +588,92 @@ class S3Store(ObjectStore):
             idempotent=True,
             ok_codes=("NoSuchKey",),
         )
+
+    def delete_many(self, keys) -> list:
+        """DeleteObjects requests of up to `delete_batch` keys, answered per key: None for a key
+        the answer lists as deleted (S3 deletes are read-after-write consistent, so that is a
+        confirmation). A per-key throttling or server failure is sent again with the keys still
+        waiting, while the call's deadline allows; it ends as AmbiguousResult when a server
+        failure may have applied, and any other per-key error is mapped as `delete` maps it. A
+        request that fails as a whole fails each of its keys with its error."""
+        results: list = []
+        positions: dict[str, list[int]] = {}  # full key -> where it was asked (a key may repeat)
+        for key in keys:
+            try:
+                positions.setdefault(self._key(key), []).append(len(results))
+                results.append(None)
+            except InvalidInput as exc:
+                results.append(exc)
+        full_keys = list(positions)
+        for start in range(0, len(full_keys), self.delete_batch):
+            for full, outcome in self._delete_objects(full_keys[start : start + self.delete_batch]).items():
+                for position in positions[full]:
+                    results[position] = outcome
+        return results
+
+    delete_batch = DELETE_BATCH
+
+    def _delete_objects(self, full_keys: list) -> dict:
+        """One batch of `delete_many`: full key -> None or its exception."""
+        outcomes: dict = {}
+        waiting = list(full_keys)
+        lost: dict[str, str] = {}  # full key -> the per-key failure that may have applied
+        attempts = 0
+        for attempts in self._attempts():  # noqa: B007 - the count is reported after the loop
+            try:
+                response = self._mutate(
+                    "delete",
+                    f" ({len(waiting)} keys, the first {waiting[0][len(self.prefix) :]})",
+                    lambda c, batch=tuple(waiting): c.delete_objects(
+                        Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": False}
+                    ),
+                    idempotent=True,
+                )
+            except NokvError as exc:
+                return outcomes | {full: exc for full in waiting}
+            deleted = {item.get("Key") for item in response.get("Deleted", ())}
+            errors = {item.get("Key"): item for item in response.get("Errors", ())}
+            again = []
+            for full in waiting:
+                key = full[len(self.prefix) :]
+                error = errors.get(full)
+                if full in deleted:
+                    outcomes[full] = None
+                elif error is None:  # neither deleted nor refused: no answer for it
+                    lost[full] = "the answer did not mention the key"
+                    again.append(full)
+                else:
+                    code, message = str(error.get("Code", "")), str(error.get("Message", ""))
+                    if code in _MISSING_KEY_CODES:
+                        outcomes[full] = None  # absent: what a delete wants
+                    elif code in _REFUSED_CODES:
+                        again.append(full)
+                    elif code in _SERVER_FAILURE_CODES:
+                        lost[full] = f"{code}: {message}"
+                        again.append(full)
+                    elif full in lost:
+                        outcomes[full] = AmbiguousResult(
+                            f"delete {self.url}{key}: {code} after an earlier attempt's outcome was lost ({lost[full]})"
+                        )
+                    else:
+                        refused = ClientError({"Error": {"Code": code, "Message": message}}, "DeleteObjects")
+                        outcomes[full] = self._map_client_error(refused, "delete", key)
+            waiting = again
+            if not waiting:
+                return outcomes
+        for full in waiting:
+            where = f"delete {self.url}{full[len(self.prefix) :]}"
+            outcomes[full] = (
+                AmbiguousResult(
+                    f"{where}: {attempts} attempt(s) within its {self.deadline:g} s deadline, "
+                    f"an outcome was lost ({lost[full]})"
+                )
+                if full in lost
+                else StoreError(
+                    f"{where}: refused (throttled) on {attempts} attempt(s) within its {self.deadline:g} s deadline"
+                )
+            )
+        return outcomes
 
     def list(self, prefix="") -> Iterator[ObjectInfo]:
         check_prefix(prefix)

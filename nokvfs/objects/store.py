@@ -17,8 +17,9 @@ printable ASCII without leading or trailing blanks, at most 2 KiB in all (the S3
 both backends return exactly what was stored.
 
 Errors. Absent objects are ObjectMissing for `get` and None for `head`; `delete` of an absent key
-succeeds. A conditional write that loses is PreconditionFailed: `if_none_match` when the key
-exists, `if_match` when the key is absent or its etag differs. A mutating request whose outcome is
+succeeds, and so does that key in `delete_many` (which answers per key). A conditional write
+that loses is PreconditionFailed: `if_none_match` when the key exists, `if_match` when the key
+is absent or its etag differs. A mutating request whose outcome is
 unknown (sent, then a timeout or reset) is AmbiguousResult and is never guessed either way; the
 caller's ledger keeps the key Quarantined until `head` reconciles it. No space is StoreFull, any
 other failure StoreError naming the key or path.
@@ -147,6 +148,24 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object. Deleting an absent key succeeds."""
+
+    def delete_many(self, keys) -> list:
+        """Remove several objects as `delete` would; returns, per key, None once that object is
+        absent or the exception that kept it (the others are removed regardless).
+
+        None is the store's confirmation that the object is gone, not a guess: the local store
+        answers only after the directory change is fsynced, S3 (read-after-delete consistent)
+        only for a key its DeleteObjects answer lists as deleted. Backends override it to share
+        work: the local store takes its lock once and fsyncs each touched directory once, S3
+        sends up to 1,000 keys per request."""
+        results = []
+        for key in keys:
+            try:
+                self.delete(key)
+                results.append(None)
+            except Exception as exc:  # noqa: BLE001 - reported per key
+                results.append(exc)
+        return results
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:

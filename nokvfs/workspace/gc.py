@@ -8,7 +8,9 @@ revision is Available (no publish or append can still add a reference: every ref
 requires Available), and the caller is the fenced owner (every command carries the owner epoch).
 
     claim:   Available -> Deleting, candidate Candidate -> Claimed, GcOperation Deleting
-    delete:  every object the revision physically owns, then confirm each absent
+    delete:  every object the revision physically owns, each confirmed absent by the store's
+             own answer (ObjectStore.delete_many: the local store answers once the removal is
+             fsynced, S3 per key in its DeleteObjects answer)
     finish:  Deleting -> Deleted, candidate Complete, manifest rows pruned, and only then the
              revision's RevisionDependency references released (which may make bases candidates)
     an ambiguous or failed delete: revision, candidate and operation Quarantined with evidence;
@@ -23,10 +25,18 @@ Each run also reconciles the other Quarantined state machines -- publishes, comm
 restores -- by the same rule (probe, then an explicit transition, then the cleanup again); see
 README "Reconciliation" and each machine's `reconcile`.
 
-Claims and finishes are batched: one command claims up to GC_BATCH revisions (each exactly as
-alone; one that stopped being collectable is left out), their objects are deleted, and one
-command finishes those whose deletes were confirmed (a failed one is quarantined alone). The
-configured history retention holds GC like a HistoryHold: those versions stay readable.
+Claims and finishes are batched: one command claims up to `batch_revisions` revisions (each
+exactly as alone; one that stopped being collectable is left out), once that command is durable
+their objects are deleted in one `delete_many`, and one command finishes those whose objects
+were all confirmed absent (one that was not is quarantined alone, and `GcReport.failures` names
+its object and the store's typed error). The order per revision is the seed's whatever the batch:
+no object is deleted before its claim is committed, no row goes before its objects are gone, and
+a collector killed anywhere in between leaves Deleting operations the next run resumes (crash
+points for the tests, NOKVFS_CRASH_AT: "gc-claimed" after the claim command, "gc-deleted" after
+the deletes). A batch is bounded so both commands stay within the engine's limits (revisions,
+manifest rows, released dependencies); a mount's maintenance passes small batches so that a
+request waiting for the writer waits for little. The configured history retention holds GC
+like a HistoryHold: those versions stay readable.
 
 The operation id is derived from (root, revision, epoch), so a killed collector's operation is
 found and resumed by the next run.
@@ -40,13 +50,14 @@ needs). In-flight commit builds and restores are covered: each holds a HistoryHo
 first command. Reads below the floor are then refused with HistoryNotRetained.
 
 Progress: `collect(progress=...)` calls `progress(stage, done, total, done_bytes, total_bytes)`
-after each revision it frees (stage "collect": revisions and bytes freed so far, total the
+after each batch of revisions (stage "collect": revisions and bytes freed so far, total the
 revisions this pass found collectable on top of those) and after each History batch (stage
 "prune History": rows pruned so far).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import logging
@@ -57,9 +68,16 @@ from nokvfs.engine.scan import iter_prefix, scan_prefix
 from nokvfs.errors import AmbiguousResult, InvalidInput, NokvError, PredicateFailed, StoreError
 from nokvfs.schema import keys
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
-from nokvfs.schema.records import ArtifactRevision, GcBarrier, GcCandidate, GcOperation, HistoryHold
+from nokvfs.schema.records import (
+    ArtifactManifest,
+    ArtifactRevision,
+    GcBarrier,
+    GcCandidate,
+    GcOperation,
+    HistoryHold,
+)
 from nokvfs.workspace import publish
-from nokvfs.workspace.operations import OperationLock, Rows, drive_each
+from nokvfs.workspace.operations import OperationLock, Rows, crash_point, drive_each
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
@@ -84,10 +102,21 @@ class GcReport:
     stale_candidates: int = 0
     held: int = 0
     freed: list = field(default_factory=list)  # revision ids (hex)
+    failures: list = field(default_factory=list)  # GcFailure of each collection quarantined
     history_floor: int = 0
     history_pruned: int = 0  # History rows removed (with dry_run: that would be)
     temp_files_removed: int = 0  # temporary files of writers that are gone, swept from the store
     records_pruned: int = 0  # finished collections whose rows went (prune_finished)
+
+
+@dataclass(frozen=True)
+class GcFailure:
+    """Why a collection was quarantined: the first of its objects the store did not confirm
+    absent, and the store's typed answer (AmbiguousResult when the delete may have landed)."""
+
+    revision: str  # hex
+    object_key: str
+    error: StoreError
 
 
 def operation_id(root_id: bytes, revision_id: bytes, epoch: int) -> bytes:
@@ -141,7 +170,13 @@ MAX_PASSES = 16  # releasing a child can make its bases collectable; depth is at
 
 
 def collect(
-    root, *, dry_run: bool = False, progress=None, keep_versions: int | None = None, history_batch: int | None = None
+    root,
+    *,
+    dry_run: bool = False,
+    progress=None,
+    keep_versions: int | None = None,
+    history_batch: int | None = None,
+    batch_revisions: int | None = None,
 ) -> GcReport:
     """Free every collectable revision's objects, pass after pass until nothing more frees, then
     prune History below the floor (keeping `keep_versions` versions, default the root's
@@ -150,8 +185,12 @@ def collect(
 
     With dry_run, nothing is changed and the report lists what the first pass would free (bases
     that only become collectable once their children are gone are not counted) and how many
-    History rows would go.
+    History rows would go. `batch_revisions` (default GC_BATCH) bounds the revisions one claim
+    and one finish command cover.
     """
+    batch_revisions = GC_BATCH if batch_revisions is None else batch_revisions
+    if isinstance(batch_revisions, bool) or not isinstance(batch_revisions, int) or batch_revisions < 1:
+        raise InvalidInput(f"batch_revisions must be a positive integer, got {batch_revisions!r}")
     report = GcReport()
     if not dry_run:
         _resume(root, report)
@@ -159,7 +198,7 @@ def collect(
         _reconcile_operations(root, report)
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
-        _pass(root, report, dry_run=dry_run, progress=progress)
+        _pass(root, report, dry_run=dry_run, progress=progress, batch_revisions=batch_revisions)
         if dry_run or report.freed_revisions == freed:
             break
     if not dry_run:
@@ -284,7 +323,7 @@ def _needs_barrier(root) -> bool:
     return False
 
 
-def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
+def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: int) -> None:
     report.candidates = report.collectable = report.stale_candidates = report.held = 0
     if not dry_run and _needs_barrier(root):
         _advance_barrier(root)
@@ -316,57 +355,172 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress) -> None:
                     report.held += 1
                     continue
                 report.collectable += 1
-                own = _own_objects(view, root, decoded.artifact_revision_id)
+                # The bytes only a dry run reports; a batch is bounded by the revision's manifest
+                # rows (block_count), which its own objects never exceed.
+                size = sum(r.length for r in _own_objects(view, root, decoded.artifact_revision_id)) if dry_run else 0
                 work.append(
-                    (decoded.artifact_revision_id, decoded.reference_epoch, sum(r.length for r in own), len(own))
+                    _Work(
+                        decoded.artifact_revision_id,
+                        decoded.reference_epoch,
+                        size,
+                        revision.block_count,
+                        revision.dependency_count,
+                    )
                 )
             if page.next_marker is None:
                 break
             marker = page.next_marker
     freed_before = report.freed_revisions
     if dry_run:
-        for revision_id, _, size, _ in work:
-            report.freed.append(revision_id.hex())
-            report.freed_bytes += size
+        for item in work:
+            report.freed.append(item.revision_id.hex())
+            report.freed_bytes += item.size
         return
-    for batch in _batches(work):
-        locks, items = [], []
-        for revision_id, epoch, _, _ in batch:
-            lock = OperationLock(root.run_dir, operation_id(root.root_id, revision_id, epoch))
-            if lock.try_acquire():
-                locks.append(lock)
-                items.append((revision_id, epoch))
-            # else another collector drives it
+    # One batch's objects are deleted (on the deleter thread: the store mostly waits on I/O)
+    # while this thread finishes the batch before and claims the next; each batch's order is
+    # the seed's all the same -- claim committed, then its deletes, then its finish.
+    in_flight = []  # at most two: (claimed collections, their locks, the future of their deletes)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gc-delete") as deleter:
         try:
-            claimed = _claim_many(root, items) if items else []
-            _drive_many(root, [operation_id(root.root_id, r, e) for r, e in claimed], report)
+            for batch in _batches(work, batch_revisions):
+                locks, items = [], []
+                for item in batch:
+                    lock = OperationLock(root.run_dir, operation_id(root.root_id, item.revision_id, item.epoch))
+                    if lock.try_acquire():
+                        locks.append(lock)
+                        items.append((item.revision_id, item.epoch))
+                    # else another collector drives it
+                try:
+                    claimed = _claim_many(root, items) if items else []
+                    if claimed:
+                        crash_point("gc-claimed")
+                except BaseException:
+                    _release(locks)
+                    raise
+                in_flight.append((claimed, locks, deleter.submit(_delete_objects, root, claimed)))
+                if len(in_flight) == 2:
+                    _finish_deleted(root, in_flight.pop(0), report, progress, freed_before + len(work))
+            while in_flight:
+                _finish_deleted(root, in_flight.pop(0), report, progress, freed_before + len(work))
         finally:
-            for lock in locks:
-                lock.release(remove=True)
-        if progress is not None:
-            progress("collect", report.freed_revisions, freed_before + len(work), report.freed_bytes, None)
+            for _, locks, deleting in in_flight:  # only when something failed: nothing more is finished
+                concurrent.futures.wait([deleting])
+                _release(locks)
 
 
-# Revisions one claim command and one finish command cover (bounded by their objects too, so a
-# finish that deletes every manifest row stays a bounded command).
-GC_BATCH = 64
-GC_BATCH_OBJECTS = 1024
+def _release(locks) -> None:
+    for lock in locks:
+        lock.release(remove=True)
 
 
-def _batches(work):
-    batch, objects = [], 0
+def _finish_deleted(root, in_flight, report: GcReport, progress, total: int) -> None:
+    """Once a batch's deletes are done: quarantine or finish each of its collections, let their
+    locks go, and say how far the pass is."""
+    collections, locks, deleting = in_flight
+    try:
+        failures = deleting.result()
+        crash_point("gc-deleted")
+        _settle(root, collections, failures, report)
+    finally:
+        _release(locks)
+    if progress is not None:
+        progress("collect", report.freed_revisions, total, report.freed_bytes, None)
+
+
+# Revisions one claim command and one finish command cover by default (`nokvfs gc`; the mount's
+# maintenance passes fewer), and what else bounds a batch so both commands stay well inside the
+# engine's limits (MAX_PREDICATES 4,096, MAX_MUTATIONS 16,384): the finish deletes every
+# manifest row of its revisions, and requires 3 rows per revision plus one per base revision
+# whose dependency reference it releases (at most 64 per revision).
+GC_BATCH = 256
+GC_BATCH_MANIFEST_ROWS = 4096
+GC_BATCH_PREDICATES = 3072
+
+
+@dataclass(frozen=True)
+class _Work:
+    """A revision the scan found collectable."""
+
+    revision_id: bytes
+    epoch: int
+    size: int  # its own objects' bytes (dry runs only)
+    manifest_rows: int
+    dependencies: int
+
+
+def _batches(work, revisions: int):
+    batch, rows, predicates = [], 0, 0
     for item in work:
-        if batch and (len(batch) == GC_BATCH or objects + item[3] > GC_BATCH_OBJECTS):
+        more = 3 + item.dependencies
+        if batch and (
+            len(batch) == revisions
+            or rows + item.manifest_rows > GC_BATCH_MANIFEST_ROWS
+            or predicates + more > GC_BATCH_PREDICATES
+        ):
             yield batch
-            batch, objects = [], 0
+            batch, rows, predicates = [], 0, 0
         batch.append(item)
-        objects += item[3]
+        rows += item.manifest_rows
+        predicates += more
     if batch:
         yield batch
 
 
+@dataclass
+class _Collection:
+    """One claimed revision on its way to Deleted: its rows as the claim left them (raw, the
+    finish's predicates: the finish reads none of them again) and what the finish removes."""
+
+    op_id: bytes
+    operation: GcOperation
+    raw_operation: bytes
+    revision: ArtifactRevision
+    raw_revision: bytes
+    candidate_key: bytes
+    candidate: GcCandidate | None  # None: the candidate row is gone
+    raw_candidate: bytes | None
+    manifest_keys: list  # every ArtifactManifest row of the revision (the finish prunes them)
+    own: list  # the ArtifactManifest rows whose object the revision physically owns
+
+
+def _manifest(view, root, revision_id: bytes) -> tuple[list, list]:
+    """(every manifest key of the revision, the rows whose object it owns)."""
+    keys_, own = [], []
+    for key, value in iter_prefix(view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, revision_id)):
+        keys_.append(key)
+        row = ArtifactManifest.decode(value)
+        if row.physical_owner_revision_id == revision_id:
+            own.append(row)
+    return keys_, own
+
+
+def _collection(view, root, op_id: bytes) -> _Collection:
+    """A Deleting collection as the view has it (a killed collector's, a reconciled one)."""
+    raw_operation, operation = ROWS.read(view, root, op_id)
+    if operation.phase != GcPhase.Deleting:
+        raise PredicateFailed(f"gc operation {op_id.hex()} is {operation.phase.name}")
+    revision_id = operation.artifact_revision_id
+    raw_revision = view.get("artifact_revision", _revision_key(root, revision_id))
+    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, operation.reference_epoch).encode()
+    raw_candidate = view.get("gc_candidate", candidate_key)
+    manifest_keys, own = _manifest(view, root, revision_id)
+    return _Collection(
+        op_id,
+        operation,
+        raw_operation,
+        ArtifactRevision.decode(raw_revision),
+        raw_revision,
+        candidate_key,
+        None if raw_candidate is None else GcCandidate.decode(raw_candidate),
+        raw_candidate,
+        manifest_keys,
+        own,
+    )
+
+
 def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
-    """(predicates, mutations) claiming one revision, or PredicateFailed when it is not collectable."""
+    """(predicates, mutations, the _Collection it starts) claiming one revision, or
+    PredicateFailed when it is not collectable."""
     op_id = operation_id(root.root_id, revision_id, epoch)
     op_key = ROWS.key(root, op_id)
     candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
@@ -386,7 +540,7 @@ def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
         raise PredicateFailed(f"revision {revision_id.hex()} is no longer collectable")
     if not floor > candidate.last_zero_ref_version:
         raise PredicateFailed(f"revision {revision_id.hex()} is still visible to a history hold")
-    own = _own_objects(view, root, revision_id)
+    manifest_keys, own = _manifest(view, root, revision_id)
     operation = GcOperation(
         artifact_revision_id=revision_id,
         reference_epoch=epoch,
@@ -399,6 +553,20 @@ def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
         terminal_error=None,
         created_version=view.version + 1,
     )
+    deleting = dataclasses.replace(revision, state=RevisionState.Deleting)
+    claimed = dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)
+    collection = _Collection(
+        op_id,
+        operation,
+        operation.encode(),
+        deleting,
+        deleting.encode(),
+        candidate_key,
+        claimed,
+        claimed.encode(),
+        manifest_keys,
+        own,
+    )
     return (
         [
             ValueEquals("gc_candidate", candidate_key, raw_candidate),
@@ -406,10 +574,11 @@ def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
             Absent("operation", op_key),
         ],
         [
-            Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleting)),
-            Put("gc_candidate", candidate_key, dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)),
-            Put("operation", op_key, operation),
+            Put("artifact_revision", revision_key, collection.raw_revision),
+            Put("gc_candidate", candidate_key, collection.raw_candidate),
+            Put("operation", op_key, collection.raw_operation),
         ],
+        collection,
     )
 
 
@@ -417,34 +586,41 @@ def _claim(root, revision_id: bytes, epoch: int) -> None:
     op_id = operation_id(root.root_id, revision_id, epoch)
 
     def build(view):
-        predicates, mutations = _claim_rows(view, root, revision_id, epoch, history_floor(view, root))
+        predicates, mutations, _ = _claim_rows(view, root, revision_id, epoch, history_floor(view, root))
         return Built(predicates=predicates, mutations=mutations)
 
     root.apply(build, digest=intent_digest("gc.claim", op_id))
 
 
+class _NothingClaimed(Exception):
+    pass
+
+
 def _claim_many(root, items) -> list:
     """One command claiming every (revision, epoch) of `items` that is still collectable (each
-    claim exactly as `_claim`'s); the ones claimed."""
+    claim exactly as `_claim`'s); the _Collection of each claimed. No command when none is
+    collectable any more."""
 
     def build(view):
         floor = history_floor(view, root)
         predicates, mutations, claimed = [], [], []
         for revision_id, epoch in items:
             try:
-                more_predicates, more_mutations = _claim_rows(view, root, revision_id, epoch, floor)
+                more_predicates, more_mutations, collection = _claim_rows(view, root, revision_id, epoch, floor)
             except PredicateFailed:
                 continue  # a reference came back, or another collector claimed it
             predicates += more_predicates
             mutations += more_mutations
-            claimed.append((revision_id, epoch))
+            claimed.append(collection)
+        if not claimed:
+            raise _NothingClaimed
         return Built(predicates=predicates, mutations=mutations, value=claimed)
 
-    with root.read() as view:
-        if not build(view).value:
-            return []
     ids = [operation_id(root.root_id, revision_id, epoch) for revision_id, epoch in items]
-    _, built = root.apply(build, digest=intent_digest("gc.claim-batch", *ids))
+    try:
+        _, built = root.apply(build, digest=intent_digest("gc.claim-batch", *ids))
+    except _NothingClaimed:
+        return []
     return built.value
 
 
@@ -562,113 +738,128 @@ def _with_candidate(view, root, operation: GcOperation, predicates, mutations, *
     return predicates, mutations + [Put("gc_candidate", key, dataclasses.replace(GcCandidate.decode(raw), **changes))]
 
 
-def _delete_objects(root, own) -> tuple[int, str | None]:
-    """(objects deleted, why not all): each deleted, then confirmed absent."""
-    deleted = 0
-    for row in own:
-        try:
-            root.store.delete(row.object_key)
-            if root.store.head(row.object_key) is not None:
-                return deleted, f"{row.object_key} is still present after delete"
-            deleted += 1
-        except AmbiguousResult as exc:
-            return deleted, f"ambiguous delete of {row.object_key}: {exc}"
-        except StoreError as exc:
-            return deleted, f"delete of {row.object_key} failed: {exc}"
-    return deleted, None
+def _delete_objects(root, collections: list) -> dict:
+    """Delete the objects every collection owns, all in one `delete_many`; op id -> (key, error,
+    evidence) for each collection one of whose objects is not confirmed absent (a key the store
+    answers None for is: see ObjectStore.delete_many)."""
+    asked = [(c.op_id, row.object_key) for c in collections for row in c.own]
+    try:
+        answers = root.store.delete_many([key for _, key in asked]) if asked else []
+    except StoreError as exc:  # the store refused the whole call: no key is confirmed
+        answers = [exc] * len(asked)
+    failures: dict = {}
+    for (op_id, key), answer in zip(asked, answers, strict=True):
+        if answer is None or op_id in failures:
+            continue
+        if not isinstance(answer, StoreError):
+            raise answer  # not a store's answer (a malformed key): a bug to see, not to quarantine
+        if isinstance(answer, AmbiguousResult):
+            failures[op_id] = (key, answer, f"ambiguous delete of {key}: {answer}")
+        else:
+            failures[op_id] = (key, answer, f"delete of {key} failed: {answer}")
+    return failures
 
 
 def _drive(root, op_id: bytes, report: GcReport) -> None:
-    _drive_many(root, [op_id], report)
-
-
-def _drive_many(root, op_ids: list, report: GcReport) -> None:
-    """Delete the objects of each Deleting collection; quarantine those whose delete failed and
-    finish the others in one command."""
-    if not op_ids:
-        return
+    """Delete the objects of one Deleting collection (a killed collector's, a reconciled one),
+    then finish it, or quarantine it."""
     with root.read() as view:
-        driven = []
-        for op_id in op_ids:
-            _, operation = ROWS.read(view, root, op_id)
-            driven.append((op_id, operation, _own_objects(view, root, operation.artifact_revision_id)))
+        collection = _collection(view, root, op_id)
+    _delete_and_finish(root, [collection], report)
+
+
+def _delete_and_finish(root, collections: list, report: GcReport) -> None:
+    """For collections whose claim is durable: delete every object they own (one batch),
+    quarantine each one an object of which was not confirmed absent, and finish the others in
+    one command."""
+    if not collections:
+        return
+    failures = _delete_objects(root, collections)
+    crash_point("gc-deleted")
+    _settle(root, collections, failures, report)
+
+
+def _settle(root, collections: list, failures: dict, report: GcReport) -> None:
+    """After the deletes (`failures` as _delete_objects returns them): quarantine each collection
+    an object of which was not confirmed absent, and finish the others in one command."""
     finished = []
-    for op_id, operation, own in driven:
-        deleted, failure = _delete_objects(root, own)
-        if failure is not None:
-            log.warning("gc of %s quarantined: %s", operation.artifact_revision_id.hex(), failure)
-            _quarantine(root, op_id, operation, failure)
-            report.quarantined += 1
+    for collection in collections:
+        if collection.op_id not in failures:
+            finished.append(collection)
             continue
-        finished.append((op_id, operation, own, deleted))
+        key, error, evidence = failures[collection.op_id]
+        revision = collection.operation.artifact_revision_id.hex()
+        log.warning("gc of %s quarantined: %s", revision, evidence)
+        _quarantine(root, collection.op_id, collection.operation, evidence)
+        report.quarantined += 1
+        report.failures.append(GcFailure(revision, key, error))
     if not finished:
         return
-    _finish_many(root, [(op_id, operation, own) for op_id, operation, own, _ in finished])
-    for _, operation, own, deleted in finished:
+    _finish_many(root, finished)
+    for collection in finished:
         report.freed_revisions += 1
-        report.deleted_objects += deleted
-        report.freed_bytes += sum(r.length for r in own)
-        report.freed.append(operation.artifact_revision_id.hex())
+        report.deleted_objects += len(collection.own)
+        report.freed_bytes += sum(r.length for r in collection.own)
+        report.freed.append(collection.operation.artifact_revision_id.hex())
 
 
-def _finish(root, op_id: bytes, operation: GcOperation, own) -> None:
-    _finish_many(root, [(op_id, operation, own)])
-
-
-def _finish_many(root, finished: list) -> None:
+def _finish_many(root, collections: list) -> None:
     """One command: each revision Deleting -> Deleted, its candidate Complete, its manifest rows
     pruned, and only then its RevisionDependency references released (which may make bases
-    candidates), its operation Deleted."""
+    candidates), its operation Deleted. Each collection's rows are required exactly as its
+    claim (or the read that resumed it) left them."""
 
     def build(view):
         refs = References(view, root.root_id)
         predicates, mutations = [], []
-        for op_id, _, own in finished:
-            raw_op, current = ROWS.read(view, root, op_id)
-            if current.phase != GcPhase.Deleting:
-                raise PredicateFailed(f"gc operation {op_id.hex()} is {current.phase.name}")
-            revision_id = current.artifact_revision_id
-            revision_key = _revision_key(root, revision_id)
-            raw_revision = view.get("artifact_revision", revision_key)
-            revision = ArtifactRevision.decode(raw_revision)
-            # The child's own objects are gone: now, and only now, release its dependency set.
+        for c in collections:
+            revision_id = c.operation.artifact_revision_id
+            # The child's own objects are gone: now, and only now, release its dependency set
+            # (sealed with its count: a revision that depends on nothing has none to look for).
             dependency_prefix = keys.revision_ref_prefix(
                 root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
             )
-            for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+            dependencies = (
+                scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items
+                if c.revision.dependency_count
+                else ()
+            )
+            for key, _ in dependencies:
                 refs.remove(
                     ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id
                 )
+            op_key = ROWS.key(root, c.op_id)
+            revision_key = _revision_key(root, revision_id)
             predicates += [
-                ValueEquals("operation", ROWS.key(root, op_id), raw_op),
-                ValueEquals("artifact_revision", revision_key, raw_revision),
+                ValueEquals("operation", op_key, c.raw_operation),
+                ValueEquals("artifact_revision", revision_key, c.raw_revision),
             ]
             mutations.append(
-                Put("artifact_revision", revision_key, dataclasses.replace(revision, state=RevisionState.Deleted))
+                Put("artifact_revision", revision_key, dataclasses.replace(c.revision, state=RevisionState.Deleted))
             )
-            predicates, mutations = _with_candidate(
-                view, root, current, predicates, mutations, predicate=False, claim_state=GcClaimState.Complete
-            )
-            mutations += [
-                Delete("artifact_manifest", k)
-                for k, _ in iter_prefix(
-                    view, "artifact_manifest", keys.artifact_manifest_prefix(root.root_id, revision_id)
+            if c.candidate is not None:
+                predicates.append(ValueEquals("gc_candidate", c.candidate_key, c.raw_candidate))
+                mutations.append(
+                    Put(
+                        "gc_candidate",
+                        c.candidate_key,
+                        dataclasses.replace(c.candidate, claim_state=GcClaimState.Complete),
+                    )
                 )
-            ]
+            mutations += [Delete("artifact_manifest", k) for k in c.manifest_keys]
             mutations.append(
                 Put(
                     "operation",
-                    ROWS.key(root, op_id),
-                    dataclasses.replace(current, phase=GcPhase.Deleted, deleted_object_count=len(own)),
+                    op_key,
+                    dataclasses.replace(c.operation, phase=GcPhase.Deleted, deleted_object_count=len(c.own)),
                 )
             )
         ref_predicates, ref_mutations = refs.rows()
         return Built(predicates=ref_predicates + predicates, mutations=ref_mutations + mutations)
 
-    ids = [op_id for op_id, _, _ in finished]
-    root.apply(build, digest=intent_digest("gc.finish", *ids))
-    for _, operation, _ in finished:
-        root.manifests.forget(operation.artifact_revision_id)
+    root.apply(build, digest=intent_digest("gc.finish", *[c.op_id for c in collections]))
+    for c in collections:
+        root.manifests.forget(c.operation.artifact_revision_id)
 
 
 def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> None:

@@ -206,7 +206,8 @@ class ReadOnlyStore(ObjectStore):
     def _refuse(self, *args, **kwargs):
         raise self.role.refusal()
 
-    put = put_file = put_many = delete = create_multipart = upload_part = complete_multipart = abort_multipart = _refuse
+    put = put_file = put_many = delete = delete_many = _refuse
+    create_multipart = upload_part = complete_multipart = abort_multipart = _refuse
 
     def get(self, key, start=0, length=None):
         return self.inner.get(key, start, length)
