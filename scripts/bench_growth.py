@@ -8,10 +8,11 @@
 Two workloads in a temporary directory, both on a bounded working set, each in --steps steps:
 
   engine   --engine-commands commands straight through `Shard.apply` (a put of a 100-byte value
-           over 1,000 keys, one ChangeEvent, a fresh UUIDv7 request id each), the retention pass
-           and History pruning after each step (what the mount's maintenance does)
+           over 1,000 keys, one ChangeEvent, a fresh UUIDv7 request id each), the retention pass,
+           History pruning and the compaction when free pages dominate after each step (what
+           the mount's maintenance does)
   facade   --publishes `namespace.put` of 100-byte files over --paths paths, then the
-           maintenance pass a mount runs (retention, GC, History pruning) after each step
+           maintenance pass a mount runs (retention, GC, History pruning, compaction) after each step
   gc       --gc-revisions revisions freed by `gc.collect` (rewrites of 100 paths) in batches of
            gc.GC_BATCH, against the reference of the same collection one revision per claim and
            finish command (batch_revisions=1), in the same run: one data directory is built and
@@ -144,6 +145,19 @@ def engine_retention(shard, retain_versions: int) -> None:
         if outcome.next_key is None:
             break
         start = outcome.next_key
+    compact_like_a_mount(shard)
+
+
+def compact_like_a_mount(shard) -> None:
+    """What the end of a mount's maintenance pass does (nokvfs.fs.maintenance): compact the
+    shard when free pages dominate it, with the default thresholds."""
+    from nokvfs.fs.maintenance import DEFAULT_COMPACT_FREE_RATIO, DEFAULT_COMPACT_MIN_BYTES
+
+    used, size = shard.space()
+    if size >= DEFAULT_COMPACT_MIN_BYTES and used <= size * (1 - DEFAULT_COMPACT_FREE_RATIO):
+        report = shard.compact_live()
+        if report is not None:
+            print(f"  compacted: {report.before_bytes / 1e6:.1f} MB -> {report.after_bytes / 1e6:.1f} MB", flush=True)
 
 
 def run_engine(work: str, args) -> list:
