@@ -176,6 +176,34 @@ def _encode_trailer(etag: str, size: int, metadata: dict[str, str]) -> bytes:
     return body + struct.pack(">I", len(body)) + TRAILER_MAGIC
 
 
+class StagedPut:
+    """Bytes written and fsync'd by `LocalStore.stage_put`, waiting for a key: `commit` links
+    them there (as `put` would, unconditionally); `discard` drops them. Exactly one of the two,
+    once."""
+
+    def __init__(self, store: "LocalStore", fd: int, tmp: str | None, etag: str):
+        self._store, self._fd, self._tmp, self.etag = store, fd, tmp, etag
+
+    def commit(self, key: str) -> str:
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            raise InvalidInput("this staged object was already committed or discarded")
+        try:
+            final = self._store._path(key)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(self._tmp)
+            raise
+        self._store._commit(fd, self._tmp, final, key, False, None)
+        return self.etag
+
+    def discard(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+            _unlink_quietly(self._tmp)
+
+
 class LocalStore(ObjectStore):
     """Objects as files under `root` (see the module docstring for the layout and guarantees).
 
@@ -485,6 +513,15 @@ class LocalStore(ObjectStore):
         fd, tmp, etag, _ = self._write_temp([_byte_view(data)], metadata)
         self._commit(fd, tmp, final, key, if_none_match, if_match)
         return etag
+
+    def stage_put(self, data, *, metadata=None) -> StagedPut:
+        """The first half of `put`: the bytes in a fsync'd temp file that no key names yet (unnamed
+        where the filesystem allows). `StagedPut.commit(key)` is the second half; a crash in
+        between leaves nothing behind (an unnamed temp vanishes, a named one is swept as stale).
+        A publish writes its object this way while its ledger commits, and links it after."""
+        metadata = check_metadata(metadata)
+        fd, tmp, etag, _ = self._write_temp([_byte_view(data)], metadata)
+        return StagedPut(self, fd, tmp, etag)
 
     def put_file(self, key, path, *, if_none_match=False, if_match=None, metadata=None, on_multipart=None) -> str:
         # One streamed pass whatever the size: the local store never needs parts, so
