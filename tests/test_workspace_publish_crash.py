@@ -310,13 +310,20 @@ def _objects_and_temps(data_dir: str) -> tuple[list[str], list[str]]:
     return sorted(objects), temps
 
 
-@pytest.mark.parametrize("crash_at", ["after-stage", "after-begin", "after-upload-0", "after-finalize"])
-def test_sigkill_around_a_staged_one_block_object(data_dir, crash_at):
+@pytest.mark.parametrize(
+    ("crash_at", "link_lost"),
+    [("after-stage", False), ("after-begin", False), ("after-upload-0", False), ("after-finalize", False)]
+    + [("after-finalize", True)],
+    ids=["after-stage", "after-begin", "after-upload-0", "after-finalize", "after-finalize-link-lost"],
+)
+def test_sigkill_around_a_staged_one_block_object(data_dir, crash_at, link_lost):
     """A one-block file's object is written and fsync'd under no key while the begin commits its
-    ledger, and linked only after. Killed with the bytes staged (the begin committed or not),
-    with the object linked, or Finalizing: no object is left that no ledger owns, no temp file is
-    left, and after recovery the path holds the whole new body or nothing, fsck finds nothing,
-    and gc finds nothing to delete."""
+    ledger, and linked only after; its directory fsyncs run beside the (unflushed) finalize.
+    Killed with the bytes staged (the begin committed or not), with the object linked, or
+    Finalizing: no object is left that no ledger owns, no temp file is left, and after recovery
+    the path holds the whole new body or nothing, fsck finds nothing, and gc finds nothing to
+    delete. `link-lost`: the object's link did not reach the disk though Finalizing did (what a
+    power loss may leave, the directory fsyncs running beside the finalize): recovery aborts."""
     from nokvfs.workspace import fsck, gc
 
     _, before = _prepare(data_dir, existing=False)
@@ -340,6 +347,8 @@ def test_sigkill_around_a_staged_one_block_object(data_dir, crash_at):
         assert present_keys(root.store, [key]) == [key]
         assert [o for o in objects if o not in objects_before] == [key]
         assert len(ledger(root, op_id)) == 1
+        if link_lost:
+            os.unlink(local_object_path(data_dir, key))
     holder.close()
 
     holder = RootHolder(data_dir)
@@ -348,7 +357,7 @@ def test_sigkill_around_a_staged_one_block_object(data_dir, crash_at):
         with root.read() as view:
             assert publish.pending(view, root) == []
         data = get_bytes(root, "outputs/small.bin")
-        if crash_at == "after-finalize":
+        if crash_at == "after-finalize" and not link_lost:
             assert data == SMALL
         else:
             assert data is None

@@ -83,9 +83,12 @@ class _MeteredStaged:
     def __init__(self, staged, meter):
         self._staged, self._meter = staged, meter
 
-    def commit(self, key):
+    def commit(self, key, **kwargs):
         with self._meter.timing():
-            return self._staged.commit(key)
+            return self._staged.commit(key, **kwargs)
+
+    def wait(self):
+        self._staged.wait()
 
     def discard(self):
         self._staged.discard()

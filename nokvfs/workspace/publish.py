@@ -29,7 +29,7 @@ manifests of commit and restore, whose own state machine then publishes them.
 A Quarantined publish is reconciled by `gc` (`reconcile`, README "Reconciliation").
 
 Crash points (operations.crash_point): after-stage (a one-block body's object written under no
-key, while the begin commits: `_stage_during_begin`), after-begin, after-upload-<block index>,
+key, its fsync running, the begin not started: `_stage_during_begin`), after-begin, after-upload-<block index>,
 after-multipart-create-<block index>, after-multipart-record-<block index>, after-finalize, before-publish-command,
 after-publish-command, after-abort, after-cleaning, after-reconcile.
 """
@@ -39,8 +39,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
@@ -203,6 +201,7 @@ def run(root, pub: Publication) -> PathEntry:
         try:
             upload(root, pub, staged=staged)
             finalize(root, pub.operation_id, durable=False)
+            _settle_staged(staged)  # the object durable before the final command names it
         except BaseException as exc:
             _drop_staged(staged)
             _abort_after_failure(root, pub.operation_id, exc)
@@ -220,45 +219,36 @@ def run(root, pub: Publication) -> PathEntry:
         return entry
 
 
-_staging_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _stage_during_begin(root, pub: Publication) -> Future | None:
-    """A one-block body's object written and fsync'd under no key (objects.store.stage_put) by a
-    helper thread while `begin` commits the ledger, so the object's own fsync overlaps the
-    ledger's instead of following it: a close pays for one of them, not both. Nothing can name
-    the bytes before the ledger that owns their key is durable (`upload` links them only after
-    `begin` returned), and a crash before that leaves no object (an unnamed temp vanishes; a
-    named one is swept as stale). None when there is nothing to overlap (several blocks, a
-    multipart-sized block, a store that cannot stage)."""
-    global _staging_pool
+def _stage_during_begin(root, pub: Publication):
+    """A one-block body's object written under no key (objects.store.stage_put), its fsync left
+    running while `begin` commits the ledger, so the two flushes overlap instead of one
+    following the other. Nothing can name the bytes before the ledger that owns their key is
+    durable (`upload` links them only after `begin` returned), and a crash before that leaves no
+    object (an unnamed temp vanishes; a named one is swept as stale). None when there is nothing
+    to overlap (several blocks, a multipart-sized block, a store that cannot stage)."""
     if len(pub.body.blocks) != 1 or getattr(type(root.store), "stage_put", None) is None:
         return None
     block = pub.body.blocks[0]
     threshold = getattr(root.store, "multipart_threshold", None)
     if threshold is not None and block.length > threshold:
         return None
-    if _staging_pool is None or _staging_pool[0] != os.getpid():  # not inherited across fork
-        _staging_pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="nokvfs-stage"))
-
-    def stage():
-        staged = stage_put(root.store, pub.body.read_block(block))
-        crash_point("after-stage")
-        return staged
-
-    return _staging_pool[1].submit(stage)
+    staged = stage_put(root.store, pub.body.read_block(block))
+    crash_point("after-stage")
+    return staged
 
 
-def _drop_staged(staged: Future | None) -> None:
+def _settle_staged(staged) -> None:
+    """Wait until a staged object `upload` linked is durable (its directory fsyncs, which ran
+    beside the finalize command: Finalizing may be on disk before the object is, and recovery
+    then finds the object missing and aborts, as it would for any lost upload)."""
+    if staged is not None:
+        staged.wait()
+
+
+def _drop_staged(staged) -> None:
     """Discard a staged object that was not committed (after a failure)."""
-    if staged is None:
-        return
-    try:
-        put = staged.result()
-    except BaseException:  # noqa: BLE001 - the staging's own failure; nothing was written
-        return
-    if put is not None:
-        put.discard()
+    if staged is not None:
+        staged.discard()
 
 
 def _precheck(root, pub: Publication) -> None:
@@ -374,25 +364,21 @@ def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
         )
 
 
-def upload(root, pub: Publication, *, staged: Future | None = None) -> None:
+def upload(root, pub: Publication, *, staged=None) -> None:
     """Step 2: every block under its ledger key (multipart above the store's threshold). A block
-    0 already `staged` (see `_stage_during_begin`) is only linked at its key."""
+    0 already `staged` (see `_stage_during_begin`) is only linked at its key, its directory
+    fsyncs left running: the caller waits for them (`_settle_staged`) before anything may rely
+    on the object being durable."""
     store = root.store
     threshold = getattr(store, "multipart_threshold", None)
     for block in pub.body.blocks:
         key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
-        staged_put = None if staged is None or block.index != 0 else staged.result()
-        if staged_put is not None:
-            staged_put.commit(key)
-            crash_point(f"after-upload-{block.index}")
-            if pub.progress is not None:
-                pub.progress(block.offset + block.length, pub.body.size)
-            continue
-        data = pub.body.read_block(block)
-        if threshold is not None and block.length > threshold:
-            _upload_multipart(root, pub.operation_id, block.index, key, data)
+        if staged is not None and block.index == 0:
+            staged.commit(key, wait=False)
+        elif threshold is not None and block.length > threshold:
+            _upload_multipart(root, pub.operation_id, block.index, key, pub.body.read_block(block))
         else:
-            store.put(key, data)
+            store.put(key, pub.body.read_block(block))
         crash_point(f"after-upload-{block.index}")
         if pub.progress is not None:
             pub.progress(block.offset + block.length, pub.body.size)
