@@ -763,11 +763,11 @@ class Shard:
     def _durable_read(self):
         """A read transaction that sees only durable commits: a commit applied with
         `durable=False` is flushed first (what a reader ships to a bucket must survive here)."""
-        with self._flushing:
-            if self._unflushed:
-                self.sync()
-            txn = self._env.begin()
-        with txn:
+        with contextlib.ExitStack() as stack:
+            with self._flushing:
+                if self._unflushed:
+                    self.sync()
+                txn = stack.enter_context(self._env.begin())
             yield txn
 
     def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
