@@ -105,6 +105,20 @@ def render(s: dict) -> str:
             f"  write-back:      {write_back['backlog']} waiting to publish; {write_back['accepted']} accepted, "
             f"{write_back['published']} published, {write_back['failed']} failed"
         )
+    shard = s.get("shard")
+    if shard is not None:
+        lines.append(
+            f"  shard:           {human_size(shard['file_bytes'])} file, {human_size(shard['used_bytes'])} in use"
+        )
+    maintenance = s.get("maintenance")
+    if maintenance is None:
+        lines.append("  maintenance:     off")
+    else:
+        lines.append(
+            f"  maintenance:     every {maintenance['interval_s']:g} s; {maintenance['passes']} pass(es), "
+            f"{maintenance['freed_revisions']} revision(s) freed, {maintenance['compactions']} compaction(s) "
+            f"({human_size(maintenance['compacted_bytes'])} given back)"
+        )
     cache = s["block_cache"]
     if cache is None:
         lines.append("  block cache:     none (held by another process: reads go to the store)")

@@ -19,12 +19,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 from nokvfs import filemodes
 
 log = logging.getLogger(__name__)
 
 HORIZON_NAME = "outbox-horizon"
+# Held while the file is written; a live compaction holds it while it copies the file into the
+# shard directory that replaces this one, so no record lands in the directory being replaced.
+RECORDING = threading.Lock()
 
 
 def read(shard_path: str, logical_shard_id: bytes) -> int | None:
@@ -54,6 +58,11 @@ def read(shard_path: str, logical_shard_id: bytes) -> int | None:
 
 def record(shard_path: str, logical_shard_id: bytes, through_lsn: int, chain_digest: bytes) -> None:
     """Record that the bucket holds everything up to `through_lsn` (never moves back)."""
+    with RECORDING:
+        _record(shard_path, logical_shard_id, through_lsn, chain_digest)
+
+
+def _record(shard_path: str, logical_shard_id: bytes, through_lsn: int, chain_digest: bytes) -> None:
     current = read(shard_path, logical_shard_id)
     if current is not None and current >= through_lsn:
         return

@@ -241,25 +241,129 @@ class _SyncedWrite:
         return False
 
 
+class _GatedEnv:
+    """The LMDB environment behind a gate, so that `Shard.compact_live` can close and reopen it
+    while the process runs. Every transaction enters the gate. `exclusive` waits until none is
+    open and holds new ones back while the environment is replaced; `hold_writes` holds new write
+    transactions back (reads go on) while a copy is made. A thread that already has a
+    transaction open is never held back from opening another (nesting cannot deadlock on the
+    gate): at worst its write commits after the copy, which the compactor sees and gives up.
+    Everything else is the environment's own."""
+
+    def __init__(self, env: lmdb.Environment):
+        self.inner = env
+        self._cond = threading.Condition()
+        self._open = 0
+        self._open_writes = 0
+        self._swapping = False
+        self._writes_held = False
+        self._depth = threading.local()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def begin(self, **kwargs) -> "_GatedTxn":
+        return _GatedTxn(self, kwargs)
+
+    def _enter(self, write: bool) -> None:
+        depth = getattr(self._depth, "n", 0)
+        with self._cond:
+            if not depth:
+                while self._swapping or (write and self._writes_held):
+                    self._cond.wait()
+            self._open += 1
+            self._open_writes += write
+        self._depth.n = depth + 1
+
+    def _leave(self, write: bool) -> None:
+        self._depth.n -= 1
+        with self._cond:
+            self._open -= 1
+            self._open_writes -= write
+            self._cond.notify_all()
+
+    def _wait_until(self, done, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(what)
+            self._cond.wait(left)
+
+    def hold_writes(self, timeout: float):
+        """No write transaction open, and none begins (but nested ones), inside the block;
+        TimeoutError when one stayed open for `timeout` seconds."""
+        return self._barred("_writes_held", lambda: not self._open_writes, timeout, "a write transaction stayed open")
+
+    def exclusive(self, timeout: float):
+        """No transaction open, and none begins, inside the block; TimeoutError when some stayed
+        open for `timeout` seconds. Lets held writes go (a nested one must not wait for this)."""
+        return self._barred("_swapping", lambda: not self._open, timeout, "transactions stayed open", free_writes=True)
+
+    @contextlib.contextmanager
+    def _barred(self, flag: str, done, timeout: float, what: str, *, free_writes: bool = False):
+        with self._cond:
+            setattr(self, flag, True)
+            if free_writes:
+                self._writes_held = False
+                self._cond.notify_all()
+            try:
+                self._wait_until(done, timeout, what)
+            except BaseException:
+                setattr(self, flag, False)
+                self._cond.notify_all()
+                raise
+        try:
+            yield
+        finally:
+            with self._cond:
+                setattr(self, flag, False)
+                self._cond.notify_all()
+
+
+class _GatedTxn:
+    __slots__ = ("_gate", "_kwargs", "_txn", "_write")
+
+    def __init__(self, gate: _GatedEnv, kwargs: dict):
+        self._gate = gate
+        self._kwargs = kwargs
+        self._write = bool(kwargs.get("write"))
+
+    def __enter__(self):
+        self._gate._enter(self._write)
+        try:
+            self._txn = self._gate.inner.begin(**self._kwargs)
+            return self._txn.__enter__()
+        except BaseException:
+            self._gate._leave(self._write)
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return self._txn.__exit__(*exc)
+        finally:
+            self._gate._leave(self._write)
+
+
 class Shard:
     """The LMDB environment of one logical shard. One instance per process and path."""
 
     def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True, lock=None):
         self.path = path
         self._lock = lock  # the shared ShardLock (nokvfs.engine.compact), released at close
-        self._env = env
-        self._dbs = dbs
+        self._env = _GatedEnv(env)
+        self._options: dict = {}  # how the environment was opened (a live compaction reopens it so)
+        self._bind(dbs)
         self._alarm = IntegrityAlarm(path)
         self._witness = CommitWitness(path)
         # Environments opened with sync=False witness their commits only when `sync` flushes them.
         self._witnessed = witnessed
-        # Commands applied with durable=False since the last flush (Shard.apply); the lock orders
-        # such a commit against `_durable_read`'s flush-then-begin.
+        # Commands applied with durable=False (Shard.apply): committed since the last flush, and
+        # committing now. The lock guards the two, never a transaction (a gate may hold those).
         self._unflushed = False
-        self._flushing = threading.RLock()
-        self._family_dbs = {f.name: dbs[f.name] for f in family_keys.FAMILIES}
+        self._unflushed_running = 0
+        self._flushing = threading.Lock()
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
-        self._family_dbs_by_tag = {f.tag: dbs[f.name] for f in family_keys.FAMILIES}
         with env.begin() as txn:
             identity = self._system(txn, SYS_SHARD, ShardIdentity)
         self.logical_shard_id = identity.logical_shard_id
@@ -267,6 +371,11 @@ class Shard:
         # LMDB's compiled key limit (511 in the python-lmdb build) bounds History keys, which
         # add 13 bytes to a family key; so family keys are refused above this, before any write.
         self.max_family_key_bytes = env.max_key_size() - HISTORY_KEY_OVERHEAD
+
+    def _bind(self, dbs: dict) -> None:
+        self._dbs = dbs
+        self._family_dbs = {f.name: dbs[f.name] for f in family_keys.FAMILIES}
+        self._family_dbs_by_tag = {f.tag: dbs[f.name] for f in family_keys.FAMILIES}
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -296,7 +405,9 @@ class Shard:
         except BaseException:
             env.close()
             raise
-        return cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
+        shard = cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
+        shard._options = options
+        return shard
 
     @classmethod
     def open(cls, path: str, *, verify: bool = False, **options) -> "Shard":
@@ -336,6 +447,7 @@ class Shard:
         try:
             dbs = cls._gate(env, path)
             shard = cls(path, env, dbs, witnessed=options.get("sync", True), lock=lock)
+            shard._options = options
         except ShardCorrupt as exc:
             env.close()
             IntegrityAlarm(path).record(exc)
@@ -604,7 +716,7 @@ class Shard:
         return self._alarm.clear()
 
     def close(self) -> None:
-        if self._unflushed:
+        if self._unflushed or self._unflushed_running:
             self.sync()
         self._witness.close()
         self._env.close()
@@ -612,14 +724,67 @@ class Shard:
             self._lock.release()
             self._lock = None
 
+    # --- compaction while open (nokvfs.engine.compact.compact_open) ---------------------------
+
+    def compact_live(self, **options) -> "compact.CompactReport | None":
+        """Rewrite this open shard without its free pages; None when another process has it
+        open or writes kept committing during every copy (nokvfs.engine.compact)."""
+        return compact.compact_open(self, **options)
+
+    def space(self) -> tuple[int, int]:
+        """(bytes of pages in use by some tree, bytes of the file): the rest is free pages, which
+        LMDB reuses but never gives back."""
+        with self._env.begin() as txn:
+            pages = sum(
+                stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+                for stat in [txn.stat()] + [txn.stat(db) for db in self._dbs.values()]
+            )
+        psize = self._env.stat()["psize"]
+        return pages * psize, os.path.getsize(os.path.join(self.path, "data.mdb"))
+
+    def swap_gate(self, timeout: float):
+        return self._env.exclusive(timeout)
+
+    def writes_held(self, timeout: float):
+        return self._env.hold_writes(timeout)
+
+    def last_txn_id(self) -> int:
+        return self._env.info()["last_txnid"]
+
+    def reopen_after(self, swap) -> None:
+        """Close the environment, run `swap` (which puts another shard directory at this path),
+        and open what is at the path then; inside `swap_gate` only. If the swap fails, whatever
+        the interrupted swap left is put back in place and opened, and the error is raised."""
+        self._witness.close()
+        self._env.inner.close()
+        try:
+            swap()
+        except BaseException:
+            compact._put_back(self.path)
+            self._reopen()
+            raise
+        self._reopen()
+
+    def _reopen(self) -> None:
+        env = self._open_env(self.path, **self._options)
+        try:
+            dbs = self._gate(env, self.path)
+        except BaseException:
+            env.close()
+            raise
+        self._env.inner = env
+        self._bind(dbs)
+        self._witness = CommitWitness(self.path)
+
     @_lmdb_errors
     def sync(self) -> None:
         """Flush every committed transaction to disk (for environments opened with sync=False, and
         commands applied with `durable=False`)."""
         with self._flushing:
-            self._unflushed = False
-            self._env.sync(True)
-        self._witness.record(self.recovery_tail.applied_lsn)
+            self._unflushed = False  # before the flush: a commit after it sets it again
+        flushed = self.recovery_tail.applied_lsn  # read first: a commit after the flush is not flushed
+        self._env.sync(True)
+        self._witness.record(flushed)
 
     def _witness_commit(self, lsn: int | None) -> None:
         if lsn is not None and self._witnessed:
@@ -746,28 +911,32 @@ class Shard:
         if command.logical_shard_id != self.logical_shard_id:
             raise FenceError("command is addressed to another logical shard")
         self._alarm.refuse_writes()
-        if durable:
-            with self._env.begin(write=True) as txn:
-                outcome = self._apply(txn, command)
-        else:
+        if not durable:
             with self._flushing:
-                self._unflushed = True  # before the commit: a reader between the two flushes anyway
+                self._unflushed_running += 1
+            try:
                 with self._env.begin(write=True, durable=False) as txn:
-                    outcome = self._apply(txn, command)
-            return outcome
+                    return self._apply(txn, command)
+            finally:
+                with self._flushing:
+                    self._unflushed_running -= 1
+                    self._unflushed = True
+        with self._env.begin(write=True) as txn:
+            outcome = self._apply(txn, command)
         if not outcome.replayed:
             self._witness_commit(outcome.recovery_lsn)
         return outcome
 
     @contextlib.contextmanager
     def _durable_read(self):
-        """A read transaction that sees only durable commits: a commit applied with
-        `durable=False` is flushed first (what a reader ships to a bucket must survive here)."""
-        with contextlib.ExitStack() as stack:
+        """A read transaction that sees only durable commits: what a reader ships to a bucket
+        must survive here. Flushed after the transaction began, if a command applied with
+        `durable=False` committed or is committing: every commit it sees is then flushed."""
+        with self._env.begin() as txn:
             with self._flushing:
-                if self._unflushed:
-                    self.sync()
-                txn = stack.enter_context(self._env.begin())
+                flush = self._unflushed or self._unflushed_running
+            if flush:
+                self.sync()
             yield txn
 
     def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
@@ -1264,6 +1433,7 @@ class Shard:
                 chain_digest=tail.chain_digest,
                 commit_version=self._system(txn, SYS_CLOCK, CommitClock).commit_version,
                 owner_epoch=self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch,
+                txn_id=txn.id(),
             )
             self._env.copy(path, compact=True, txn=txn)
         return point
@@ -1361,6 +1531,7 @@ class CopyPoint:
     chain_digest: bytes
     commit_version: int
     owner_epoch: int
+    txn_id: int = 0  # LMDB's id of the copy's transaction: a later write commits a higher one
 
 
 def _command_record(command: MetadataCommand, commit_version: int) -> CommandRecord:

@@ -411,6 +411,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
             store_meters=store_meters,
             link=replication,
             read_only_why=read_only_why,
+            maintenance=maintenance,
         )
         listeners.append(StatusServer(socket_path(data_dir, mountpoint), status.snapshot))
         if o.metrics is not None:

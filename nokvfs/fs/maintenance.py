@@ -8,9 +8,17 @@ steps the thread sleeps `pause` seconds, so FUSE requests -- which need the same
 writer and the process's command lock -- wait at most for one small step, never for a pass.
 `nokvfs gc` stays for manual runs.
 
-Settings: `maintenance` in nokvfs.json ({"interval_seconds": S}, 0 = off; absent: every
-DEFAULT_INTERVAL seconds), overridden by `nokvfs mount --maintenance-interval S`. A read-only
-mount (a follower, a fenced owner, `--read-only`) never maintains: its shard is the owner's.
+Last in a pass, the shard is compacted (`Shard.compact_live`: a copy while requests go on, a
+swap of a few milliseconds) when free pages dominate the file: at least `compact_min_bytes` of
+file and at most `1 - compact_free_ratio` of it in use. LMDB reuses free pages but never gives
+them back, so without this a shard keeps the size of its busiest hour. It is skipped when another
+process has the shard open (a CLI command, a follower), and retried at the next pass when writes
+kept committing while it copied.
+
+Settings: `maintenance` in nokvfs.json ({"interval_seconds": S, "compact_free_ratio": R,
+"compact_min_bytes": N}; interval 0 = off; absent keys: the defaults below), the interval
+overridden by `nokvfs mount --maintenance-interval S`. A read-only mount (a follower, a fenced
+owner, `--read-only`) never maintains: its shard is the owner's.
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ from nokvfs.errors import InvalidInput, NokvError
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 300.0
+DEFAULT_COMPACT_FREE_RATIO = 0.5  # compact when at least half the file is free pages ...
+DEFAULT_COMPACT_MIN_BYTES = 64 << 20  # ... and the file is at least this large
 CONFIG_KEY = "maintenance"
+SETTINGS = ("interval_seconds", "compact_free_ratio", "compact_min_bytes")
 PAUSE = 0.002  # seconds between two steps: a request waiting for the writer gets in
 # Rows or records one step removes at most (one write transaction each).
 SLICE_ROWS = 256
@@ -34,18 +45,34 @@ class Stopped(Exception):
     """The mount is going away: the pass stops after its current step."""
 
 
-def configured_interval(data_dir: str, override: float | None) -> float:
-    """The interval in force: the command line's, else the data directory's, else the default."""
-    if override is not None:
-        return _check(override)
+def _configured(data_dir: str) -> dict:
     from nokvfs.workspace.datadir import read_config
 
     raw = read_config(data_dir).get(CONFIG_KEY)
     if raw is None:
-        return DEFAULT_INTERVAL
-    if not isinstance(raw, dict) or set(raw) - {"interval_seconds"}:
-        raise InvalidInput(f'nokvfs.json {CONFIG_KEY!r} must be {{"interval_seconds": S}}, not {raw!r}')
-    return _check(raw.get("interval_seconds", DEFAULT_INTERVAL))
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(SETTINGS):
+        raise InvalidInput(f"nokvfs.json {CONFIG_KEY!r} is an object with keys among {list(SETTINGS)}, not {raw!r}")
+    return raw
+
+
+def configured_interval(data_dir: str, override: float | None) -> float:
+    """The interval in force: the command line's, else the data directory's, else the default."""
+    if override is not None:
+        return _check(override)
+    return _check(_configured(data_dir).get("interval_seconds", DEFAULT_INTERVAL))
+
+
+def compaction_settings(data_dir: str) -> tuple[float, int]:
+    """(free ratio, minimum file bytes) above which a pass compacts the shard."""
+    raw = _configured(data_dir)
+    ratio = raw.get("compact_free_ratio", DEFAULT_COMPACT_FREE_RATIO)
+    least = raw.get("compact_min_bytes", DEFAULT_COMPACT_MIN_BYTES)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        raise InvalidInput(f"compact_free_ratio is a fraction in (0, 1] (1: never compact), not {ratio!r}")
+    if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+        raise InvalidInput(f"compact_min_bytes is a number of bytes >= 0, not {least!r}")
+    return float(ratio), least
 
 
 def _check(value) -> float:
@@ -63,6 +90,8 @@ class Maintenance:
         self.passes = 0
         self.steps = 0
         self.freed_revisions = 0
+        self.compactions = 0
+        self.compacted_bytes = 0  # file bytes given back by compactions
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,6 +147,34 @@ class Maintenance:
             raise Stopped
         time.sleep(self.pause)
 
+    def compact_if_mostly_free(self) -> tuple[int, int] | None:
+        """Compact the shard when free pages dominate it: (file bytes before, after), or None."""
+        ratio, least = compaction_settings(self.root.data_dir)
+        shard = self.root.shard
+        used, size = shard.space()
+        if size < least or used > size * (1 - ratio):
+            return None
+        started = time.monotonic()
+        report = shard.compact_live()
+        if report is None:
+            log.info(
+                "maintenance: the shard is %d bytes, %d in use; not compacted now (another process has it "
+                "open, or writes kept committing while it was copied)",
+                size,
+                used,
+            )
+            return None
+        self.compactions += 1
+        self.compacted_bytes += max(0, report.before_bytes - report.after_bytes)
+        log.info(
+            "maintenance: compacted the shard, %d -> %d bytes (%d in use) in %.3f s",
+            report.before_bytes,
+            report.after_bytes,
+            used,
+            time.monotonic() - started,
+        )
+        return report.before_bytes, report.after_bytes
+
     def run_pass(self) -> dict:
         """One pass, step by step (also callable directly)."""
         from nokvfs.workspace import gc, retention
@@ -128,9 +185,11 @@ class Maintenance:
         for _ in retention.slices(self.root, settings, kept, max_rows=self.slice_rows, max_records=self.slice_rows):
             self._step()
         collected = gc.collect(self.root, progress=self._step, history_batch=self.slice_rows)
+        compacted = self.compact_if_mostly_free()
         self.passes += 1
         self.freed_revisions += collected.freed_revisions
         return {
+            "compacted": compacted,
             "steps": kept.steps,
             "freed": collected.freed_revisions,
             "events": kept.events_removed,

@@ -83,6 +83,7 @@ class MountStatus:
         store_meters,
         link=None,
         read_only_why: str | None = None,
+        maintenance=None,
     ):
         self.data_dir = data_dir
         self.mountpoint = mountpoint
@@ -94,6 +95,7 @@ class MountStatus:
         self.store_meters = store_meters
         self.link = link  # Replication, Following or None (nokvfs.fs.replication)
         self.read_only_why = read_only_why
+        self.maintenance = maintenance  # nokvfs.fs.maintenance.Maintenance, None when off
         self.started_monotonic = time.monotonic()
         self.started_unix = time.time()
 
@@ -159,6 +161,24 @@ class MountStatus:
             },
             "replication": self._replication(),
             "write_back": self._write_back(),
+            "shard": self._shard(),
+            "maintenance": self._maintenance(),
+        }
+
+    def _shard(self) -> dict:
+        used, size = self.root.shard.space()
+        return {"file_bytes": size, "used_bytes": used}
+
+    def _maintenance(self) -> dict | None:
+        m = self.maintenance
+        if m is None:
+            return None
+        return {
+            "interval_s": m.interval,
+            "passes": m.passes,
+            "freed_revisions": m.freed_revisions,
+            "compactions": m.compactions,
+            "compacted_bytes": m.compacted_bytes,
         }
 
     def _write_back(self) -> dict | None:
