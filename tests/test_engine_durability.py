@@ -10,6 +10,9 @@ is flushed."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from nokvfs.engine.command import Put
 from nokvfs.engine.meta import CommitWitness
 from nokvfs.engine.shard import Shard
@@ -115,3 +118,31 @@ def test_close_flushes_a_command_applied_without_its_flush(shard_env):
     assert calls == ["flush"]
     assert CommitWitness(shard_env.path).read() == outcome.recovery_lsn
     assert shard_env.shard.recovery_tail.applied_lsn == outcome.recovery_lsn
+
+
+def test_a_reader_racing_unflushed_commits_ships_only_flushed_ones(shard_env):
+    """Commands applied without their flush in one thread, outbox ranges read in another: every
+    record a reader gets is flushed (the witness, written only for flushed LSNs, covers it)."""
+    stop = threading.Event()
+    applied = []
+
+    def writer():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            applied.append(_put(shard_env, 1000 + n, durable=False).recovery_lsn)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        shipped = 0
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline or not shipped:
+            _, entries = shard_env.shard.outbox_after(shipped)
+            if entries:
+                shipped = entries[-1].lsn
+                assert CommitWitness(shard_env.path).read() >= shipped
+    finally:
+        stop.set()
+        thread.join()
+    assert applied and shipped >= applied[0]
