@@ -18,7 +18,8 @@ Two workloads in a temporary directory, both on a bounded working set, each in -
 
 After each step it prints: commands applied so far, commands (publishes)/s of the step, reopen
 time (`Shard.open` / `datadir.open_root`, cold), the shard's used bytes (LMDB pages in use) and
-file size, bytes added per command before maintenance, and rows per tree. At the end: the last
+file size, bytes added per command before maintenance, and rows per tree; before maintenance,
+per tree, the rows, key+value bytes and LMDB page bytes each command (publish) added. At the end: the last
 step's rate and reopen time as ratios against the first step's (the reference, measured in the
 same run), and the used size against a fresh shard holding the same live rows (a compacting
 copy, `Shard.copy_to`). The script asserts nothing about time.
@@ -54,6 +55,35 @@ def file_bytes(path: str) -> int:
 def rows_per_tree(shard) -> dict:
     with shard._env.begin() as txn:
         return {name: txn.stat(db)["entries"] for name, db in sorted(shard._dbs.items()) if txn.stat(db)["entries"]}
+
+
+def tree_usage(shard) -> dict:
+    """Per tree: (rows, bytes of keys and values, bytes of the LMDB pages it holds)."""
+    psize = shard._env.stat()["psize"]
+    usage = {}
+    with shard._env.begin() as txn:
+        for name, db in sorted(shard._dbs.items()):
+            stat = txn.stat(db)
+            stored = sum(len(key) + len(value) for key, value in txn.cursor(db))
+            pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+            usage[name] = (stat["entries"], stored, pages * psize)
+    return usage
+
+
+def show_growth(before: dict, after: dict, count: int) -> str:
+    """Per tree, what `count` commands (publishes) added: rows, stored bytes and page bytes each."""
+    parts = []
+    for name, (entries, stored, pages) in after.items():
+        old = before.get(name, (0, 0, 0))
+        if (entries, stored, pages) != old:
+            parts.append(
+                f"{name} {(entries - old[0]) / count:.2f} rows {(stored - old[1]) / count:,.0f} B "
+                f"({(pages - old[2]) / count:,.0f} B pages)"
+            )
+    total_stored = sum(a[1] for a in after.values()) - sum(b[1] for b in before.values())
+    total_pages = sum(a[2] for a in after.values()) - sum(b[2] for b in before.values())
+    parts.append(f"all trees {total_stored / count:,.0f} B ({total_pages / count:,.0f} B pages)")
+    return "; ".join(parts)
 
 
 def show_rows(rows: dict) -> str:
@@ -117,7 +147,7 @@ def run_engine(work: str, args) -> list:
     results = []
     done = 0
     for step in range(args.steps):
-        before = used_bytes(shard)
+        before, trees_before = used_bytes(shard), tree_usage(shard)
         start = time.perf_counter()
         for n in range(per_step):
             key = b"\x01" * 16 + ((done + n) % 1000).to_bytes(4, "big")
@@ -138,6 +168,7 @@ def run_engine(work: str, args) -> list:
         elapsed = time.perf_counter() - start
         done += per_step
         grown = used_bytes(shard) - before
+        print(f"engine step {step + 1} per command: {show_growth(trees_before, tree_usage(shard), per_step)}")
         if not args.no_maintenance:
             engine_retention(shard, args.retain_versions)
         shard.close()
@@ -196,7 +227,7 @@ def run_facade(work: str, args) -> list:
     results = []
     done = 0
     for step in range(args.steps):
-        before = used_bytes(root.shard)
+        before, trees_before = used_bytes(root.shard), tree_usage(root.shard)
         start = time.perf_counter()
         for n in range(per_step):
             namespace.put(
@@ -205,6 +236,7 @@ def run_facade(work: str, args) -> list:
         elapsed = time.perf_counter() - start
         done += per_step
         grown = used_bytes(root.shard) - before
+        print(f"facade step {step + 1} per publish: {show_growth(trees_before, tree_usage(root.shard), per_step)}")
         maintenance = 0.0
         if not args.no_maintenance:
             from nokvfs.fs.maintenance import Maintenance

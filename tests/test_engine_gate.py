@@ -5,6 +5,7 @@ from __future__ import annotations
 import lmdb
 import pytest
 
+from nokvfs.engine import outbox
 from nokvfs.engine import rows as envelope
 from nokvfs.engine.command import Put
 from nokvfs.engine.records import SYS_SCHEMA, SYS_TREES, SchemaMarker, TreeRegistry
@@ -199,8 +200,8 @@ def test_a_broken_outbox_refuses_to_open_saying_where(shard_env, target):
         shard_env.apply(mutations=[Put("path_current", bytes([i]) * 16, b"\x02v")])
     shard_env.shard.close()
     rows = dict(_outbox_rows(shard_env.path))
-    headers = sorted(k for k in rows if k[0] == 0)
-    chunks = sorted(k for k in rows if k[0] == 1)
+    headers = sorted(k for k in rows if len(k) == 9)  # 0x00 | lsn
+    chunks = sorted(k for k in rows if len(k) == 13)  # 0x00 | lsn | index (0x01 before header format 2)
     if target == "header-digest":
         key = headers[1]
         value = bytearray(rows[key])
@@ -232,10 +233,10 @@ def test_a_truncated_outbox_tail_refuses_to_open(shard_env):
         shard_env.apply(mutations=[Put("path_current", bytes([i]) * 16, b"\x02v")])
     shard_env.shard.close()
     rows = dict(_outbox_rows(shard_env.path))
-    last = max(k for k in rows if k[0] == 0)
+    last = max(k for k in rows if len(k) == 9)
     lsn = int.from_bytes(last[1:], "big")
     _rewrite_outbox(shard_env.path, last, None)
-    _rewrite_outbox(shard_env.path, b"\x01" + lsn.to_bytes(8, "big") + (0).to_bytes(4, "big"), None)
+    _rewrite_outbox(shard_env.path, outbox.chunk_key(lsn, 0), None)
     with pytest.raises(IntegrityError, match="outbox ends at LSN"):
         Shard.open(shard_env.path)
     shard_env.shard = Shard.create(shard_env.path + "-fresh", new_id16())

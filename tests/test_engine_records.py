@@ -13,7 +13,7 @@ import pytest
 
 from nokvfs.engine import records as E
 from nokvfs.errors import CorruptRecord, UnknownDiscriminant, UnknownVersion
-from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind, RetainedFamily
+from nokvfs.schema.enums import MutationKind, OutboxPayloadEncoding, OutboxRecordKind, PredicateKind, RetainedFamily
 
 A16 = b"\xa1" * 16
 B16 = b"\xb2" * 16
@@ -43,10 +43,21 @@ GOLDEN = {
         (),
     ),
     E.HistoryValue: (E.HistoryValue(b"k"), "0101" + K_HEX, ()),
+    E.DeflatedHistoryValue: (E.DeflatedHistoryValue(3, b"k"), "02" + "00000003" + K_HEX, ()),
+    E.DeflatedCommandDedupe: (
+        E.DeflatedCommandDedupe(C32, 3, b"k", 4, 5),
+        "03" + "c3" * 32 + "00000003" + K_HEX + "0000000000000004" + "0000000000000005",
+        (),
+    ),
     E.OutboxHeader: (
         E.OutboxHeader(OutboxRecordKind.HistoryPrune, 6, 1, 40, C32, D32, E32),
         "01040000000000000006000000010000000000000028" + "c3" * 32 + "d4" * 32 + "e5" * 32,
         (1,),
+    ),
+    E.StoredOutboxHeader: (
+        E.StoredOutboxHeader(OutboxRecordKind.HistoryPrune, 6, 1, 40, C32, OutboxPayloadEncoding.DeflatePreset1, E32),
+        "02040000000000000006000000010000000000000028" + "c3" * 32 + "02" + "e5" * 32,
+        (1, 54),
     ),
     E.OutboxChunk: (E.OutboxChunk(b"k"), "01" + K_HEX, ()),
     E.OutboxDeflatedChunk: (E.OutboxDeflatedChunk(b"k"), "02" + K_HEX, ()),

@@ -347,9 +347,9 @@ def test_outbox_chain(root):
     # (Sealed in a valid row envelope, so the chain itself is what must catch it.)
     env, db = root.shard._env, root.shard._dbs["recovery_outbox"]
     with env.begin(write=True) as txn:
-        cursor = txn.cursor(db)
-        assert cursor.set_range(b"\x01")  # the first chunk row
-        key, value = cursor.key(), bytearray(envelope.unseal("recovery_outbox", cursor.key(), cursor.value()))
+        # The first chunk row (0x00 | lsn | index, right after its header).
+        key, raw = next((k, v) for k, v in txn.cursor(db) if len(k) == 13)
+        value = bytearray(envelope.unseal("recovery_outbox", key, raw))
         value[-1] ^= 0x01
         txn.put(key, envelope.seal("recovery_outbox", key, bytes(value)), db=db)
     report = fsck.check(root)

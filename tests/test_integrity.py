@@ -25,10 +25,9 @@ import lmdb
 import pytest
 
 from nokvfs.cli.main import main as cli_main
-from nokvfs.engine import rows
+from nokvfs.engine import history, outbox, rows
 from nokvfs.engine.alarm import ALARM_NAME
 from nokvfs.engine.meta import WITNESS_NAME
-from nokvfs.engine.records import HistoryValue
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import IntegrityError, SchemaMismatch, ShardCorrupt
@@ -73,7 +72,7 @@ def pristine(tmp_path_factory) -> Pristine:
             (history_key,) = [
                 k
                 for k, v in txn.cursor(root.shard._dbs["history"])
-                if k.startswith(prefix) and HistoryValue.decode(rows.unseal("history", k, v)).previous is not None
+                if k.startswith(prefix) and history.decode_value(rows.unseal("history", k, v)) is not None
             ]
         lsn = root.shard.recovery_tail.applied_lsn
     finally:
@@ -86,7 +85,7 @@ def pristine(tmp_path_factory) -> Pristine:
             "PathCurrent": ("path_current", path_key),
             "ArtifactRevision": ("artifact_revision", revision_key),
             "History": ("history", history_key),
-            "outbox chunk": ("recovery_outbox", b"\x01" + lsn.to_bytes(8, "big") + (0).to_bytes(4, "big")),
+            "outbox chunk": ("recovery_outbox", outbox.chunk_key(lsn, 0)),
             "System": ("system", b"commit_clock"),
         },
     )

@@ -48,3 +48,14 @@ def test_a_metered_store_times_each_call_of_a_real_store(tmp_path):
     assert snapshot["put"]["count"] == 1 and snapshot["head"]["count"] == 1 and snapshot["delete"]["count"] == 1
     assert snapshot["get"]["count"] == 2 and snapshot["get"]["failures"] == {"ObjectMissing": 1}
     store.close()
+
+
+def test_a_metered_put_many_is_the_inner_stores_batch_timed_once(tmp_path):
+    meters = Meters()
+    store = MeteredStore(open_store("file://" + str(tmp_path / "objects")), meters)
+    results = store.put_many([("m/a", b"alpha"), ("m/b", b"beta")])
+    assert len(results) == 2 and not any(isinstance(r, Exception) for r in results)
+    assert store.get("m/a") == b"alpha" and store.get("m/b") == b"beta"
+    snapshot = meters.snapshot()
+    assert snapshot["put_many"]["count"] == 1 and "put" not in snapshot  # one batch, not two puts
+    store.close()

@@ -5,6 +5,7 @@ mount (nokvfs.fs.writeback)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import json
@@ -60,9 +61,30 @@ def _published(data_dir: str, path: str) -> bytes:
     return done.stdout
 
 
+@contextlib.contextmanager
+def _daemon_environment(name: str, value: str):
+    """`name`=`value` in the environment of the daemons started inside the block."""
+    old_env = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old_env is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old_env
+
+
+def _start_crashing_daemon(data: str, mnt: str, log: str, crash_at: str):
+    """A write-back daemon that SIGKILLs itself at the publish crash point `crash_at`."""
+    with _daemon_environment("NOKVFS_CRASH_AT", crash_at):
+        return start_daemon(data, mnt, log, WB)
+
+
 def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
     base = str(tmp_path)
-    src = _tree(base)
+    # Enough files that the publisher (group commit) is still busy when `nokvfs umount` starts.
+    src = _tree(base, files=1200)
     tar_path = os.path.join(base, "tree.tar")
     with tarfile.open(tar_path, "w") as tar:
         tar.add(src, arcname="tree")
@@ -105,15 +127,7 @@ def test_a_daemon_killed_before_publishing_is_replayed_at_the_next_mount(tmp_pat
     data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
     os.makedirs(mnt)
     init_data_dir(data)
-    old_env = os.environ.get("NOKVFS_CRASH_AT")
-    os.environ["NOKVFS_CRASH_AT"] = "after-begin"  # SIGKILL inside the first background publication
-    try:
-        proc = start_daemon(data, mnt, log, WB)
-    finally:
-        if old_env is None:
-            del os.environ["NOKVFS_CRASH_AT"]
-        else:
-            os.environ["NOKVFS_CRASH_AT"] = old_env
+    proc = _start_crashing_daemon(data, mnt, log, "after-begin")  # SIGKILL inside the first background publication
     accepted = {}
     try:
         wait_mounted(mnt, proc, log)
@@ -245,3 +259,90 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
             assert f.read() == b"version 2"
         with open(m.path("wb", "outputs", "later.txt"), "rb") as f:
             assert f.read() == b"accepted, not published"
+
+
+def test_tar_x_with_a_conflict_in_a_group_publishes_the_others_and_keeps_the_conflicted_one(tmp_path):
+    """A file accepted at the head of the queue conflicts (another process created its path),
+    a tar's files are accepted right behind it: they are published in the same group, the
+    conflicted one is refused alone and kept with its sidecar."""
+    base = str(tmp_path)
+    src = _tree(base, files=120)
+    tar_path = os.path.join(base, "tree.tar")
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(src, arcname="tree")
+    # The publisher waits for quiet far longer than the test takes, so it starts at umount with
+    # every file queued: the conflicted one at the head of the first group, whatever the load.
+    with _daemon_environment(writeback.QUIET_ENV, "600"), mounted(base, extra_args=WB) as m:
+        other = m.facade_waiting("namespace.put(root, 'wb', 'outputs/clash.txt', b'theirs', expected_generation=0)")
+        out = m.path("wb", "outputs")
+        fd = os.open(os.path.join(out, "clash.txt"), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"mine")
+            other.communicate(b"go\n", timeout=60)
+            assert other.returncode == 0
+        finally:
+            os.close(fd)  # accepted: its publication will conflict
+        # The tar's files queue behind the conflicted one.
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(out, filter="tar")
+        done = _cli("umount", m.mountpoint, timeout=300)
+        assert done.returncode == 0, done.stderr
+        log = m.log()
+        assert "published 63 file(s) as one group, 1 refused" in log, log[-3000:]
+        assert "unpublished bytes of wb:outputs/clash.txt are kept" in log
+        records = json.loads(_cli("--data-dir", m.data_dir, "spool", "list", "--json").stdout)
+        assert [(r["path"], r["state"]) for r in records] == [("outputs/clash.txt", "kept")]
+        (spool,) = glob.glob(os.path.join(m.data_dir, "spool", "mount", "*.spool"))
+        assert open(spool, "rb").read() == b"mine"
+        assert _published(m.data_dir, "outputs/clash.txt") == b"theirs"
+    with mounted(base, init=False) as m:
+        diff = subprocess.run(
+            ["diff", "-r", "--no-dereference", src, m.path("wb", "outputs", "tree")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert diff.returncode == 0, diff.stdout + diff.stderr
+
+
+@pytest.mark.parametrize("crash_at", ["after-upload-0", "after-finalize", "after-publish-command"])
+def test_sigkill_during_a_group_publication_loses_nothing_accepted(tmp_path, crash_at):
+    """The daemon dies inside a group publication (uploading, finalized, or published but not
+    yet recorded): the next mount recovers the operations and replays the journal, every accepted
+    file shows its bytes once, and after gc no object is left that nothing owns."""
+    base = str(tmp_path)
+    data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
+    os.makedirs(mnt)
+    init_data_dir(data)
+    proc = _start_crashing_daemon(data, mnt, log, crash_at)
+    accepted = {}
+    try:
+        wait_mounted(mnt, proc, log)
+        for i in range(40):
+            body = f"group {i}\n".encode() * (10 + i)
+            path = os.path.join(mnt, "wb", "outputs", f"g{i:02d}.txt")
+            try:
+                with open(path, "wb") as f:
+                    f.write(body)
+            except OSError:
+                break  # the daemon died meanwhile: this close was never acknowledged
+            accepted[f"g{i:02d}.txt"] = body
+        proc.wait(timeout=60)
+        assert proc.returncode == -9
+    finally:
+        unmount(mnt)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert len(accepted) > 1
+    with mounted(base, init=False) as m:
+        for name, body in accepted.items():
+            with open(m.path("wb", "outputs", name), "rb") as f:
+                assert f.read() == body, name
+    done = _cli("--data-dir", data, "gc")
+    assert done.returncode == 0, done.stderr
+    from tests.conftest import fsck_data_dir
+
+    report = fsck_data_dir(data)
+    assert report.ok, [(f.code, f.subject, f.detail) for f in report.findings]
+    assert not any(f.code == "ORPHAN_OBJECT" for f in report.findings)

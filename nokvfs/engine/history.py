@@ -24,11 +24,12 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from nokvfs.engine import rows
-from nokvfs.engine.records import HistoryValue
-from nokvfs.errors import FormatError, IntegrityError
+from nokvfs.engine import compression, rows
+from nokvfs.engine.records import DeflatedHistoryValue, HistoryValue
+from nokvfs.engine.retention import SELF_VERSIONED
+from nokvfs.errors import CorruptRecord, FormatError, IntegrityError
 from nokvfs.schema import keys as family_keys
-from nokvfs.schema.records import WorkspaceCurrent
+from nokvfs.schema.records import ArtifactRevision, RevisionRef, WorkspaceCurrent
 
 _U32 = struct.Struct(">I")
 
@@ -39,6 +40,27 @@ MAX_PRUNED_ROWS = 4096
 MAX_VISITED_ROWS = 32768
 
 
+def encode_value(previous: bytes | None) -> bytes:
+    """The stored History value holding `previous` (None: a tombstone): deflated with the preset
+    dictionary when that is smaller (DeflatedHistoryValue), else a HistoryValue."""
+    if previous is not None:
+        deflated = compression.deflate(previous)
+        if deflated is not None:
+            return DeflatedHistoryValue(len(previous), deflated).encode()
+    return HistoryValue(previous).encode()
+
+
+def decode_value(raw: bytes) -> bytes | None:
+    """The previous value a stored History value holds (None: a tombstone), or a FormatError."""
+    if raw[:1] != bytes([DeflatedHistoryValue.VERSION]):
+        return HistoryValue.decode(raw).previous
+    stored = DeflatedHistoryValue.decode(raw)
+    try:
+        return compression.inflate(stored.deflated, stored.previous_length)
+    except ValueError as exc:
+        raise CorruptRecord(f"DeflatedHistoryValue: {exc}") from None
+
+
 def _visibility(raw: bytes | None):
     if raw is None:
         return None
@@ -46,10 +68,39 @@ def _visibility(raw: bytes | None):
     return marker.workspace_incarnation_id, marker.state
 
 
-# The state machines' working rows (operations and their staged-object ledgers) are read at the
-# current version only: a read at any other version is refused, so their changes write no
-# History (most of a publish's History bytes were these rows' phase changes).
-CURRENT_ONLY_TREES = frozenset({"operation", "staged_object"})
+# The state machines' working rows (operations, their staged-object ledgers and GC's
+# candidates) are read at the current version only: a read at any other version is refused, so
+# their changes write no History (most of a publish's History bytes were these rows' phase
+# changes).
+CURRENT_ONLY_TREES = frozenset({"operation", "staged_object", "gc_candidate"})
+
+# Families whose rows carry the commit version that created them (the seed's created_version).
+# Creating such a row at exactly that version writes no History: a read at an older version
+# finds no change after it and filters the row it would take by its created_version
+# (nokvfs.engine.mvcc). A key deleted and created again still has the History row of its
+# deletion, so a read between the two sees the absence; a creation whose created_version is
+# another version writes History as any change does.
+CREATION_VERSIONED = {"artifact_revision": ArtifactRevision, "revision_ref": RevisionRef}
+
+
+def created_version(tree: str, value: bytes) -> int | None:
+    """The created_version of a row of a CREATION_VERSIONED family (None if it does not decode:
+    the engine then treats it as any row, with History for its creation)."""
+    try:
+        return CREATION_VERSIONED[tree].decode(value).created_version
+    except FormatError:
+        return None
+
+
+def records_change(tree: str, old: bytes | None, new: bytes | None, commit_version: int) -> bool:
+    """Whether the first change of a key of `tree` in the command committing at `commit_version`
+    writes a History row (the value before the command, `old`)."""
+    if tree in SELF_VERSIONED or tree in CURRENT_ONLY_TREES:
+        return False  # immutable rows that carry their version, or read at the current version only
+    if old is None and new is not None and tree in CREATION_VERSIONED:
+        return created_version(tree, new) != commit_version
+    return True
+
 
 # Families whose History keeps, below the floor, every row that changes this projection.
 RETAINED_PROJECTIONS = {family_keys.FAMILY_BY_NAME["workspace_current"].tag: _visibility}
@@ -116,7 +167,7 @@ def plan(
                     # one the next newer row (just before it in key order) recorded, or the current row.
                     user = (tag, user_key)
                     after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, user_key))
-                before = project(HistoryValue.decode(value).previous)
+                before = project(decode_value(value))
                 if version <= floor and (before == after or version <= event_floor):
                     deletions.append((key, value))
                 after = before
@@ -129,6 +180,6 @@ def plan(
 def _value_after(txn, probe, family_db, key: bytes, user_key: bytes) -> bytes | None:
     # Same tag, length and user key, differing only in the trailing inverted version.
     if probe.set_range(key) and probe.prev() and probe.key()[:-8] == key[:-8]:
-        return HistoryValue.decode(rows.unseal(_HISTORY, probe.key(), probe.value())).previous
+        return decode_value(rows.unseal(_HISTORY, probe.key(), probe.value()))
     tag = key[0]
     return rows.get(txn, family_db, family_keys.FAMILY_BY_TAG[tag].name, user_key)

@@ -22,8 +22,10 @@ reads of those trees.
 ChangeEvent and CommandDedupe rows are written once and carry their commit version (in the key,
 in the value): they have no History, and a read at an older version takes the current row only
 if it was written at or before that version (nokvfs.engine.retention.SELF_VERSIONED). Operation
-and StagedObject rows have no History either: they are read at the current version only
-(nokvfs.engine.history.CURRENT_ONLY_TREES).
+StagedObject and GcCandidate rows have no History either: they are read at the current version
+only (nokvfs.engine.history.CURRENT_ONLY_TREES). ArtifactRevision and RevisionRef rows have no
+History for their creation: a read at an older version takes no row created after it
+(nokvfs.engine.history.CREATION_VERSIONED).
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ from __future__ import annotations
 import struct
 
 from nokvfs.engine import rows
-from nokvfs.engine.history import CURRENT_ONLY_TREES, RETAINED_TREES
-from nokvfs.engine.records import HistoryValue
+from nokvfs.engine.history import (
+    CREATION_VERSIONED,
+    CURRENT_ONLY_TREES,
+    RETAINED_TREES,
+    created_version,
+    decode_value,
+)
 from nokvfs.engine.retention import SELF_VERSIONED, row_version
 from nokvfs.engine.rows import lmdb_errors_translated
 from nokvfs.errors import HistoryNotRetained, ReadVersionStale
@@ -134,13 +141,22 @@ class ReadView:
         if not self.is_current:
             changed, previous = self._previous_after(self._tags[tree], key)
             if changed:
-                return previous
+                return self._created_by_now(tree, previous)
         raw = self._txn.get(key, db=self._dbs[tree])
         if raw is None:
             self.ops += 2
             rows.verify_neighbours(self._cursor(tree), tree, key)
             return None
-        return rows.unseal(tree, key, raw)
+        value = rows.unseal(tree, key, raw)
+        return value if self.is_current else self._created_by_now(tree, value)
+
+    def _created_by_now(self, tree: str, value: bytes | None) -> bytes | None:
+        # A row of a CREATION_VERSIONED family created after this version was absent at it (its
+        # creation wrote no History to say so).
+        if value is None or tree not in CREATION_VERSIONED:
+            return value
+        created = created_version(tree, value)
+        return None if created is not None and created > self.version else value
 
     def _current_only(self, tree: str) -> HistoryNotRetained:
         return HistoryNotRetained(f"{tree} rows are read at the current version only, not at version {self.version}")
@@ -167,7 +183,7 @@ class ReadView:
             hkey = cursor.key()
             value = rows.unseal(_HISTORY, hkey, cursor.value())
             if len(hkey) == len(prefix) + 8 and hkey.startswith(prefix):
-                return True, HistoryValue.decode(value).previous
+                return True, decode_value(value)
         return False, None
 
     # --- ordered reads -------------------------------------------------------------------

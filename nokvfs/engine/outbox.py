@@ -1,15 +1,22 @@
 """The recovery outbox: header and chunk rows with a SHA-256 hash chain.
 
 header key: 0x00 | u64 recovery_lsn
-chunk key:  0x01 | u64 recovery_lsn | u32 chunk_index
+chunk key:  0x00 | u64 recovery_lsn | u32 chunk_index   (records written before format 2 of the
+            header: 0x01 | u64 recovery_lsn | u32 chunk_index)
 
 chain_digest(lsn) = SHA-256("nokv.recovery.chain.v1\\0" | previous chain digest | u64 lsn |
 u8 record kind | u64 commit version | u64 payload length | payload SHA-256); the chain starts at
 SHA-256("nokv.recovery.genesis.v1\\0" | logical shard id).
 
-Chunks store the payload compressed (OutboxDeflatedChunk: one zlib stream split into chunks)
-when that is smaller, else raw (OutboxChunk); the header's length and SHA-256 are always the
-payload's own, so the chain, replay and shipped packs see the same bytes either way.
+A record is written as a StoredOutboxHeader and its chunks right after it in key order, so every
+row is appended (LMDB fills its pages instead of splitting them in half, as it did when headers
+and chunks were two interleaved runs). The chunks hold the payload compressed with a preset
+dictionary (nokvfs.engine.compression) when that is smaller, else raw. The logical
+OutboxHeader -- what entries, replay and shipped packs carry -- is rebuilt on reading with the
+previous digest of the chain being verified, and the payload length and SHA-256 are always the
+payload's own, so the chain and the packs see the same bytes whatever the stored form. Records
+of the earlier layout (OutboxHeader version 1, chunks under 0x01, raw or deflated without a
+dictionary) are read as before.
 
 Truncation (Shard.truncate_outbox) removes the records at or below a floor LSN and keeps that
 record's chain digest (System `retention`), so the chain is verified from the floor onwards.
@@ -19,10 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
 from dataclasses import dataclass
 
-from nokvfs.engine import rows
+from nokvfs.engine import compression, rows
 from nokvfs.engine.records import (
     OUTBOX_CHUNK_BYTES,
     OUTBOX_CHUNK_PREFIX,
@@ -30,9 +36,10 @@ from nokvfs.engine.records import (
     OutboxChunk,
     OutboxDeflatedChunk,
     OutboxHeader,
+    StoredOutboxHeader,
 )
 from nokvfs.errors import FormatError, OutboxCorrupt
-from nokvfs.schema.enums import OutboxRecordKind
+from nokvfs.schema.enums import OutboxPayloadEncoding, OutboxRecordKind
 
 OUTBOX_TREE = "recovery_outbox"
 _LSN = struct.Struct(">Q")
@@ -56,35 +63,103 @@ def header_key(lsn: int) -> bytes:
 
 
 def chunk_key(lsn: int, index: int) -> bytes:
+    """The key of a chunk of a record with a StoredOutboxHeader: right after its header."""
+    return OUTBOX_HEADER_PREFIX + _CHUNK.pack(lsn, index)
+
+
+def legacy_chunk_key(lsn: int, index: int) -> bytes:
+    """The key of a chunk of a record with a version 1 OutboxHeader (written before format 2)."""
     return OUTBOX_CHUNK_PREFIX + _CHUNK.pack(lsn, index)
 
 
-# Payloads shorter than this are stored raw: compressing them saves too little to pay its cost.
-COMPRESS_ABOVE = 128
-_COMPRESSION_LEVEL = 6
+# Payloads this long or shorter are stored raw (as before the preset dictionary).
+COMPRESS_ABOVE = compression.COMPRESS_ABOVE
 
 
 def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes, previous: bytes):
-    """The (key, value) rows of one outbox record and its chain digest."""
-    stored, chunk_record = payload, OutboxChunk
-    if len(payload) > COMPRESS_ABOVE:
-        deflated = zlib.compress(payload, _COMPRESSION_LEVEL)
-        if len(deflated) < len(payload):
-            stored, chunk_record = deflated, OutboxDeflatedChunk
+    """The (key, value) rows of one outbox record, in key order, and its chain digest."""
+    stored, encoding = payload, OutboxPayloadEncoding.Raw
+    deflated = compression.deflate(payload)
+    if deflated is not None:
+        stored, encoding = deflated, OutboxPayloadEncoding.DeflatePreset1
     chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
     digest = chain_digest(previous, lsn, kind, commit_version, payload)
-    header = OutboxHeader(
+    header = StoredOutboxHeader(
         record_kind=kind,
         commit_version=commit_version,
         chunk_count=len(chunks),
         payload_length=len(payload),
         payload_sha256=hashlib.sha256(payload).digest(),
-        previous_chain_digest=previous,
+        encoding=encoding,
         chain_digest=digest,
     )
     rows = [(header_key(lsn), header.encode())]
-    rows += [(chunk_key(lsn, i), chunk_record(c).encode()) for i, c in enumerate(chunks)]
+    rows += [(chunk_key(lsn, i), OutboxChunk(c).encode()) for i, c in enumerate(chunks)]
     return rows, digest
+
+
+def decode_header(raw: bytes, lsn: int) -> OutboxHeader | StoredOutboxHeader:
+    """The stored header of record `lsn` (either format), or OutboxCorrupt."""
+    try:
+        if raw[:1] == bytes([StoredOutboxHeader.VERSION]):
+            return StoredOutboxHeader.decode(raw)
+        return OutboxHeader.decode(raw)
+    except FormatError as exc:
+        raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
+
+
+def chunk_key_of(header: OutboxHeader | StoredOutboxHeader):
+    """Where the chunks of a record with this stored header are."""
+    return chunk_key if isinstance(header, StoredOutboxHeader) else legacy_chunk_key
+
+
+def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tuple["OutboxEntry", bytes]:
+    """The verified entry of record `lsn` from its stored header and its chunk rows' values (in
+    index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails."""
+    if isinstance(header, StoredOutboxHeader):
+        try:
+            stored = b"".join(OutboxChunk.decode(value).data for value in chunk_values)
+        except FormatError as exc:
+            raise OutboxCorrupt(f"a chunk of outbox record {lsn} does not decode: {exc}") from None
+        if header.encoding == OutboxPayloadEncoding.DeflatePreset1:
+            payload = _inflate(stored, header.payload_length, lsn, compression.DICTIONARY_1)
+        else:
+            payload = stored
+        logical = OutboxHeader(
+            record_kind=header.record_kind,
+            commit_version=header.commit_version,
+            chunk_count=header.chunk_count,
+            payload_length=header.payload_length,
+            payload_sha256=header.payload_sha256,
+            previous_chain_digest=previous,
+            chain_digest=header.chain_digest,
+        )
+    else:
+        parts = [decode_chunk(value, lsn, index) for index, value in enumerate(chunk_values)]
+        payload, logical = join_chunks(parts, header, lsn), header
+    return OutboxEntry(lsn, logical, payload), verify_record(lsn, logical, payload, previous)
+
+
+def read_header(txn, db, lsn: int) -> OutboxHeader | StoredOutboxHeader | None:
+    """The stored header of record `lsn` (verified and decoded), or None when there is none."""
+    raw = rows.get(txn, db, OUTBOX_TREE, header_key(lsn))
+    return None if raw is None else decode_header(raw, lsn)
+
+
+def read_record(txn, db, lsn: int, previous: bytes) -> tuple["OutboxEntry", bytes] | None:
+    """The verified entry of record `lsn` and its chain digest by point reads (the record must
+    follow `previous`), or None when there is no record `lsn`."""
+    header = read_header(txn, db, lsn)
+    if header is None:
+        return None
+    key_of = chunk_key_of(header)
+    values = []
+    for index in range(header.chunk_count):
+        value = rows.get(txn, db, OUTBOX_TREE, key_of(lsn, index))
+        if value is None:
+            raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
+        values.append(value)
+    return assemble(lsn, header, values, previous)
 
 
 def decode_chunk(raw: bytes, lsn: int, index: int) -> tuple[bytes, bool]:
@@ -98,26 +173,22 @@ def decode_chunk(raw: bytes, lsn: int, index: int) -> tuple[bytes, bool]:
 
 
 def join_chunks(parts: list[tuple[bytes, bool]], header: OutboxHeader, lsn: int) -> bytes:
-    """The payload the chunks of record `lsn` hold (inflated when they are a zlib stream).
-
-    Inflation stops one byte past the header's payload length, so damage cannot make it
-    allocate more than the record states."""
+    """The payload the chunks of a version 1 record `lsn` hold (inflated when they are a zlib
+    stream)."""
     if not parts or not parts[0][1]:
         if any(deflated for _, deflated in parts):
             raise OutboxCorrupt(f"outbox record {lsn} mixes raw and compressed chunks")
         return b"".join(data for data, _ in parts)
     if not all(deflated for _, deflated in parts):
         raise OutboxCorrupt(f"outbox record {lsn} mixes raw and compressed chunks")
-    inflater = zlib.decompressobj()
+    return _inflate(b"".join(data for data, _ in parts), header.payload_length, lsn)
+
+
+def _inflate(stream: bytes, length: int, lsn: int, dictionary: bytes = b"") -> bytes:
     try:
-        payload = inflater.decompress(b"".join(data for data, _ in parts), header.payload_length + 1)
-    except zlib.error as exc:
-        why = f"the stored zlib stream does not inflate ({exc})"
-    else:
-        if inflater.eof and not inflater.unused_data and not inflater.unconsumed_tail:
-            return payload
-        why = "the stored zlib stream is not exactly one stream of the header's length"
-    raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 cannot match its header: {why}")
+        return compression.inflate(stream, length, dictionary)
+    except ValueError as exc:
+        raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 cannot match its header: {exc}") from None
 
 
 def verify_record(lsn: int, header: OutboxHeader, payload: bytes, previous: bytes) -> bytes:
@@ -175,40 +246,53 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
     Raises OutboxCorrupt saying where: a gap in LSNs, a header that does not decode, a payload
     whose length or SHA-256 differs, a chain digest that does not follow, a missing or orphan chunk.
     """
-    headers = txn.cursor(db)
-    chunks = txn.cursor(db)
+    rows_ = txn.cursor(db)  # headers, and the chunks that follow them
+    legacy = txn.cursor(db)  # chunks of version 1 headers
     previous = start_digest
     expected = after_lsn + 1
-    more_chunks = chunks.set_range(chunk_key(expected, 0))
-    ok = headers.set_range(header_key(expected))
-    while ok and headers.key()[:1] == OUTBOX_HEADER_PREFIX:
-        key = headers.key()
+    more_legacy = legacy.set_range(legacy_chunk_key(expected, 0))
+    ok = rows_.set_range(header_key(expected))
+    while ok and rows_.key()[:1] == OUTBOX_HEADER_PREFIX:
+        key = rows_.key()
         if len(key) != 9:
-            raise OutboxCorrupt(f"outbox header key of {len(key)} bytes")
+            _stray(rows_, key, expected)
         lsn = _LSN.unpack_from(key, 1)[0]
         if lsn != expected:
             raise OutboxCorrupt(f"outbox LSN gap: expected {expected}, found {lsn}")
-        try:
-            header = OutboxHeader.decode(rows.unseal(OUTBOX_TREE, key, headers.value()))
-        except FormatError as exc:
-            raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
-        parts = []
+        header = decode_header(rows.unseal(OUTBOX_TREE, key, rows_.value()), lsn)
+        values = []
         for index in range(header.chunk_count):
-            if not more_chunks or chunks.key() != chunk_key(lsn, index):
-                raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
-            parts.append(decode_chunk(rows.unseal(OUTBOX_TREE, chunks.key(), chunks.value()), lsn, index))
-            more_chunks = chunks.next()
-        payload = join_chunks(parts, header, lsn)
-        digest = verify_record(lsn, header, payload, previous)
-        yield OutboxEntry(lsn, header, payload)
-        previous = digest
+            if isinstance(header, StoredOutboxHeader):
+                if not rows_.next() or rows_.key() != chunk_key(lsn, index):
+                    raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
+                values.append(rows.unseal(OUTBOX_TREE, rows_.key(), rows_.value()))
+            else:
+                if not more_legacy or legacy.key() != legacy_chunk_key(lsn, index):
+                    raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
+                values.append(rows.unseal(OUTBOX_TREE, legacy.key(), legacy.value()))
+                more_legacy = legacy.next()
+        entry, previous = assemble(lsn, header, values, previous)
+        yield entry
         expected += 1
-        ok = headers.next()
-    if more_chunks:
-        key = chunks.key()
+        ok = rows_.next()
+    if more_legacy:
+        key = legacy.key()
         if key[:1] == OUTBOX_CHUNK_PREFIX and len(key) == 13:
             raise OutboxCorrupt(f"orphan outbox chunk {_CHUNK.unpack_from(key, 1)}")
         raise OutboxCorrupt(f"unexpected outbox key {key.hex()}")
+
+
+def _stray(cursor, key: bytes, expected: int):
+    """Raise for a row where header `expected` belongs: the LSN gap when its header is missing
+    (the next header is another record's), else the orphan chunk."""
+    while len(cursor.key()) != 9 and cursor.next() and cursor.key()[:1] == OUTBOX_HEADER_PREFIX:
+        pass
+    following = cursor.key()
+    if following[:1] == OUTBOX_HEADER_PREFIX and len(following) == 9:
+        found = _LSN.unpack_from(following, 1)[0]
+        if found != expected:
+            raise OutboxCorrupt(f"outbox LSN gap: expected {expected}, found {found}")
+    raise OutboxCorrupt(f"orphan outbox chunk or key {key.hex()} where header {expected} belongs")
 
 
 def verify(txn, db, floor_digest: bytes, *, floor_lsn: int = 0, floor_commit_version: int = 0) -> OutboxSummary:
@@ -235,13 +319,10 @@ def verify_recent(txn, db, floor_digest: bytes, *, floor_lsn: int, tail_lsn: int
     if start == floor_lsn:
         digest = floor_digest
     else:
-        raw = rows.get(txn, db, OUTBOX_TREE, header_key(start))
-        if raw is None:
+        header = read_header(txn, db, start)
+        if header is None:
             return None
-        try:
-            digest = OutboxHeader.decode(raw).chain_digest
-        except FormatError as exc:
-            raise OutboxCorrupt(f"outbox header {start} does not decode: {exc}") from None
+        digest = header.chain_digest
     last = OutboxSummary(start, digest, 0, 0)
     for entry in iterate(txn, db, digest, after_lsn=start):
         last = OutboxSummary(

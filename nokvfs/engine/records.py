@@ -20,7 +20,7 @@ from nokvfs.schema.codec import (
     Struct,
     record,
 )
-from nokvfs.schema.enums import MutationKind, OutboxRecordKind, PredicateKind, RetainedFamily
+from nokvfs.schema.enums import MutationKind, OutboxPayloadEncoding, OutboxRecordKind, PredicateKind, RetainedFamily
 
 # --- System tree keys ------------------------------------------------------------------------
 
@@ -149,6 +149,31 @@ class HistoryValue:
     previous: Opt(Bytes)  # None: the key was absent (tombstone)
 
 
+@record(version=2)
+class DeflatedHistoryValue:
+    """A HistoryValue whose previous value is stored as one zlib stream (RFC 1950) primed with
+    the preset dictionary nokvfs.engine.compression.DICTIONARY_1 (written when the value exceeds
+    128 bytes and the stream is smaller; nokvfs.engine.history.encode_value)."""
+
+    previous_length: U32
+    deflated: Bytes
+
+
+# --- CommandDedupe ---------------------------------------------------------------------------
+
+
+@record(version=3)
+class DeflatedCommandDedupe:
+    """A CommandDedupe row (the seed's record is version 2) whose result is stored as one zlib
+    stream primed with nokvfs.engine.compression.DICTIONARY_1 (nokvfs.engine.dedupe)."""
+
+    command_digest: Id32
+    result_length: U32
+    deflated_result: Bytes
+    commit_version: U64
+    recovery_lsn: U64
+
+
 # --- recovery outbox -------------------------------------------------------------------------
 
 OUTBOX_HEADER_PREFIX = b"\x00"
@@ -158,12 +183,32 @@ OUTBOX_CHUNK_BYTES = 64 * 1024
 
 @record(version=1)
 class OutboxHeader:
+    """The logical header of an outbox record (what shipped packs carry), and the stored header
+    of records written before StoredOutboxHeader, whose chunks are under OUTBOX_CHUNK_PREFIX."""
+
     record_kind: Enum(OutboxRecordKind)
     commit_version: U64
     chunk_count: U32
     payload_length: U64
     payload_sha256: Id32
     previous_chain_digest: Id32
+    chain_digest: Id32
+
+
+@record(version=2)
+class StoredOutboxHeader:
+    """The stored header of outbox records from format 2 on (key 0x00 | u64 lsn); its chunks
+    (OutboxChunk, pieces of the stored payload in `encoding`) follow it under
+    0x00 | u64 lsn | u32 index, so a record's rows are appended in key order. The previous chain
+    digest is not stored (a reader knows it: it is the chain it verifies); the logical
+    OutboxHeader is rebuilt with it."""
+
+    record_kind: Enum(OutboxRecordKind)
+    commit_version: U64
+    chunk_count: U32
+    payload_length: U64
+    payload_sha256: Id32
+    encoding: Enum(OutboxPayloadEncoding)
     chain_digest: Id32
 
 

@@ -29,11 +29,10 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from nokvfs.engine import rows
+from nokvfs.engine import dedupe, rows
 from nokvfs.errors import FormatError, IntegrityError
 from nokvfs.schema.enums import RetainedFamily
 from nokvfs.schema.ids import is_uuid7, uuid7_unix_ms
-from nokvfs.schema.records import CommandDedupe
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -59,7 +58,7 @@ def row_version(tree: str, key: bytes, value: bytes) -> int:
     """The commit version a row of a SELF_VERSIONED tree was written at."""
     if tree == "change_event":
         return event_version(key)
-    return CommandDedupe.decode(value).commit_version
+    return dedupe.decode(value).commit_version
 
 
 def request_expired(request_id: bytes, horizon_ms: int) -> bool:
@@ -85,7 +84,7 @@ def _goes(family: RetainedFamily, key: bytes, value: bytes, floor: int, horizon_
         return event_version(key) <= floor
     if len(key) != 32:
         raise FormatError(f"a CommandDedupe key of {len(key)} bytes")
-    return request_expired(key[16:], horizon_ms) and CommandDedupe.decode(value).commit_version <= floor
+    return request_expired(key[16:], horizon_ms) and dedupe.decode(value).commit_version <= floor
 
 
 def plan(

@@ -27,6 +27,7 @@ import lmdb
 
 from nokvfs import filemodes
 from nokvfs.engine import compact, fences, history, outbox, retention, rows
+from nokvfs.engine import dedupe as dedupe_rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.command import (
     FORMAT_VERSION,
@@ -62,11 +63,9 @@ from nokvfs.engine.records import (
     CommitClock,
     HistoryFloor,
     HistoryPruneRecord,
-    HistoryValue,
     LeaseClock,
     LeaseClockRecord,
     MutationRow,
-    OutboxHeader,
     OutboxTruncateRecord,
     OwnerEpochRecord,
     OwnerRecord,
@@ -222,7 +221,9 @@ class _SyncingEnv:
 
     def begin(self, *args, write: bool = False, durable: bool = True, **kwargs):
         txn = self._env.begin(*args, write=write, **kwargs)
-        return _SyncedWrite(self._env, txn, durable and self._flush) if write else txn
+        if not write or kwargs.get("parent") is not None:
+            return txn  # a read, or a nested transaction: its top-level one flushes
+        return _SyncedWrite(self._env, txn, durable and self._flush)
 
 
 class _SyncedWrite:
@@ -906,10 +907,7 @@ class Shard:
         outside the shard learns of such a command before it is durable: it is not witnessed,
         and the outbox readers that ship records (`outbox_after`, `outbox_entries`, `copy_to`)
         flush it first."""
-        if command.schema_id != SCHEMA_ID:
-            raise SchemaMismatch(f"command schema {command.schema_id!r} is not {SCHEMA_ID!r}")
-        if command.logical_shard_id != self.logical_shard_id:
-            raise FenceError("command is addressed to another logical shard")
+        self._check_addressed(command)
         self._alarm.refuse_writes()
         if not durable:
             with self._flushing:
@@ -939,6 +937,68 @@ class Shard:
                 self.sync()
             yield txn
 
+    def _check_addressed(self, command: MetadataCommand) -> None:
+        if command.schema_id != SCHEMA_ID:
+            raise SchemaMismatch(f"command schema {command.schema_id!r} is not {SCHEMA_ID!r}")
+        if command.logical_shard_id != self.logical_shard_id:
+            raise FenceError("command is addressed to another logical shard")
+
+    @_lmdb_errors
+    def apply_group(self, items) -> list:
+        """Group commit: several MetadataCommands in ONE LMDB write transaction and one sync.
+
+        Each item is a MetadataCommand or a function of a ReadView returning one; the function
+        is called inside the transaction, on the state the group's earlier commands left (at the
+        version they reached), so a command may depend on the one before it. Each command is
+        applied exactly as `apply` applies it alone -- its own commit version and LSN, fences,
+        dedupe check, predicates, History, ChangeEvents, dedupe row and recovery-outbox record,
+        in group order -- so neither a replica replaying the outbox nor a reader can tell a
+        group from the same commands applied one by one.
+
+        Atomicity is per command: each one runs in a nested transaction. One that is refused (a
+        typed NokvError from its function or from the engine: a failed predicate, a conflict, a
+        stale fence...) leaves no trace and is excluded; the others still commit, and its error
+        is its result. Damage (IntegrityError) or an LMDB failure aborts the whole group: nothing
+        is applied and the error is raised. Returns one result per item, in order: the
+        CommandOutcome, or the exception that excluded it.
+        """
+        self._alarm.refuse_writes()
+        results: list = []
+        last_lsn = None
+        with self._env.begin(write=True) as txn:
+            for item in items:
+                try:
+                    command = item(self._write_view(txn)) if callable(item) else item
+                    self._check_addressed(command)
+                    # Nested in the group's transaction, which holds the gate already.
+                    with self._env.inner.begin(write=True, parent=txn) as child:
+                        outcome = self._apply(child, command)  # an exception aborts the child alone
+                except IntegrityError:
+                    raise
+                except NokvError as exc:
+                    results.append(exc)
+                    continue
+                results.append(outcome)
+                if not outcome.replayed:
+                    last_lsn = outcome.recovery_lsn
+        self._witness_commit(last_lsn)
+        return results
+
+    def _write_view(self, txn) -> ReadView:
+        """A view of the write transaction as it stands: what a group's next command reads."""
+        clock = self._system(txn, SYS_CLOCK, CommitClock).commit_version
+        floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
+        return ReadView(
+            txn,
+            self._family_dbs,
+            self._tags,
+            self._dbs[HISTORY_TREE],
+            clock,
+            clock,
+            floor,
+            event_floor=self._floors(txn).event_floor_version,
+        )
+
     def _apply(self, txn, command: MetadataCommand) -> CommandOutcome:
         # The seed's order: schema marker (the gate, and `apply`) and the active RootFence, then
         # the owner epoch; only then an exact request-id replay, which precedes the read-version
@@ -947,7 +1007,7 @@ class Shard:
         dedupe_key = family_keys.CommandDedupeKey(command.root_id, command.request_id).encode()
         stored = self._get(txn, "command_dedupe", dedupe_key)
         if stored is not None:
-            dedupe = family_records.CommandDedupe.decode(stored)
+            dedupe = dedupe_rows.decode(stored)
             if dedupe.command_digest != command.command_digest:
                 raise RequestMismatch(f"request id {command.request_id.hex()} was used for a different command")
             return CommandOutcome(dedupe.commit_version, dedupe.recovery_lsn, dedupe.result, replayed=True)
@@ -985,12 +1045,11 @@ class Shard:
             db = self._family_dbs[tree]
             old = rows.get(txn, db, tree, key)
             history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-            if tree in retention.SELF_VERSIONED or tree in history.CURRENT_ONLY_TREES:
-                pass  # read at the current version only, or immutable rows that carry their version
-            elif history_key not in written_history:
+            first = history_key not in written_history
+            written_history.add(history_key)
+            if first and history.records_change(tree, old, value, commit_version):
                 # The first write of a key in a command records the value before the command.
-                written_history.add(history_key)
-                hvalue = HistoryValue(old).encode()
+                hvalue = history.encode_value(old)
                 prior = self._get(txn, HISTORY_TREE, history_key)
                 rows.put(txn, self._dbs[HISTORY_TREE], HISTORY_TREE, history_key, hvalue)
                 digests.change(HISTORY_TREE, history_key, prior, hvalue)
@@ -1018,7 +1077,9 @@ class Shard:
         write(
             "command_dedupe",
             dedupe_key,
-            family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn).encode(),
+            dedupe_rows.encode(
+                family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn)
+            ),
         )
         payload = _command_record(command, commit_version).encode()
         self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)
@@ -1030,10 +1091,10 @@ class Shard:
         framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
         db = self._dbs[OUTBOX_TREE]
         for key, value in framed:
-            # Chunk keys (0x01 | lsn | index) are the greatest of the tree: appended, so their
-            # pages fill up (sequential keys put normally leave every page half empty).
-            chunk = key[:1] == outbox.OUTBOX_CHUNK_PREFIX
-            if not (chunk and rows.put(txn, db, OUTBOX_TREE, key, value, append=True)) and not (
+            # A record's rows sort after every row of the tree: appended, so their pages fill up
+            # (sequential keys put normally leave every page half empty). Only chunks of records
+            # written before header format 2 (under 0x01) sort after them, until truncated.
+            if not rows.put(txn, db, OUTBOX_TREE, key, value, append=True) and not (
                 rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False)
             ):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
@@ -1275,14 +1336,14 @@ class Shard:
                 )
             return TruncateOutcome(old, 0, None)
         db = self._dbs[OUTBOX_TREE]
-        raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(target))
-        if raw is None:
+        header = outbox.read_header(txn, db, target)
+        if header is None:
             raise OutboxCorrupt(f"outbox record {target} is missing")
-        header = self._outbox_header(raw, target)
         cursor = txn.cursor(db)
-        for _prefix, first, last in (
-            (outbox.OUTBOX_HEADER_PREFIX, outbox.header_key(old + 1), outbox.header_key(target + 1)),
-            (outbox.OUTBOX_CHUNK_PREFIX, outbox.chunk_key(old + 1, 0), outbox.chunk_key(target + 1, 0)),
+        for first, last in (
+            # Headers and the chunks that follow them; then chunks of version 1 headers.
+            (outbox.header_key(old + 1), outbox.header_key(target + 1)),
+            (outbox.legacy_chunk_key(old + 1, 0), outbox.legacy_chunk_key(target + 1, 0)),
         ):
             found = cursor.set_range(first)
             while found and first <= cursor.key() < last:
@@ -1462,10 +1523,10 @@ class Shard:
             if lsn == floors.outbox_floor_lsn:
                 previous = floors.outbox_floor_digest
             else:
-                raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(lsn))
-                if raw is None:
+                header = outbox.read_header(txn, db, lsn)
+                if header is None:
                     return None, []
-                previous = self._outbox_header(raw, lsn).chain_digest
+                previous = header.chain_digest
             digest_at_lsn = previous
             entries, size, current = [], 0, lsn + 1
             while through_lsn is None or current <= through_lsn:
@@ -1473,29 +1534,14 @@ class Shard:
                     break
                 if max_bytes is not None and entries and size >= max_bytes:
                     break
-                raw = rows.get(txn, db, OUTBOX_TREE, outbox.header_key(current))
-                if raw is None:
+                found = outbox.read_record(txn, db, current, previous)
+                if found is None:
                     break
-                header = self._outbox_header(raw, current)
-                parts = []
-                for index in range(header.chunk_count):
-                    chunk = rows.get(txn, db, OUTBOX_TREE, outbox.chunk_key(current, index))
-                    if chunk is None:
-                        raise OutboxCorrupt(f"outbox record {current} is missing chunk {index}")
-                    parts.append(outbox.decode_chunk(chunk, current, index))
-                payload = outbox.join_chunks(parts, header, current)
-                previous = verify_outbox_record(current, header, payload, previous)
-                entries.append(outbox.OutboxEntry(current, header, payload))
-                size += len(payload)
+                entry, previous = found
+                entries.append(entry)
+                size += len(entry.payload)
                 current += 1
         return digest_at_lsn, entries
-
-    @staticmethod
-    def _outbox_header(raw: bytes, lsn: int) -> OutboxHeader:
-        try:
-            return OutboxHeader.decode(raw)
-        except FormatError as exc:
-            raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
 
 
 # Shipped packs and outbox ranges are verified by the same function that gates opening.

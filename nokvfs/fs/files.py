@@ -275,33 +275,82 @@ class Files:
             await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
 
     async def _publish_locked(self, node: Node, spool: Spool, why: str, last_close: bool = False) -> None:
-        tree = self.tree
-        components = spool.components
-        stored = self.attributes_to_publish(node, spool)
+        stored, started = self._publication_starts(node, spool)
         appending = spool.append_only and spool.base is not None and spool.size > spool.base.logical_size
-        tree.begin_change(spool.incarnation, components)
-        started = time.monotonic()
         try:
             entry = await self.workers.run(spool.publish_blocking, stored)
         except Exception as exc:
-            self.meters["publication"].record(time.monotonic() - started, exc)
-            tree.end_change(spool.incarnation, components)
-            spool.failed = exc
-            spool.describe_state("live", f"{type(exc).__name__}: {exc}")
-            log.error(
-                "%s of %s failed (%s: %s); nothing is lost: the bytes are kept in %s (described in %s)",
-                why,
-                spool.describe(),
-                type(exc).__name__,
-                exc,
-                spool.path,
-                spool.sidecar,
+            error = self._publication_failed(node, spool, why, exc, started)
+            if error is exc:
+                raise
+            raise error from None
+        self._publication_done(node, spool, entry, started, appending=appending, last_close=last_close)
+
+    async def publish_group(self, nodes: list, why: str, last_closes: list) -> list:
+        """Publish the spools of several nodes with group commit (nokvfs.workspace.publish
+        .run_group), in order; the caller holds each spool's lock and passes only spools a
+        plain put publishes (dirty, not appended to). Per node: None, or the error its
+        publication raised (already logged with its spool, as `_publish_locked` does)."""
+        from nokvfs.fs.writeback import publish_spools_blocking
+
+        prepared = [(node, node.spool, *self._publication_starts(node, node.spool)) for node in nodes]
+        try:
+            results = await self.workers.run(
+                publish_spools_blocking, self.root, [(spool, stored) for _, spool, stored, _ in prepared]
             )
-            tree.invalidator.inode(node.ino)  # its pages hold bytes that were not published
-            if isinstance(exc, GenerationConflict):
-                # Something outside this mount changed the path since the mount last saw it.
-                raise refuse(errno.EEXIST if spool.expected_revision is None else errno.EBUSY, str(exc)) from None
-            raise
+        except Exception as exc:  # noqa: BLE001 - the whole group failed (a damaged or full shard)
+            results = [exc] * len(prepared)
+        errors = []
+        for (node, spool, _, started), result, last_close in zip(prepared, results, last_closes):
+            if isinstance(result, Exception):
+                errors.append(self._publication_failed(node, spool, why, result, started))
+            else:
+                self._publication_done(node, spool, result, started, appending=False, last_close=last_close)
+                errors.append(None)
+        if self.ship is not None and None in errors:
+            # --sync: the group is done once the increment holding its last publication is in
+            # the bucket; a failure to ship is each published file's error, as in `publish`.
+            lsn = self.root.shard.recovery_tail.applied_lsn
+            try:
+                await self.workers.run(self.ship, lsn, self.workers.syscall_timeout)
+            except Exception as exc:  # noqa: BLE001 - reported per file (fsync)
+                errors = [exc if error is None else error for error in errors]
+        return errors
+
+    def _publication_starts(self, node: Node, spool: Spool):
+        """(the attributes the publication stores, when it started)"""
+        stored = self.attributes_to_publish(node, spool)
+        self.tree.begin_change(spool.incarnation, spool.components)
+        return stored, time.monotonic()
+
+    def _publication_failed(self, node: Node, spool: Spool, why: str, exc: Exception, started: float) -> Exception:
+        """Log a failed publication (nothing is lost: the spool keeps the bytes); the error the
+        syscall reports (a conflict as EEXIST or EBUSY)."""
+        tree = self.tree
+        self.meters["publication"].record(time.monotonic() - started, exc)
+        tree.end_change(spool.incarnation, spool.components)
+        spool.failed = exc
+        spool.describe_state("live", f"{type(exc).__name__}: {exc}")
+        log.error(
+            "%s of %s failed (%s: %s); nothing is lost: the bytes are kept in %s (described in %s)",
+            why,
+            spool.describe(),
+            type(exc).__name__,
+            exc,
+            spool.path,
+            spool.sidecar,
+        )
+        tree.invalidator.inode(node.ino)  # its pages hold bytes that were not published
+        if isinstance(exc, GenerationConflict):
+            # Something outside this mount changed the path since the mount last saw it.
+            return refuse(errno.EEXIST if spool.expected_revision is None else errno.EBUSY, str(exc))
+        return exc
+
+    def _publication_done(
+        self, node: Node, spool: Spool, entry, started: float, *, appending: bool, last_close: bool
+    ) -> None:
+        tree = self.tree
+        components = spool.components
         kind = ChangeEventKind.PathAppended if appending else ChangeEventKind.PathPut
         tree.own(kind, entry.artifact_revision_id)
         tree.end_change(spool.incarnation, components)

@@ -307,16 +307,40 @@ class Spool:
             return appends.append(
                 self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
             )
-        if not self.filled:
-            self.fill_blocking()
-        body = bodies.from_file(self.path, self.root.block_size)
-        if body.size != self.size:
-            raise InvalidInput(f"the spool of {self.describe()} holds {body.size} bytes, expected {self.size}")
+        body = self._whole_body_blocking()
         if self.expected_revision is None:
             return namespace.put(self.root, self.workbench_id, path, body, expected_generation=0, **extra)
         return namespace.put(
             self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
         )
+
+    def _whole_body_blocking(self):
+        """The file's complete bytes as a Body over the spool file."""
+        if not self.filled:
+            self.fill_blocking()
+        body = bodies.from_file(self.path, self.root.block_size)
+        if body.size != self.size:
+            raise InvalidInput(f"the spool of {self.describe()} holds {body.size} bytes, expected {self.size}")
+        return body
+
+    def publication_blocking(self, attributes=None):
+        """The Publication `publish_blocking` runs for a spool that is not an append (for a
+        group of them: nokvfs.workspace.publish.run_group); the caller discards its body."""
+        body = self._whole_body_blocking()
+        return namespace.publication(
+            self.workbench_id,
+            self.components,
+            body,
+            expected_generation=0 if self.expected_revision is None else None,
+            expected_revision_id=self.expected_revision,
+            attributes=attributes,
+        )
+
+    @property
+    def appends(self) -> bool:
+        """Whether publishing the spool appends to its base (the append pipeline) rather than
+        putting a whole body."""
+        return self.append_only and self.base is not None and self.size > self.base.logical_size
 
     # --- inline work (local spool I/O, on the event loop) ----------------------------------------
 

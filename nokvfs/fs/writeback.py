@@ -12,11 +12,16 @@ for `nokvfs spool list|retry|discard`. The journal is emptied whenever nothing a
 unpublished, and removed at a clean unmount.
 
 Publishing. One task drains the accepted spools in the order they were accepted (a spool accepted
-again while still queued keeps its place and publishes its latest bytes), each through the same
-publication the default mode runs at close (nokvfs.fs.files.Files.publish), so expectations,
-conflicts and attributes follow the same rules. A publication that fails leaves the spool's bytes
-in place; once the file's last descriptor is gone the spool is kept with its sidecar and a log
-line says where (a conflict: something outside this mount changed the path).
+again while still queued keeps its place and publishes its latest bytes). The head of the queue
+goes as one group (group commit, nokvfs.workspace.publish.run_group: up to GROUP_MAX files, each
+step of the publish state machine one engine transaction for all of them, their blocks in one
+store batch) when its files are plain puts; an append or an attributes-only change goes alone
+through the publication the default mode runs at close (nokvfs.fs.files.Files.publish). Either
+way expectations, conflicts and attributes follow the same rules, and a file refused in a group
+does not hold back the others. A publication that fails leaves the spool's bytes in place; once
+the file's last descriptor is gone the spool is kept with its sidecar and a log line says where
+(a conflict: something outside this mount changed the path). The published records of a group
+reach the journal with one sync.
 
 fsync(2) on a file waits until the publisher has published it (and everything accepted before
 it) and reports that publication's error; so do rename(2) and unlink(2) of an accepted file (they
@@ -28,7 +33,9 @@ kept as in the default mode.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -41,6 +48,7 @@ from nokvfs import filemodes
 from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
 from nokvfs.fs import spools
 from nokvfs.schema.ids import new_id16
+from nokvfs.workspace import publish
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +193,7 @@ def restore_journals(data_dir: str) -> int:
 # flock until it is published, so acceptance waits while the limit is queued: MAX_BACKLOG, or
 # less when the descriptor limit (raised to its hard limit first) leaves less room.
 QUIET = 0.05
+QUIET_ENV = "NOKVFS_WRITEBACK_QUIET"  # tests: another quiet time (seconds) for the daemon they start
 MAX_BACKLOG = 8192
 _RESERVED_DESCRIPTORS = 1024  # for everything else the daemon opens
 
@@ -209,9 +218,9 @@ def backlog_limit() -> int:
 class Publisher:
     """The accepted, not yet published spools of a write-back mount, and the task publishing them."""
 
-    def __init__(self, files, *, quiet: float = QUIET, max_backlog: int | None = None):
+    def __init__(self, files, *, quiet: float | None = None, max_backlog: int | None = None):
         self.files = files
-        self.quiet = quiet
+        self.quiet = float(os.environ.get(QUIET_ENV, QUIET)) if quiet is None else quiet
         self.max_backlog = backlog_limit() if max_backlog is None else max_backlog
         self._queue: dict = {}  # spool -> node, in acceptance order (dicts keep insertion order)
         self._done: dict = {}  # spool -> trio.Event set once its queued publication ran
@@ -363,41 +372,69 @@ class Publisher:
             self._journal = None
 
     async def _publish_next(self) -> None:
-        spool, node = next(iter(self._queue.items()))
+        """Publish the head of the queue: the longest run (at most GROUP_MAX) of files a plain
+        put publishes as one group (group commit: nokvfs.workspace.publish.run_group), or the
+        head alone (an append, attributes only) through the default mode's publication."""
         files = self.files
-        error = None
-        try:
-            # The last writer gone: the spool file goes with the publication. An empty new or
-            # O_TRUNC-emptied file is published all the same (the default mode's release rule).
-            closing = spool.writers == 0 and not spool.truncated_only and (spool.written or spool.base is not None)
-            await files.publish(node, why="write-back publication", closing=closing)
-        except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
-            error = exc
-        finally:
+        head = list(itertools.islice(self._queue.items(), GROUP_MAX))
+        group, errors = [], []
+        async with contextlib.AsyncExitStack() as locks:
+            for spool, node in head:
+                if not _groupable(spool, node):
+                    break
+                await locks.enter_async_context(spool.locked())
+                if not _groupable(spool, node):
+                    break
+                group.append((spool, node))
+            if group:
+                errors = await files.publish_group(
+                    [node for _, node in group],
+                    "write-back publication",
+                    [_closing(spool) for spool, _ in group],
+                )
+        if not group:
+            spool, node = head[0]
+            error = None
+            try:
+                await files.publish(node, why="write-back publication", closing=_closing(spool))
+            except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
+                error = exc
+            group, errors = [(spool, node)], [error]
+        # Dequeued, then the published ones recorded in the journal with one sync (a replay must
+        # never bring back what a later unlink or rename changed), then each one settled.
+        names = []
+        for (spool, _), error in zip(group, errors):
             self._queue.pop(spool, None)
+            name = self._journal_names.pop(spool, None)
+            if error is None:
+                self.published += 1
+                self._outcome.pop(spool, None)
+                if name is not None:
+                    names.append(name)
+            else:
+                self.failed += 1
+                self._outcome[spool] = error
+        if len(self._queue) < self.max_backlog:
+            self._room.set()
+        if len(group) > 1:
+            refused = sum(error is not None for error in errors)
+            log.info("write-back: published %d file(s) as one group, %d refused", len(group) - refused, refused)
+        if names and self._journal is not None:
+            records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
+            try:
+                await files.workers.run(self._journal.append, records, sync=True)
+            except OSError as exc:
+                log.warning("write-back journal %s: %s", self._journal.path, exc)
+        for spool, node in group:
+            if node.handles == 0 and node.spool is spool:
+                await files.settle(node, spool)  # kept (with a log line) when its publication failed
+                self._outcome.pop(spool, None)
+                if node.handles == 0:
+                    node.bound = None
+                    files.tree.inodes.settled(node)
             done = self._done.pop(spool, None)
-            if len(self._queue) < self.max_backlog:
-                self._room.set()
-        name = self._journal_names.pop(spool, None)
-        if error is None:
-            self.published += 1
-            self._outcome.pop(spool, None)
-            if name is not None and self._journal is not None:
-                try:  # synced: a replay must never bring back what a later unlink or rename changed
-                    await files.workers.run(self._journal.append, encode_record(PUBLISHED, {"spool": name}), sync=True)
-                except OSError as exc:
-                    log.warning("write-back journal %s: %s", self._journal.path, exc)
-        else:
-            self.failed += 1
-            self._outcome[spool] = error
-        if node.handles == 0 and node.spool is spool:
-            await files.settle(node, spool)  # kept (with a log line) when its publication failed
-            self._outcome.pop(spool, None)
-            if node.handles == 0:
-                node.bound = None
-                files.tree.inodes.settled(node)
-        if done is not None:
-            done.set()
+            if done is not None:
+                done.set()
         if not self._queue:
             await self._reset_journal()
 
@@ -410,6 +447,40 @@ class Publisher:
                     await self.files.workers.run(self._journal.reset)
                 except OSError as exc:
                     log.warning("write-back journal %s: %s", self._journal.path, exc)
+
+
+GROUP_MAX = publish.GROUP_MAX  # files one group publication takes from the head of the queue
+
+
+def _groupable(spool, node) -> bool:
+    """A file whose publication is a plain put of its spool (not an append, not attributes
+    only, not given up), still the file's spool."""
+    return node.spool is spool and spool.dirty and not spool.orphaned and spool.path is not None and not spool.appends
+
+
+def _closing(spool) -> bool:
+    """The last writer is gone: the spool file goes with the publication. An empty new or
+    O_TRUNC-emptied file is published all the same (the default mode's release rule)."""
+    return spool.writers == 0 and not spool.truncated_only and (spool.written or spool.base is not None)
+
+
+def publish_spools_blocking(root, items) -> list:
+    """(worker thread, each spool locked) Publish (spool, attributes) items as one group, in
+    order: per item the PathEntry, or the error that refused it."""
+    results: list = [None] * len(items)
+    pubs = []
+    try:
+        for index, (spool, stored) in enumerate(items):
+            try:
+                pubs.append((index, spool.publication_blocking(stored)))
+            except Exception as exc:  # noqa: BLE001 - that file's error (its spool unreadable)
+                results[index] = exc
+        for (index, _), outcome in zip(pubs, publish.run_group(root, [pub for _, pub in pubs])):
+            results[index] = outcome
+    finally:
+        for _, pub in pubs:
+            pub.body.discard()
+    return results
 
 
 # --- after a crash ------------------------------------------------------------------------------

@@ -224,6 +224,15 @@ class RetainedFamily(IntEnum):
     CommandDedupe = 2
 
 
+class OutboxPayloadEncoding(IntEnum):
+    """How an outbox record's chunks (header version 2) store its payload."""
+
+    Raw = 1
+    # One zlib stream (RFC 1950) compressed with the preset dictionary
+    # nokvfs.engine.compression.DICTIONARY_1.
+    DeflatePreset1 = 2
+
+
 class PredicateKind(IntEnum):
     """Typed predicates of a MetadataCommand, as framed in its logical outbox record."""
 
@@ -244,6 +253,7 @@ EXTENSIONS: tuple[type[IntEnum], ...] = (
     ChangeEventKind,
     OutboxRecordKind,
     RetainedFamily,
+    OutboxPayloadEncoding,
     PredicateKind,
     MutationKind,
 )

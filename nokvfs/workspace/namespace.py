@@ -107,22 +107,50 @@ def _put(
     try:
         return publish.run(
             root,
-            publish.Publication(
-                workbench_id=workbench_id,
-                components=components,
-                body=body,
-                logical_size=body.size,
-                body_digest_uri=body.digest_uri,
+            publication(
+                workbench_id,
+                components,
+                body,
                 expected_generation=expected_generation,
                 expected_revision_id=expected_revision_id,
                 content_type=content_type,
                 producer=producer,
-                index_fields=attrs.with_attributes(index_fields, attributes),
+                index_fields=index_fields,
                 progress=progress,
+                attributes=attributes,
             ),
         )
     finally:
         body.discard()
+
+
+def publication(
+    workbench_id: str,
+    components,
+    body,
+    *,
+    expected_generation=None,
+    expected_revision_id=None,
+    content_type=publish.DEFAULT_CONTENT_TYPE,
+    producer="",
+    index_fields=(),
+    progress=None,
+    attributes: Attributes | None = None,
+) -> publish.Publication:
+    """The Publication a put of `body` runs (or a group of them: publish.run_group)."""
+    return publish.Publication(
+        workbench_id=workbench_id,
+        components=components,
+        body=body,
+        logical_size=body.size,
+        body_digest_uri=body.digest_uri,
+        expected_generation=expected_generation,
+        expected_revision_id=expected_revision_id,
+        content_type=content_type,
+        producer=producer,
+        index_fields=attrs.with_attributes(index_fields, attributes),
+        progress=progress,
+    )
 
 
 def check_index_fields(index_fields) -> tuple:

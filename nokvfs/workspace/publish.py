@@ -36,6 +36,8 @@ after-publish-command, after-abort, after-cleaning, after-reconcile.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -251,6 +253,205 @@ def _drop_staged(staged) -> None:
         staged.discard()
 
 
+# --- group commit -------------------------------------------------------------------------------
+#
+# `run_group` drives several publications through the same state machine as `run`, each step one
+# write transaction for all of them (nokvfs.engine.shard.Shard.apply_group): begin for N, the
+# uploads, finalize for N, the final command for N. Each publication keeps its own operation,
+# ledger, request id and commands, built by the same functions `run` uses, so a crash at any
+# point leaves each one in a phase `recover` resumes or cleans exactly as after `run`. A
+# publication refused at any step (a conflict, a failed upload) is aborted and cleaned alone; the
+# others go on. The crash points are `run`'s, at the same boundaries of the state machine (each
+# reached once per group). GROUP_MAX bounds a group (one transaction's size and the time it holds the writer).
+
+GROUP_MAX = 64
+
+
+def groupable(root, pub: Publication) -> bool:
+    """Whether a publication fits the group path: its ledger and manifest in one command each,
+    no multipart upload, no reused rows (an append's own pipeline runs alone)."""
+    threshold = getattr(root.store, "multipart_threshold", None)
+    return (
+        not pub.reused
+        and 2 * len(pub.body.blocks) <= ROW_BATCH
+        and (threshold is None or all(block.length <= threshold for block in pub.body.blocks))
+    )
+
+
+def run_group(root, pubs: list[Publication]) -> list:
+    """Drive publications to Published with group commit, in order: per publication its
+    PathEntry, or the error that refused it (its operation aborted and cleaned, as `run` does).
+    Publications `groupable` refuses run alone through `run`, in their place."""
+    results: list = [None] * len(pubs)
+    group: list[int] = []
+    for index, pub in enumerate(pubs):
+        if groupable(root, pub) and len(group) < GROUP_MAX:
+            group.append(index)
+            continue
+        _run_group_part(root, pubs, group, results)
+        group = []
+        if groupable(root, pub):
+            group.append(index)
+        else:
+            try:
+                results[index] = run(root, pub)
+            except NokvError as exc:
+                results[index] = exc
+    _run_group_part(root, pubs, group, results)
+    return results
+
+
+def _run_group_part(root, pubs: list[Publication], indexes: list[int], results: list) -> None:
+    live = []
+    for index in indexes:
+        pub = pubs[index]
+        try:
+            check_publishable(pub.components, directory_marker=pub.content_type == attributes.DIRECTORY_CONTENT_TYPE)
+            check_key_lengths(root, pub.components, pub.index_fields)
+            _precheck(root, pub)
+        except NokvError as exc:
+            results[index] = exc
+            continue
+        live.append(index)
+    if not live:
+        return
+    with contextlib.ExitStack() as locks:
+        for index in live:
+            locks.enter_context(driving(root, pubs[index].operation_id, "publish"))
+        incarnations: dict = {}
+        with root.read() as view:
+            for index in list(live):
+                workbench_id = pubs[index].workbench_id
+                try:
+                    if workbench_id not in incarnations:
+                        incarnations[workbench_id] = wb.visible(view, root.root_id, workbench_id)[1].incarnation_id
+                except NokvError as exc:
+                    results[index] = exc
+                    live.remove(index)
+        live = _group_step(
+            root,
+            live,
+            results,
+            lambda index: (
+                lambda view: _begin_built(root, pubs[index], incarnations[pubs[index].workbench_id], view),
+                intent_digest("publish.begin", pubs[index].operation_id),
+                None,
+            ),
+            abort_refused=False,  # nothing was created for a refused begin
+            pubs=pubs,
+        )
+        crash_point("after-begin")
+        for index, exc in _upload_group(root, [pubs[index] for index in live], live):
+            _abort_after_failure(root, pubs[index].operation_id, exc)
+            results[index] = exc
+            live.remove(index)
+        live = _group_step(
+            root,
+            live,
+            results,
+            lambda index: (
+                lambda view: _finalize_built(root, pubs[index].operation_id, view),
+                intent_digest("publish.finalize", pubs[index].operation_id, 0),
+                None,
+            ),
+            pubs=pubs,
+        )
+        crash_point("after-finalize")
+        crash_point("before-publish-command")
+        live = _group_step(
+            root,
+            live,
+            results,
+            lambda index: (
+                lambda view: _publish_built(root, pubs[index].operation_id, pubs[index].components, view),
+                intent_digest("publish.final", pubs[index].operation_id),
+                pubs[index].request_id,
+            ),
+            pubs=pubs,
+            final=True,
+        )
+        crash_point("after-publish-command")
+
+
+def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
+    """Step 2 for a group: every block of every publication under its ledger key in one
+    `put_many` (the store syncs them together: one lock round and one sync per directory
+    locally, parallel PUTs on S3). Returns (index, error) of each publication a block of which
+    was refused."""
+    items, owners = [], []
+    for index, pub in zip(indexes, pubs):
+        for block in pub.body.blocks:
+            key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
+            try:
+                items.append((key, pub.body.read_block(block)))
+            except Exception as exc:  # noqa: BLE001 - that publication's error (its body unreadable)
+                items.append((key, exc))
+            owners.append(index)
+    readable = [(key, data) for key, data in items if not isinstance(data, Exception)]
+    stored = iter(_put_many_parallel(root.store, readable))
+    failed: dict = {}
+    for (_key, data), index in zip(items, owners):
+        outcome = data if isinstance(data, Exception) else next(stored)
+        if isinstance(outcome, Exception):
+            failed.setdefault(index, outcome)
+    for index, pub in zip(indexes, pubs):
+        if index in failed:
+            continue
+        for block in pub.body.blocks:
+            crash_point(f"after-upload-{block.index}")
+            if pub.progress is not None:
+                pub.progress(block.offset + block.length, pub.body.size)
+    return list(failed.items())
+
+
+UPLOAD_STREAMS = 4  # concurrent put_many calls of one group: their syncs overlap (the disk batches them)
+
+
+def _put_many_parallel(store, items: list) -> list:
+    """store.put_many over `items` (for a local store split into up to UPLOAD_STREAMS slices run
+    at once); the results in item order."""
+    if len(items) <= 1 or getattr(store, "multipart_threshold", None) is not None:
+        # A store that uploads in parts (S3) sends a put_many's PUTs in parallel itself.
+        return store.put_many(items) if items else []
+    size = -(-len(items) // UPLOAD_STREAMS)
+    slices = [items[start : start + size] for start in range(0, len(items), size)]
+    with concurrent.futures.ThreadPoolExecutor(len(slices), thread_name_prefix="nokvfs-upload") as pool:
+        return [result for part in pool.map(store.put_many, slices) for result in part]
+
+
+def _group_step(root, live, results, item, *, pubs, abort_refused=True, final=False) -> list[int]:
+    """One group command step for the publications still live; those refused are aborted (the
+    operation cleaned as after a failed `run`) and leave the group with their error."""
+    try:
+        outcomes = root.apply_group([item(index) for index in live])
+    except BaseException as exc:
+        # The whole step failed (damage, a full shard): nothing of it applied; as `run` does, no
+        # operation is left for a later recovery to finish behind its caller's back.
+        if abort_refused:
+            for index in live:
+                _abort_after_failure(root, pubs[index].operation_id, exc)
+        raise
+    still = []
+    for index, (outcome, built) in zip(live, outcomes):
+        if isinstance(outcome, Exception):
+            if abort_refused:
+                _abort_after_failure(root, pubs[index].operation_id, outcome)
+            results[index] = outcome
+            continue
+        still.append(index)
+        if final:
+            results[index] = PathEntry.decode(outcome.result) if outcome.replayed else built.value
+    return still
+
+
+def _finalize_built(root, operation_id: bytes, view) -> Built:
+    """Step 3 as one command (a ledger that fits one, as `groupable` ensures)."""
+    raw, operation, puts = _finalize_rows(view, root, operation_id)
+    op_key = ROWS.key(root, operation_id)
+    puts.append(Put("operation", op_key, dataclasses.replace(operation, phase=PublishPhase.Finalizing)))
+    return Built(predicates=[ValueEquals("operation", op_key, raw)], mutations=puts)
+
+
 def _precheck(root, pub: Publication) -> None:
     """Fail fast, before a byte is uploaded, on what the final command would refuse now.
 
@@ -302,66 +503,70 @@ def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
         with root.read() as view:
             _, workbench = wb.visible(view, root.root_id, pub.workbench_id)
         incarnation = workbench.incarnation_id
-    pub_incarnation = incarnation
     op_key = ROWS.key(root, pub.operation_id)
-
-    def build(view):
-        version = view.version + 1
-        operation = PublishOperation(
-            workbench_id=pub.workbench_id,
-            workspace_incarnation_id=pub_incarnation,
-            path=join(pub.components),
-            artifact_revision_id=pub.revision_id,
-            expected_generation=pub.expected_generation,
-            base_revision_id=pub.base_revision_id,
-            phase=PublishPhase.Uploading,
-            object_count=len(pub.body.blocks),
-            reused_count=len(pub.reused),
-            logical_size=pub.logical_size,
-            body_digest_uri=pub.body_digest_uri,
-            content_type=pub.content_type,
-            producer=pub.producer,
-            index_fields=tuple(pub.index_fields),
-            event_kind=pub.event_kind,
-            request_id=pub.request_id,
-            created_version=version,
-            result=None,
-            terminal_error=None,
-            cleanup_cursor=b"",
-            expected_revision_id=pub.expected_revision_id,
-        )
-        mutations = [Put("operation", op_key, operation)] + staged_rows(pub.body.blocks[:ROW_BATCH])
-        return Built(predicates=[Absent("operation", op_key)], mutations=mutations, value=operation.encode())
-
-    def staged_rows(blocks):
-        return [
-            Put(
-                "staged_object",
-                _staged_key(root, pub.operation_id, block.index),
-                StagedObject(
-                    artifact_revision_id=pub.revision_id,
-                    object_key=artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index),
-                    upload_id=None,
-                    expected_length=block.length,
-                    expected_digest_uri="sha256:" + block.sha256.hex(),
-                    provider_state=StagedProviderState.Planned,
-                    cleanup_state=StagedCleanupState.Owned,
-                ),
-            )
-            for block in blocks
-        ]
-
-    _, built = root.apply(build, digest=intent_digest("publish.begin", pub.operation_id))
+    _, built = root.apply(
+        lambda view: _begin_built(root, pub, incarnation, view), digest=intent_digest("publish.begin", pub.operation_id)
+    )
     # The rest of the ledger in bounded batches, all before the first byte is uploaded. A crash
     # here leaves an Uploading operation whose partial ledger cleanup removes.
     for start in range(ROW_BATCH, len(pub.body.blocks), ROW_BATCH):
-        batch = staged_rows(pub.body.blocks[start : start + ROW_BATCH])
+        batch = _staged_rows(root, pub, pub.body.blocks[start : start + ROW_BATCH])
         root.apply(
             lambda view, batch=batch: Built(
                 predicates=[ValueEquals("operation", op_key, built.value)], mutations=batch
             ),
             digest=intent_digest("publish.ledger", pub.operation_id, start),
         )
+
+
+def _begin_built(root, pub: Publication, incarnation: bytes, view) -> Built:
+    """The command of step 1: the PublishOperation (Uploading) and the first ledger batch."""
+    op_key = ROWS.key(root, pub.operation_id)
+    version = view.version + 1
+    operation = PublishOperation(
+        workbench_id=pub.workbench_id,
+        workspace_incarnation_id=incarnation,
+        path=join(pub.components),
+        artifact_revision_id=pub.revision_id,
+        expected_generation=pub.expected_generation,
+        base_revision_id=pub.base_revision_id,
+        phase=PublishPhase.Uploading,
+        object_count=len(pub.body.blocks),
+        reused_count=len(pub.reused),
+        logical_size=pub.logical_size,
+        body_digest_uri=pub.body_digest_uri,
+        content_type=pub.content_type,
+        producer=pub.producer,
+        index_fields=tuple(pub.index_fields),
+        event_kind=pub.event_kind,
+        request_id=pub.request_id,
+        created_version=version,
+        result=None,
+        terminal_error=None,
+        cleanup_cursor=b"",
+        expected_revision_id=pub.expected_revision_id,
+    )
+    mutations = [Put("operation", op_key, operation)] + _staged_rows(root, pub, pub.body.blocks[:ROW_BATCH])
+    return Built(predicates=[Absent("operation", op_key)], mutations=mutations, value=operation.encode())
+
+
+def _staged_rows(root, pub: Publication, blocks) -> list:
+    return [
+        Put(
+            "staged_object",
+            _staged_key(root, pub.operation_id, block.index),
+            StagedObject(
+                artifact_revision_id=pub.revision_id,
+                object_key=artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index),
+                upload_id=None,
+                expected_length=block.length,
+                expected_digest_uri="sha256:" + block.sha256.hex(),
+                provider_state=StagedProviderState.Planned,
+                cleanup_state=StagedCleanupState.Owned,
+            ),
+        )
+        for block in blocks
+    ]
 
 
 def upload(root, pub: Publication, *, staged=None) -> None:
@@ -426,23 +631,7 @@ def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
     Uploading, which recovery aborts and cleans like any upload its process did not finish."""
     op_key = ROWS.key(root, operation_id)
     with root.read() as view:
-        raw, operation = read_operation(view, root, operation_id)
-        ledger = read_ledger(view, root, operation_id)
-        rows = manifest_rows(view, root, operation, ledger)
-    if operation.phase != PublishPhase.Uploading:
-        raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
-    puts = [
-        Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded))
-        for key, row in ledger
-    ]
-    puts += [
-        Put(
-            "artifact_manifest",
-            keys.ArtifactManifestKey(root.root_id, operation.artifact_revision_id, index).encode(),
-            row,
-        )
-        for index, row in enumerate(rows)
-    ]
+        raw, operation, puts = _finalize_rows(view, root, operation_id)
     batches = [puts[i : i + ROW_BATCH] for i in range(0, len(puts), ROW_BATCH)] or [[]]
     for number, batch in enumerate(batches):
         last = number == len(batches) - 1
@@ -458,87 +647,38 @@ def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
         )
 
 
+def _finalize_rows(view, root, operation_id: bytes):
+    """(raw operation, the operation, the ledger marked Uploaded and the manifest rows): what
+    step 3 writes before it CASes Uploading -> Finalizing."""
+    raw, operation = read_operation(view, root, operation_id)
+    ledger = read_ledger(view, root, operation_id)
+    rows = manifest_rows(view, root, operation, ledger)
+    if operation.phase != PublishPhase.Uploading:
+        raise PredicateFailed(f"publish {operation_id.hex()} is {operation.phase.name}, not Uploading")
+    puts = [
+        Put("staged_object", key, dataclasses.replace(row, provider_state=StagedProviderState.Uploaded))
+        for key, row in ledger
+    ]
+    puts += [
+        Put(
+            "artifact_manifest",
+            keys.ArtifactManifestKey(root.root_id, operation.artifact_revision_id, index).encode(),
+            row,
+        )
+        for index, row in enumerate(rows)
+    ]
+    return raw, operation, puts
+
+
 def _publish(root, operation_id: bytes) -> PathEntry:
-    op_key = ROWS.key(root, operation_id)
     with root.read() as view:
         _, operation = read_operation(view, root, operation_id)
     components = normalize_path(operation.path)
-
-    def build(view):
-        raw_op, op = read_operation(view, root, operation_id)
-        if op.phase == PublishPhase.Published:
-            return Built(value=PathEntry.decode(op.result))
-        if op.phase != PublishPhase.Finalizing:
-            raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not Finalizing")
-        raw_wb, workbench = wb.visible(view, root.root_id, op.workbench_id)
-        if workbench.incarnation_id != op.workspace_incarnation_id:
-            raise NotFound(f"workbench {op.workbench_id!r} is another incarnation now")
-        version = view.version + 1
-        path_key = keys.path_current_key(root.root_id, workbench.incarnation_id, components)
-        old_raw = view.get("path_current", path_key)
-        old = None if old_raw is None else PathEntry.decode(old_raw)
-        check_expectation(op.expected_generation, op.expected_revision_id, old, op.path)
-        if old is None:
-            _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, components)
-        ledger = read_ledger(view, root, operation_id)
-        rows = read_manifest(view, root, op.artifact_revision_id)
-        if rows != manifest_rows(view, root, op, ledger):
-            raise PredicateFailed(f"publish {op.path}: the manifest rows written at finalize are incomplete")
-        dependencies = sorted({r.physical_owner_revision_id for r in rows} - {op.artifact_revision_id})
-        refs = References(view, root.root_id)
-        depth = 0
-        for owner in dependencies:
-            depth = max(depth, refs.revision(owner).dependency_depth + 1)
-        revision = available_revision(op, rows, dependencies, depth, version)
-        refs.create(op.artifact_revision_id, revision)
-        owner_id = path_owner(workbench.incarnation_id, components)
-        refs.add(ReferenceKind.Path, owner_id, op.artifact_revision_id)
-        for dependency in dependencies:
-            refs.add(ReferenceKind.RevisionDependency, op.artifact_revision_id, dependency)
-        if old is not None:
-            refs.remove(ReferenceKind.Path, owner_id, old.artifact_revision_id)
-        entry = PathEntry(
-            generation=1 if old is None else old.generation + 1,
-            artifact_revision_id=op.artifact_revision_id,
-            logical_size=op.logical_size,
-            body_digest_uri=op.body_digest_uri,
-            manifest_digest_uri=revision.manifest_digest_uri,
-            dependency_count=len(dependencies),
-            dependency_depth=depth,
-            content_type=op.content_type,
-            producer=op.producer,
-            manifest_id=op.artifact_revision_id,  # the revision whose manifest rows describe the body
-            created_version=version if old is None else old.created_version,
-            modified_version=version,
-            typed_index_projection=op.index_fields,
-        )
-        predicates, mutations = refs.rows()
-        predicates.append(ValueEquals("operation", op_key, raw_op))
-        predicates.append(
-            Absent("path_current", path_key) if old_raw is None else ValueEquals("path_current", path_key, old_raw)
-        )
-        wb_predicate, wb_mutation = wb.advance_revision(root.root_id, op.workbench_id, raw_wb, version)
-        predicates.append(wb_predicate)
-        mutations += [Put("path_current", path_key, entry), wb_mutation]
-        mutations += index_mutations(root.root_id, workbench.incarnation_id, components, old, entry)
-        mutations.append(
-            Put("operation", op_key, dataclasses.replace(op, phase=PublishPhase.Published, result=entry.encode()))
-        )
-        if len(ledger) <= ROW_BATCH:
-            # A bounded ledger goes with the publication; a larger one is tidied afterwards.
-            mutations += [Delete("staged_object", key) for key, _ in ledger]
-        before = None if old is None else old.artifact_revision_id
-        return Built(
-            predicates=predicates,
-            mutations=mutations,
-            events=[wb.event(workbench, op.event_kind, op.path, before, op.artifact_revision_id)],
-            result=entry.encode(),
-            value=entry,
-        )
-
     crash_point("before-publish-command")
     outcome, built = root.apply(
-        build, digest=intent_digest("publish.final", operation_id), request_id=operation.request_id
+        lambda view: _publish_built(root, operation_id, components, view),
+        digest=intent_digest("publish.final", operation_id),
+        request_id=operation.request_id,
     )
     crash_point("after-publish-command")
     if operation.object_count > ROW_BATCH:
@@ -546,6 +686,82 @@ def _publish(root, operation_id: bytes) -> PathEntry:
     if outcome.replayed:
         return PathEntry.decode(outcome.result)
     return built.value
+
+
+def _publish_built(root, operation_id: bytes, components: tuple, view) -> Built:
+    """The command of step 4: the revision, its references, PathCurrent, the workspace revision,
+    index rows, the ChangeEvent, Finalizing -> Published (a Published one: its entry)."""
+    op_key = ROWS.key(root, operation_id)
+    raw_op, op = read_operation(view, root, operation_id)
+    if op.phase == PublishPhase.Published:
+        return Built(value=PathEntry.decode(op.result))
+    if op.phase != PublishPhase.Finalizing:
+        raise PredicateFailed(f"publish {operation_id.hex()} is {op.phase.name}, not Finalizing")
+    raw_wb, workbench = wb.visible(view, root.root_id, op.workbench_id)
+    if workbench.incarnation_id != op.workspace_incarnation_id:
+        raise NotFound(f"workbench {op.workbench_id!r} is another incarnation now")
+    version = view.version + 1
+    path_key = keys.path_current_key(root.root_id, workbench.incarnation_id, components)
+    old_raw = view.get("path_current", path_key)
+    old = None if old_raw is None else PathEntry.decode(old_raw)
+    check_expectation(op.expected_generation, op.expected_revision_id, old, op.path)
+    if old is None:
+        _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, components)
+    ledger = read_ledger(view, root, operation_id)
+    rows = read_manifest(view, root, op.artifact_revision_id)
+    if rows != manifest_rows(view, root, op, ledger):
+        raise PredicateFailed(f"publish {op.path}: the manifest rows written at finalize are incomplete")
+    dependencies = sorted({r.physical_owner_revision_id for r in rows} - {op.artifact_revision_id})
+    refs = References(view, root.root_id)
+    depth = 0
+    for owner in dependencies:
+        depth = max(depth, refs.revision(owner).dependency_depth + 1)
+    revision = available_revision(op, rows, dependencies, depth, version)
+    refs.create(op.artifact_revision_id, revision)
+    owner_id = path_owner(workbench.incarnation_id, components)
+    refs.add(ReferenceKind.Path, owner_id, op.artifact_revision_id)
+    for dependency in dependencies:
+        refs.add(ReferenceKind.RevisionDependency, op.artifact_revision_id, dependency)
+    if old is not None:
+        refs.remove(ReferenceKind.Path, owner_id, old.artifact_revision_id)
+    entry = PathEntry(
+        generation=1 if old is None else old.generation + 1,
+        artifact_revision_id=op.artifact_revision_id,
+        logical_size=op.logical_size,
+        body_digest_uri=op.body_digest_uri,
+        manifest_digest_uri=revision.manifest_digest_uri,
+        dependency_count=len(dependencies),
+        dependency_depth=depth,
+        content_type=op.content_type,
+        producer=op.producer,
+        manifest_id=op.artifact_revision_id,  # the revision whose manifest rows describe the body
+        created_version=version if old is None else old.created_version,
+        modified_version=version,
+        typed_index_projection=op.index_fields,
+    )
+    predicates, mutations = refs.rows()
+    predicates.append(ValueEquals("operation", op_key, raw_op))
+    predicates.append(
+        Absent("path_current", path_key) if old_raw is None else ValueEquals("path_current", path_key, old_raw)
+    )
+    wb_predicate, wb_mutation = wb.advance_revision(root.root_id, op.workbench_id, raw_wb, version)
+    predicates.append(wb_predicate)
+    mutations += [Put("path_current", path_key, entry), wb_mutation]
+    mutations += index_mutations(root.root_id, workbench.incarnation_id, components, old, entry)
+    mutations.append(
+        Put("operation", op_key, dataclasses.replace(op, phase=PublishPhase.Published, result=entry.encode()))
+    )
+    if len(ledger) <= ROW_BATCH:
+        # A bounded ledger goes with the publication; a larger one is tidied afterwards.
+        mutations += [Delete("staged_object", key) for key, _ in ledger]
+    before = None if old is None else old.artifact_revision_id
+    return Built(
+        predicates=predicates,
+        mutations=mutations,
+        events=[wb.event(workbench, op.event_kind, op.path, before, op.artifact_revision_id)],
+        result=entry.encode(),
+        value=entry,
+    )
 
 
 def _tidy_ledger(root, operation_id: bytes) -> None:

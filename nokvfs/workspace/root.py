@@ -129,19 +129,7 @@ class Root:
                 with self.shard.read() as view:
                     built = build(view)
                     read_version = view.version
-                command = MetadataCommand(
-                    root_id=self.root_id,
-                    logical_shard_id=self.logical_shard_id,
-                    placement_generation=self.placement_generation,
-                    owner_epoch=self.owner_epoch,
-                    request_id=request_id,
-                    read_version=read_version,
-                    predicates=tuple(built.predicates),
-                    mutations=tuple(built.mutations),
-                    events=tuple(built.events),
-                    result=built.result,
-                    command_digest=digest,
-                )
+                command = self._command(built, read_version, request_id, digest)
                 try:
                     return self.shard.apply(command, durable=durable), built
                 except ReadVersionStale:
@@ -154,3 +142,43 @@ class Root:
             expected=read_version,
             current=self.shard.commit_version,
         )
+
+    def _command(self, built: Built, read_version: int, request_id: bytes, digest: bytes) -> MetadataCommand:
+        return MetadataCommand(
+            root_id=self.root_id,
+            logical_shard_id=self.logical_shard_id,
+            placement_generation=self.placement_generation,
+            owner_epoch=self.owner_epoch,
+            request_id=request_id,
+            read_version=read_version,
+            predicates=tuple(built.predicates),
+            mutations=tuple(built.mutations),
+            events=tuple(built.events),
+            result=built.result,
+            command_digest=digest,
+        )
+
+    def apply_group(self, items) -> list:
+        """Group commit of several commands (nokvfs.engine.shard.Shard.apply_group): one write
+        transaction, one sync. `items` are (build, digest, request_id or None); each build runs
+        on the state the earlier ones left. Returns, per item, (CommandOutcome, Built) or
+        (the typed error that excluded it, None); the others are applied all the same."""
+        builts: list = [None] * len(items)
+
+        def engine_build(index, build, digest, request_id):
+            def command(view):
+                builts[index] = build(view)
+                return self._command(builts[index], view.version, request_id, digest)
+
+            return command
+
+        commands = [
+            engine_build(index, build, digest, request_id or new_id16())
+            for index, (build, digest, request_id) in enumerate(items)
+        ]
+        with self._writer:
+            results = self.shard.apply_group(commands)
+        return [
+            (result, None) if isinstance(result, Exception) else (result, builts[index])
+            for index, result in enumerate(results)
+        ]

@@ -1,0 +1,69 @@
+"""History values are stored deflated with the preset dictionary when that is smaller
+(DeflatedHistoryValue, version 2), else as a HistoryValue (version 1); both read back the same."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from nokvfs.engine import history
+from nokvfs.engine.command import Delete, Put
+from nokvfs.engine.compression import DICTIONARY_1
+from nokvfs.engine.records import DeflatedHistoryValue, HistoryValue
+from nokvfs.errors import CorruptRecord, UnknownVersion
+from nokvfs.schema import keys
+from tests.conftest import stored_rows
+
+# A PathEntry-like value: long, and sharing structure with the dictionary.
+LONG = DICTIONARY_1[100:400]
+
+
+def test_short_values_and_tombstones_stay_history_values():
+    assert history.encode_value(None) == HistoryValue(None).encode() == bytes.fromhex("0100")
+    assert history.encode_value(b"k") == bytes.fromhex("0101000000016b")
+    assert history.encode_value(b"x" * 128)[0] == 1  # 128 bytes or fewer: raw
+    for value in (None, b"", b"k", b"x" * 128):
+        assert history.decode_value(history.encode_value(value)) == value
+
+
+def test_long_values_are_deflated_with_the_preset_dictionary():
+    stored = history.encode_value(LONG)
+    assert stored[0] == 2 and len(stored) < len(HistoryValue(LONG).encode()) // 2
+    record = DeflatedHistoryValue.decode(stored)
+    assert record.previous_length == len(LONG)
+    assert zlib.decompressobj(zdict=DICTIONARY_1).decompress(record.deflated) == LONG
+    assert history.decode_value(stored) == LONG
+    incompressible = bytes(range(256))
+    assert history.encode_value(incompressible) == HistoryValue(incompressible).encode()
+
+
+def test_damaged_or_unknown_history_values_fail_closed():
+    record = DeflatedHistoryValue.decode(history.encode_value(LONG))
+    for bad in (
+        DeflatedHistoryValue(record.previous_length + 1, record.deflated),  # another length
+        DeflatedHistoryValue(record.previous_length - 1, record.deflated),
+        DeflatedHistoryValue(record.previous_length, record.deflated[:-1]),  # truncated stream
+        DeflatedHistoryValue(record.previous_length, record.deflated + b"\x00"),  # trailing bytes
+    ):
+        with pytest.raises(CorruptRecord):
+            history.decode_value(bad.encode())
+    with pytest.raises(UnknownVersion):
+        history.decode_value(b"\x03" + history.encode_value(LONG)[1:])
+
+
+def test_reads_at_every_version_through_deflated_history_after_reopen(shard_env):
+    key = shard_env.root_id + b"\x07" * 20
+    values = [b"\x02" + LONG, b"\x02" + LONG[::-1], None, b"\x02" + LONG[50:] + b"tail"]
+    versions = {}
+    for value in values:
+        mutation = Put("path_current", key, value) if value else Delete("path_current", key)
+        versions[shard_env.apply(mutations=[mutation]).commit_version] = value
+    shard = shard_env.reopen(verify=True)
+    tag = keys.FAMILY_BY_NAME["path_current"].tag
+    with shard._env.begin() as txn:
+        stored = [v for k, v in stored_rows(txn, shard, "history") if k[0] == tag and k[5:-8] == key]
+    assert sorted(v[0] for v in stored) == [1, 1, 2, 2]  # two tombstone-or-short, two deflated
+    for version, value in versions.items():
+        with shard.read(version) as view:
+            assert view.get("path_current", key) == value

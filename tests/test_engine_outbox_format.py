@@ -1,0 +1,166 @@
+"""The recovery outbox's stored form from header format 2 on (StoredOutboxHeader, chunks right
+after their header, payloads compressed with a preset dictionary), and stores written before it
+(OutboxHeader version 1, chunks under 0x01) still opening, reading, growing and truncating."""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+
+import lmdb
+import pytest
+
+from nokvfs.engine import outbox, rows
+from nokvfs.engine.command import Put
+from nokvfs.engine.compression import DICTIONARY_1
+from nokvfs.engine.records import OutboxChunk, OutboxDeflatedChunk, StoredOutboxHeader
+from nokvfs.engine.shard import Shard
+from nokvfs.errors import OutboxCorrupt
+from nokvfs.schema.enums import OutboxPayloadEncoding, OutboxRecordKind
+
+TREE = "recovery_outbox"
+
+
+def test_the_preset_dictionary_never_changes():
+    # Stored records inflate only with these exact bytes: a new dictionary is a new encoding.
+    assert len(DICTIONARY_1) == 4669
+    assert (
+        hashlib.sha256(DICTIONARY_1).hexdigest() == "8adc6a9740f606684b2a144f9988035e03359baba93d8bda7023ea80877e8f43"
+    )
+
+
+def test_a_small_record_is_a_raw_header_and_one_chunk_right_after_it():
+    previous = b"\x11" * 32
+    framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, b"abc", previous)
+    assert digest == outbox.chain_digest(previous, 5, OutboxRecordKind.MetadataCommand, 7, b"abc")
+    sha = hashlib.sha256(b"abc").hexdigest()
+    assert [(k.hex(), v.hex()) for k, v in framed] == [
+        (
+            "000000000000000005",
+            "02" + "01" + "0000000000000007" + "00000001" + "0000000000000003" + sha + "01" + digest.hex(),
+        ),
+        ("00000000000000000500000000", "01" + "00000003" + "616263"),
+    ]
+
+
+def test_a_larger_record_is_deflated_with_the_preset_dictionary():
+    payload = bytes(range(256)) * 2 + DICTIONARY_1[:300]
+    framed, _ = outbox.frame(1, OutboxRecordKind.MetadataCommand, 1, payload, b"\0" * 32)
+    header = StoredOutboxHeader.decode(framed[0][1])
+    assert header.encoding == OutboxPayloadEncoding.DeflatePreset1
+    stream = b"".join(OutboxChunk.decode(v).data for _, v in framed[1:])
+    # RFC 1950: FDICT set, and the dictionary's Adler-32 follows the two header bytes.
+    assert stream[1] & 0x20 and stream[2:6] == zlib.adler32(DICTIONARY_1).to_bytes(4, "big")
+    inflater = zlib.decompressobj(zdict=DICTIONARY_1)
+    assert inflater.decompress(stream) == payload
+    assert len(stream) < len(zlib.compress(payload, 6))  # the dictionary is what makes it smaller
+
+
+def _commands(shard_env, count, start=0):
+    for i in range(start, start + count):
+        # Every other value is long enough to be compressed.
+        value = b"\x02" + (b"v" * 300 if i % 2 else b"v")
+        shard_env.apply(mutations=[Put("path_current", i.to_bytes(16, "big"), value)])
+
+
+def _as_version_1(shard, through_lsn):
+    """Rewrite records 1..through_lsn in the layout written before header format 2."""
+    db = shard._dbs[TREE]
+    _, entries = shard.outbox_after(0, through_lsn=through_lsn)
+    with shard._env.begin(write=True) as txn:
+        for entry in entries:
+            lsn = entry.lsn
+            header = outbox.read_header(txn, db, lsn)
+            for index in range(header.chunk_count):
+                txn.delete(outbox.chunk_key(lsn, index), db=db)
+            deflated = len(entry.payload) > outbox.COMPRESS_ABOVE
+            chunk = OutboxDeflatedChunk(zlib.compress(entry.payload)) if deflated else OutboxChunk(entry.payload)
+            rows.put(txn, db, TREE, outbox.header_key(lsn), entry.header.encode())  # version 1
+            rows.put(txn, db, TREE, outbox.legacy_chunk_key(lsn, 0), chunk.encode())
+    return entries
+
+
+def _keys(shard):
+    with shard._env.begin() as txn:
+        return [k for k, _ in txn.cursor(shard._dbs[TREE])]
+
+
+def test_a_store_written_before_header_format_2_opens_reads_grows_and_truncates(shard_env):
+    _commands(shard_env, 6)
+    tail = shard_env.shard.recovery_tail
+    before = _as_version_1(shard_env.shard, tail.applied_lsn)
+    assert any(k[:1] == b"\x01" for k in _keys(shard_env.shard))
+    shard = shard_env.reopen(verify=True)  # the whole chain, verified
+    assert shard.outbox_after(0) == (outbox.genesis_digest(shard.logical_shard_id), before)
+    assert list(shard.outbox_entries()) == before
+    # New records follow in the new layout; the chain runs across the two.
+    _commands(shard_env, 4, start=6)
+    shard = shard_env.reopen(verify=True)
+    digest, entries = shard.outbox_after(0)
+    assert entries[: len(before)] == before and len(entries) == len(before) + 4
+    with shard._env.begin() as txn:
+        versions = [outbox.read_header(txn, shard._dbs[TREE], e.lsn).VERSION for e in entries]
+    assert versions == [1] * len(before) + [2] * 4
+    # Truncating through a version 1 record removes its 0x01 chunks; then through the new ones.
+    shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=3)
+    assert min(int.from_bytes(k[1:9], "big") for k in _keys(shard) if k[:1] == b"\x01") == 4
+    shard = shard_env.reopen(verify=True)
+    shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=len(before) + 2)
+    assert not any(k[:1] == b"\x01" for k in _keys(shard))
+    shard = shard_env.reopen(verify=True)
+    assert [e.lsn for e in shard.outbox_after(len(before) + 2)[1]] == list(
+        range(len(before) + 3, shard.recovery_tail.applied_lsn + 1)
+    )
+
+
+def _rewrite(path, key, value):
+    """Store `value` (sealed) at `key` of a closed shard's outbox, as damage would."""
+    env = lmdb.open(path, max_dbs=64, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            rows.put(txn, env.open_db(TREE.encode(), txn=txn, create=False), TREE, key, value)
+    finally:
+        env.close()
+
+
+def _stored(shard, key):
+    with shard._env.begin() as txn:
+        return rows.unseal(TREE, key, txn.get(key, db=shard._dbs[TREE]))
+
+
+def test_an_unknown_header_version_or_encoding_refuses_to_open(shard_env):
+    _commands(shard_env, 2)
+    lsn = shard_env.shard.recovery_tail.applied_lsn
+    good = _stored(shard_env.shard, outbox.header_key(lsn))
+    assert good[0] == 2 and good[54] == OutboxPayloadEncoding.DeflatePreset1
+    shard_env.shard.close()
+    for patched, why in ((b"\x03" + good[1:], "version 3"), (good[:54] + b"\x09" + good[55:], "OutboxPayloadEncoding")):
+        _rewrite(shard_env.path, outbox.header_key(lsn), patched)
+        with pytest.raises(OutboxCorrupt, match=why):
+            Shard.open(shard_env.path)
+    _rewrite(shard_env.path, outbox.header_key(lsn), good)
+    shard_env.shard = Shard.open(shard_env.path, verify=True)
+
+
+def test_a_format_2_record_whose_chunk_is_a_version_1_deflated_chunk_is_corrupt(shard_env):
+    _commands(shard_env, 2)
+    lsn = shard_env.shard.recovery_tail.applied_lsn
+    good = _stored(shard_env.shard, outbox.chunk_key(lsn, 0))
+    shard_env.shard.close()
+    _rewrite(shard_env.path, outbox.chunk_key(lsn, 0), OutboxDeflatedChunk(b"x").encode())
+    with pytest.raises(OutboxCorrupt, match=f"chunk of outbox record {lsn} does not decode"):
+        Shard.open(shard_env.path)
+    _rewrite(shard_env.path, outbox.chunk_key(lsn, 0), good)
+    shard_env.shard = Shard.open(shard_env.path, verify=True)
+
+
+def test_outbox_rows_are_appended_so_their_pages_fill_up(shard_env):
+    # Header and chunk rows of a record sort after every row already there: LMDB appends them
+    # instead of splitting pages in half (the headers alone used to leave half-empty pages).
+    _commands(shard_env, 600)
+    shard = shard_env.shard
+    with shard._env.begin() as txn:
+        stat = txn.stat(shard._dbs[TREE])
+        stored = sum(len(k) + len(v) + 10 for k, v in txn.cursor(shard._dbs[TREE]))  # 10: LMDB's node overhead
+    pages = stat["leaf_pages"] * shard._env.stat()["psize"]
+    assert stored / pages > 0.85
