@@ -290,8 +290,8 @@ def test_an_append_that_loses_to_a_replace_is_cleaned(monkeypatch, bench):
     real_finalize = publish.finalize
     replaced = []
 
-    def finalize_then_race(root_, operation_id):
-        real_finalize(root_, operation_id)
+    def finalize_then_race(root_, operation_id, **kwargs):
+        real_finalize(root_, operation_id, **kwargs)
         if not replaced:  # another writer replaces the path between finalize and publish
             replaced.append(True)
             namespace.put(root, WB, PATH, b"replacement")

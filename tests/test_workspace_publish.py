@@ -293,8 +293,8 @@ def test_a_lost_response_of_the_final_command_is_replayed_not_reapplied(monkeypa
     class ResponseLost(NokvError):
         pass
 
-    def apply(command):
-        outcome = real_apply(command)
+    def apply(command, **kwargs):
+        outcome = real_apply(command, **kwargs)
         ops = [o for o in publish_ops(root).values() if o.request_id == command.request_id]
         if ops and not lost and not outcome.replayed:
             lost.append(ops[0])
@@ -402,8 +402,8 @@ def test_the_final_command_rechecks_the_expected_revision(monkeypatch, bench):
     old = namespace.put(root, WB, "outputs/race", b"old")
     real_finalize = publish.finalize
 
-    def finalize_then_race(root_, operation_id):
-        real_finalize(root_, operation_id)
+    def finalize_then_race(root_, operation_id, **kwargs):
+        real_finalize(root_, operation_id, **kwargs)
         monkeypatch.setattr(publish, "finalize", real_finalize)  # the racer publishes normally
         namespace.remove(root_, WB, "outputs/race")
         namespace.put(root_, WB, "outputs/race", b"racer")  # generation 1 again, another revision
@@ -462,12 +462,12 @@ def test_a_final_command_that_fails_without_a_predicate_is_cleaned(monkeypatch, 
     namespace.put(root, WB, "outputs/f", b"old")
     real_apply = root.shard.apply
 
-    def apply(command):
+    def apply(command, **kwargs):
         if any(o.request_id == command.request_id for o in publish_ops(root).values()):
             if failure == "store":
                 raise StoreError("mdb_put: disk I/O error")
             raise ReadVersionStale("moved on", expected=command.read_version, current=command.read_version + 1)
-        return real_apply(command)
+        return real_apply(command, **kwargs)
 
     monkeypatch.setattr(root.shard, "apply", apply)
     with pytest.raises(StoreError if failure == "store" else ReadVersionStale):
@@ -524,9 +524,9 @@ def test_a_body_larger_than_one_command_is_published_in_bounded_batches(tmp_path
         sizes = []
         original = root.shard.apply
 
-        def counting(command):
+        def counting(command, **kwargs):
             sizes.append(len(command.mutations))
-            return original(command)
+            return original(command, **kwargs)
 
         monkeypatch.setattr(root.shard, "apply", counting)
         entry = _namespace.put(root, "w", "outputs/big", data)

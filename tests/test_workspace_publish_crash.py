@@ -291,3 +291,81 @@ def test_two_processes_replacing_one_generation_have_exactly_one_winner(data_dir
             before |= set(ops)
         finally:
             holder.close()
+
+
+SMALL = body(BLOCK - 100, "small")  # one block: staged by a helper thread while the begin commits
+
+
+def _objects_and_temps(data_dir: str) -> tuple[list[str], list[str]]:
+    """Every object file and every temp file the local store holds (walked, for the test only)."""
+    objects, temps = [], []
+    top = os.path.join(data_dir, "objects")
+    for directory, _, names in os.walk(top):
+        for name in names:
+            path = os.path.relpath(os.path.join(directory, name), top)
+            if path.startswith(".nokv-tmp"):
+                temps.append(path)
+            elif not name.startswith(".nokv-"):
+                objects.append(path)
+    return sorted(objects), temps
+
+
+@pytest.mark.parametrize(
+    ("crash_at", "link_lost"),
+    [("after-stage", False), ("after-begin", False), ("after-upload-0", False), ("after-finalize", False)]
+    + [("after-finalize", True)],
+    ids=["after-stage", "after-begin", "after-upload-0", "after-finalize", "after-finalize-link-lost"],
+)
+def test_sigkill_around_a_staged_one_block_object(data_dir, crash_at, link_lost):
+    """A one-block file's object is written and fsync'd under no key while the begin commits its
+    ledger, and linked only after; its directory fsyncs run beside the (unflushed) finalize.
+    Killed with the bytes staged (the begin committed or not), with the object linked, or
+    Finalizing: no object is left that no ledger owns, no temp file is left, and after recovery
+    the path holds the whole new body or nothing, fsck finds nothing, and gc finds nothing to
+    delete. `link-lost`: the object's link did not reach the disk though Finalizing did (what a
+    power loss may leave, the directory fsyncs running beside the finalize): recovery aborts."""
+    from nokvfs.workspace import fsck, gc
+
+    _, before = _prepare(data_dir, existing=False)
+    objects_before, _ = _objects_and_temps(data_dir)
+    assert run_crash_child(crash_worker, data_dir, "outputs/small.bin", SMALL, None, crash_at) == KILLED
+
+    holder = RootHolder(data_dir, recover=False)
+    root = holder.root
+    new_ops = set(publish_ops(root)) - before
+    objects, temps = _objects_and_temps(data_dir)
+    assert temps == []  # an unnamed temp dies with its process
+    if crash_at in ("after-stage", "after-begin"):
+        # Staged bytes have no key yet: nothing in the store is new, whether the ledger committed.
+        assert objects == objects_before
+        assert len(new_ops) <= 1 if crash_at == "after-stage" else len(new_ops) == 1
+    else:
+        (op_id,) = new_ops
+        op = publish_ops(root)[op_id]
+        # The object is linked only under the key its durable ledger owns.
+        (key,) = block_keys(root, op.artifact_revision_id, 1)
+        assert present_keys(root.store, [key]) == [key]
+        assert [o for o in objects if o not in objects_before] == [key]
+        assert len(ledger(root, op_id)) == 1
+        if link_lost:
+            os.unlink(local_object_path(data_dir, key))
+    holder.close()
+
+    holder = RootHolder(data_dir)
+    try:
+        root = holder.root
+        with root.read() as view:
+            assert publish.pending(view, root) == []
+        data = get_bytes(root, "outputs/small.bin")
+        if crash_at == "after-finalize" and not link_lost:
+            assert data == SMALL
+        else:
+            assert data is None
+            for op_id in set(publish_ops(root)) - before:
+                assert publish_ops(root)[op_id].phase == PublishPhase.Cleaned
+                assert ledger(root, op_id) == []
+            assert _objects_and_temps(data_dir) == (objects_before, [])
+        assert fsck.check(root).findings == []
+        assert gc.collect(root).deleted_objects == 0
+    finally:
+        holder.close()

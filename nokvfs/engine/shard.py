@@ -202,6 +202,46 @@ def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
         raise SchemaMismatch(f"{path}: the schema marker is malformed: {exc}") from None
 
 
+class _SyncingEnv:
+    """An LMDB environment opened with MDB_NOMETASYNC whose write transactions are durable when
+    they return anyway: after the commit (LMDB fdatasyncs the data pages, then writes the meta page
+    unsynced) one more fdatasync flushes the meta page -- the two flushes, in the order, LMDB's
+    default makes. `begin(write=True, durable=False)` leaves out the second flush: that commit is
+    atomic and consistent (LMDB's guarantee for NOMETASYNC) but a power loss may undo it, until
+    the next durable commit or `sync` flushes it with its own. Only a command whose loss recovery
+    resolves by itself may ask for that (publish.finalize, followed by the durable publication).
+    Read transactions are LMDB's own, untouched; every other call goes to the environment."""
+
+    def __init__(self, env: lmdb.Environment, *, flush: bool):
+        self._env = env
+        self._flush = flush  # False: an environment opened with sync=False (`Shard.sync` flushes)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def begin(self, *args, write: bool = False, durable: bool = True, **kwargs):
+        txn = self._env.begin(*args, write=write, **kwargs)
+        if not write or kwargs.get("parent") is not None:
+            return txn  # a read, or a nested transaction: its top-level one flushes
+        return _SyncedWrite(self._env, txn, durable and self._flush)
+
+
+class _SyncedWrite:
+    __slots__ = ("_env", "_txn", "_durable")
+
+    def __init__(self, env, txn, durable: bool):
+        self._env, self._txn, self._durable = env, txn, durable
+
+    def __enter__(self):
+        return self._txn.__enter__()
+
+    def __exit__(self, kind, exc, tb):
+        self._txn.__exit__(kind, exc, tb)
+        if kind is None and self._durable:
+            self._env.sync(True)
+        return False
+
+
 class _GatedEnv:
     """The LMDB environment behind a gate, so that `Shard.compact_live` can close and reopen it
     while the process runs. Every transaction enters the gate. `exclusive` waits until none is
@@ -319,6 +359,11 @@ class Shard:
         self._witness = CommitWitness(path)
         # Environments opened with sync=False witness their commits only when `sync` flushes them.
         self._witnessed = witnessed
+        # Commands applied with durable=False (Shard.apply): committed since the last flush, and
+        # committing now. The lock guards the two, never a transaction (a gate may hold those).
+        self._unflushed = False
+        self._unflushed_running = 0
+        self._flushing = threading.Lock()
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
         with env.begin() as txn:
             identity = self._system(txn, SYS_SHARD, ShardIdentity)
@@ -435,18 +480,21 @@ class Shard:
     def _open_env(path: str, *, map_size: int = DEFAULT_MAP_SIZE, readonly: bool = False, sync: bool = True):
         # sync=False is only for building a shard that is not live yet (a restore assembling in
         # a temporary directory): commits are not flushed one by one, `Shard.sync` flushes all.
-        return lmdb.open(
+        # A live shard is opened with LMDB's MDB_NOMETASYNC and flushes the meta page itself
+        # (_SyncingEnv): durable at return unless the command asked otherwise.
+        env = lmdb.open(
             path,
             map_size=map_size,
             max_dbs=len(family_keys.TREE_NAMES) + 4,
             subdir=True,
             readonly=readonly,
             sync=sync,
-            metasync=sync,
+            metasync=False,
             readahead=False,
             max_readers=256,
             mode=filemodes.DIR_MODE,  # the directory if LMDB creates it; data.mdb and lock.mdb 0600
         )
+        return _SyncingEnv(env, flush=sync and not readonly)
 
     @staticmethod
     def _initialise(env, logical_shard_id: bytes) -> dict:
@@ -669,6 +717,8 @@ class Shard:
         return self._alarm.clear()
 
     def close(self) -> None:
+        if self._unflushed or self._unflushed_running:
+            self.sync()
         self._witness.close()
         self._env.close()
         if self._lock is not None:
@@ -729,9 +779,13 @@ class Shard:
 
     @_lmdb_errors
     def sync(self) -> None:
-        """Flush every committed transaction to disk (for environments opened with sync=False)."""
+        """Flush every committed transaction to disk (for environments opened with sync=False, and
+        commands applied with `durable=False`)."""
+        with self._flushing:
+            self._unflushed = False  # before the flush: a commit after it sets it again
+        flushed = self.recovery_tail.applied_lsn  # read first: a commit after the flush is not flushed
         self._env.sync(True)
-        self._witness.record(self.recovery_tail.applied_lsn)
+        self._witness.record(flushed)
 
     def _witness_commit(self, lsn: int | None) -> None:
         if lsn is not None and self._witnessed:
@@ -836,7 +890,7 @@ class Shard:
 
     def outbox_entries(self):
         """Every verified recovery-outbox entry kept (after the truncation point) in LSN order."""
-        with self._env.begin() as txn:
+        with self._durable_read() as txn:
             floors = self._floors(txn)
             yield from outbox.iterate(
                 txn, self._dbs[OUTBOX_TREE], floors.outbox_floor_digest, after_lsn=floors.outbox_floor_lsn
@@ -845,15 +899,43 @@ class Shard:
     # --- writes ----------------------------------------------------------------------------------
 
     @_lmdb_errors
-    def apply(self, command: MetadataCommand) -> CommandOutcome:
-        """Validate and apply one MetadataCommand atomically, or raise and apply nothing."""
+    def apply(self, command: MetadataCommand, *, durable: bool = True) -> CommandOutcome:
+        """Validate and apply one MetadataCommand atomically, or raise and apply nothing.
+
+        Durable on return, unless `durable=False`: then a power loss may undo this command (and
+        only while no later durable commit or `sync` has happened; see _SyncingEnv). Nothing
+        outside the shard learns of such a command before it is durable: it is not witnessed,
+        and the outbox readers that ship records (`outbox_after`, `outbox_entries`, `copy_to`)
+        flush it first."""
         self._check_addressed(command)
         self._alarm.refuse_writes()
+        if not durable:
+            with self._flushing:
+                self._unflushed_running += 1
+            try:
+                with self._env.begin(write=True, durable=False) as txn:
+                    return self._apply(txn, command)
+            finally:
+                with self._flushing:
+                    self._unflushed_running -= 1
+                    self._unflushed = True
         with self._env.begin(write=True) as txn:
             outcome = self._apply(txn, command)
         if not outcome.replayed:
             self._witness_commit(outcome.recovery_lsn)
         return outcome
+
+    @contextlib.contextmanager
+    def _durable_read(self):
+        """A read transaction that sees only durable commits: what a reader ships to a bucket
+        must survive here. Flushed after the transaction began, if a command applied with
+        `durable=False` committed or is committing: every commit it sees is then flushed."""
+        with self._env.begin() as txn:
+            with self._flushing:
+                flush = self._unflushed or self._unflushed_running
+            if flush:
+                self.sync()
+            yield txn
 
     def _check_addressed(self, command: MetadataCommand) -> None:
         if command.schema_id != SCHEMA_ID:
@@ -1405,7 +1487,7 @@ class Shard:
         writers are never blocked and the copy holds exactly the state that transaction saw; the
         returned CopyPoint (recovery tail, commit version, owner epoch) is read in it too.
         """
-        with self._env.begin() as txn:
+        with self._durable_read() as txn:
             tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
             point = CopyPoint(
                 applied_lsn=tail.applied_lsn,
@@ -1431,7 +1513,7 @@ class Shard:
         from the digest at `lsn`; a failure is OutboxCorrupt.
         """
         db = self._dbs[OUTBOX_TREE]
-        with self._env.begin() as txn:
+        with self._durable_read() as txn:
             floors = self._floors(txn)
             if lsn < floors.outbox_floor_lsn:
                 raise HistoryNotRetained(

@@ -24,11 +24,13 @@ of the unnamed file at the key for `if_none_match` (fails with EEXIST, so creati
 against a writer that ignores the lock), else a link at a temp name and ``rename`` over the key,
 after the etag check for `if_match` (atomic because every commit takes the lock). Missing key
 directories are created on the way, and after the commit the key's directory and the parent of
-every directory created are fsynced (one journal commit on ext4, however many levels were new).
-A crash at any point leaves either the old object or the new one at the key -- the bytes are
-durable before they get a name -- plus at worst a named temp file that `list`, `get` and `head`
+every directory created are fsynced, side by side in helper threads (one journal commit on
+ext4, however many levels were new, and the device flushes overlap). A crash at any point
+leaves either the old object or the new one at the key -- the bytes are durable before they get
+a name -- plus at worst a named temp file that `list`, `get` and `head`
 never show; an unnamed one simply vanishes. `put_many` writes several objects with one lock
-round and their directories fsynced once.
+round and their directories fsynced once. `stage_put` is a put in two halves: the bytes written
+and fsynced, then (`StagedPut.commit`) linked at a key.
 
 Temp files. A writer holds an flock(2) on its temp file from creating it until the temp is
 published or removed, so a temp nobody holds locked is a crashed writer's. `remove_stale_temp_files`
@@ -59,6 +61,7 @@ import stat
 import struct
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from nokvfs.errors import (
     IntegrityError,
@@ -140,13 +143,47 @@ def _link_descriptor(fd: int, path: str) -> None:
         os.close(proc)
 
 
+_fsync_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _start(function, *args) -> Future:
+    """Run `function(*args)` (an fsync: it holds the GIL only to start and to end) in a helper
+    thread, so the flush overlaps what the caller does next."""
+    global _fsync_pool
+    if _fsync_pool is None or _fsync_pool[0] != os.getpid():  # not inherited across fork
+        _fsync_pool = (os.getpid(), ThreadPoolExecutor(max_workers=8, thread_name_prefix="nokvfs-fsync"))
+    return _fsync_pool[1].submit(function, *args)
+
+
+def _start_fsync_dirs(directories: list[str]) -> list[Future]:
+    """fsync each distinct directory once, all at the same time: the flushes of one put's new
+    directories overlap instead of queueing one behind the other. `_wait_all` waits for them."""
+    return [_start(_fsync_dir, d) for d in dict.fromkeys(directories)]
+
+
+def _fsync_file(fd: int, shown: str) -> None:
+    with _io("write", shown):
+        os.fsync(fd)
+
+
+def _wait_all(futures: list[Future], *, quiet: bool = False) -> None:
+    """Wait for every future; then raise the first one's error, if any failed (unless quiet)."""
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None and not quiet:
+            raise error
+
+
 def _fsync_dirs(directories: list[str]) -> None:
-    """fsync each distinct directory once, in the order given (the deepest first)."""
-    seen = set()
-    for directory in directories:
-        if directory not in seen:
-            seen.add(directory)
-            _fsync_dir(directory)
+    """fsync each distinct directory once (one in this thread, the others beside it)."""
+    distinct = list(dict.fromkeys(directories))
+    if not distinct:
+        return
+    others = _start_fsync_dirs(distinct[1:]) if len(distinct) > 1 else []
+    try:
+        _fsync_dir(distinct[0])
+    finally:
+        _wait_all(others)
 
 
 class _Syscalls:
@@ -212,6 +249,45 @@ def _encode_trailer(etag: str, size: int, metadata: dict[str, str]) -> bytes:
         ensure_ascii=True,
     ).encode("ascii")
     return body + struct.pack(">I", len(body)) + TRAILER_MAGIC
+
+
+class StagedPut:
+    """Bytes written and fsync'd by `LocalStore.stage_put`, waiting for a key: `commit` links
+    them there (as `put` would, unconditionally); `discard` drops them. Exactly one of the two,
+    once."""
+
+    def __init__(self, store: "LocalStore", fd: int, tmp: str | None, etag: str, flushing: Future):
+        self._store, self._fd, self._tmp, self.etag = store, fd, tmp, etag
+        self._flushing = flushing  # the temp's fsync
+        self._settling: list[Future] = []
+
+    def commit(self, key: str, *, wait: bool = True) -> str:
+        """Link the bytes at `key`. The object is durable once the directories that changed are
+        fsync'd: before this returns, or with `wait=False` once `wait` returns (the caller does
+        other work meanwhile, none of which may depend on the object being durable)."""
+        if self._fd < 0:
+            raise InvalidInput("this staged object was already committed or discarded")
+        try:
+            final = self._store._path(key)
+            self._flushing.result()  # the bytes durable before they get a name
+        except BaseException:
+            self.discard()
+            raise
+        fd, self._fd = self._fd, -1
+        self._settling = self._store._commit(fd, self._tmp, final, key, False, None, wait=wait)
+        return self.etag
+
+    def wait(self) -> None:
+        """Wait until a `commit(wait=False)` is durable; its directory fsync's error, if any."""
+        settling, self._settling = self._settling, []
+        _wait_all(settling)
+
+    def discard(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            _wait_all([self._flushing], quiet=True)  # never close a descriptor being fsynced
+            os.close(fd)
+            _unlink_quietly(self._tmp)
 
 
 class LocalStore(ObjectStore):
@@ -357,11 +433,11 @@ class LocalStore(ObjectStore):
         return path
 
     def _write_temp(
-        self, chunks: Iterable[bytes], metadata: dict[str, str], *, named: bool = False
+        self, chunks: Iterable[bytes], metadata: dict[str, str], *, named: bool = False, sync: bool = True
     ) -> tuple[int, str | None, str, int]:
         """Write body chunks and the trailer to a fsynced temp file: (fd, path or None when
         unnamed, etag, size). The descriptor stays open, holding the temp's lock, until the
-        caller commits or drops it."""
+        caller commits or drops it. `sync=False` leaves the fsync to the caller."""
         fd, path = self._create_temp(named=named)
         try:
             md5 = hashlib.md5(usedforsecurity=False)
@@ -373,7 +449,8 @@ class LocalStore(ObjectStore):
                     _write_all(fd, chunk)
                 etag = md5.hexdigest()
                 _write_all(fd, _encode_trailer(etag, size, metadata))
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
         except BaseException:
             os.close(fd)
             _unlink_quietly(path)
@@ -381,15 +458,19 @@ class LocalStore(ObjectStore):
         return fd, path, etag, size
 
     def _commit(
-        self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None
-    ) -> None:
+        self, fd: int, tmp: str | None, final: str, key: str, if_none_match: bool, if_match: str | None, *, wait=True
+    ) -> list[Future]:
         """Publish the temp at `final` under the lock, honouring the write condition, then fsync
-        the directories that changed; the temp's descriptor (and lock) is released last."""
+        the directories that changed; the temp's descriptor (and lock) is released last. With
+        `wait=False` the directory fsyncs are left running: the caller waits (`_wait_all`)."""
         changed: list[str] = []
         try:
             with self._locked():
                 tmp = self._link_locked(fd, tmp, final, key, if_none_match, if_match, changed)
+            if not wait:
+                return _start_fsync_dirs([os.path.dirname(final)] + changed)
             _fsync_dirs([os.path.dirname(final)] + changed)
+            return []
         finally:
             _unlink_quietly(tmp)
             os.close(fd)
@@ -523,6 +604,17 @@ class LocalStore(ObjectStore):
         fd, tmp, etag, _ = self._write_temp([_byte_view(data)], metadata)
         self._commit(fd, tmp, final, key, if_none_match, if_match)
         return etag
+
+    def stage_put(self, data, *, metadata=None) -> StagedPut:
+        """The first half of `put`: the bytes in a temp file that no key names yet (unnamed where
+        the filesystem allows), its fsync started in a helper thread; this returns once the bytes
+        are written. `StagedPut.commit(key)` is the second half (it waits for the fsync before
+        the link: the bytes are durable before they get a name); a crash in between leaves
+        nothing behind (an unnamed temp vanishes, a named one is swept as stale). A publish
+        stages its object this way, then commits its ledger while the fsync runs, then links."""
+        metadata = check_metadata(metadata)
+        fd, tmp, etag, _ = self._write_temp([_byte_view(data)], metadata, sync=False)
+        return StagedPut(self, fd, tmp, etag, _start(_fsync_file, fd, tmp or f"a temp file in {self._tmp_root}"))
 
     def put_file(self, key, path, *, if_none_match=False, if_match=None, metadata=None, on_multipart=None) -> str:
         # One streamed pass whatever the size: the local store never needs parts, so

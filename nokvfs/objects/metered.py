@@ -8,7 +8,7 @@ inner store has that the interface does not (a backend's own batching, say) is p
 from __future__ import annotations
 
 from nokvfs.meters import Meters
-from nokvfs.objects.store import ObjectStore
+from nokvfs.objects.store import ObjectStore, stage_put
 
 
 class MeteredStore(ObjectStore):
@@ -23,6 +23,13 @@ class MeteredStore(ObjectStore):
     def put(self, key, data, **kwargs):
         with self.meters["put"].timing():
             return self.inner.put(key, data, **kwargs)
+
+    def stage_put(self, data):
+        """The inner store's staged put (nokvfs.objects.store.stage_put), or None: staging is
+        metered as `stage_put`, the commit that links the bytes at their key as `put`."""
+        with self.meters["stage_put"].timing():
+            staged = stage_put(self.inner, data)
+        return None if staged is None else _MeteredStaged(staged, self.meters["put"])
 
     def put_file(self, key, path, **kwargs):
         with self.meters["put_file"].timing():
@@ -81,3 +88,18 @@ class MeteredStore(ObjectStore):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _MeteredStaged:
+    def __init__(self, staged, meter):
+        self._staged, self._meter = staged, meter
+
+    def commit(self, key, **kwargs):
+        with self._meter.timing():
+            return self._staged.commit(key, **kwargs)
+
+    def wait(self):
+        self._staged.wait()
+
+    def discard(self):
+        self._staged.discard()

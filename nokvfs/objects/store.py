@@ -225,6 +225,15 @@ class ObjectStore(abc.ABC):
 # --- argument checks shared by the backends ---------------------------------------------------
 
 
+def stage_put(store, data):
+    """The first half of a put where the store's class offers one (LocalStore.stage_put): the
+    bytes durable under no key, an object with `commit(key)` and `discard()`; None otherwise (the
+    caller then puts). Looked up on the class, so a wrapper that forwards calls by `__getattr__`
+    keeps its own `put` in the path."""
+    method = getattr(type(store), "stage_put", None)
+    return None if method is None else method(store, data)
+
+
 def check_key(key: str) -> str:
     """`key` if it is a valid object key (see the module docstring), else InvalidInput."""
     if not isinstance(key, str) or not key:

@@ -9,8 +9,11 @@
    object key, length and digest the upload will write, before the first byte is sent.
 2. The blocks are uploaded under those keys (multipart for blocks above the store's multipart
    threshold: the intent to upload in parts is recorded in the ledger before the upload is
-   created, and its upload id before any part is sent).
-3. One command CASes Uploading -> Finalizing and marks the ledger Uploaded.
+   created, and its upload id before any part is sent). A one-block body on a local store is
+   written under no key while step 1 commits, and linked at its key after.
+3. One command CASes Uploading -> Finalizing and marks the ledger Uploaded. In `run` it is not
+   flushed on its own (Shard.apply durable=False): step 4's flush makes both durable, and a power
+   loss between them leaves Uploading, which recovery aborts and cleans.
 4. One command creates the ArtifactRevision (Available), its manifest, the Path reference,
    PathCurrent, the workspace revision, index rows, the ChangeEvent and the dedupe result, and
    changes Finalizing -> Published. A lost race there takes the operation over to Aborting.
@@ -25,7 +28,8 @@ manifests of commit and restore, whose own state machine then publishes them.
 
 A Quarantined publish is reconciled by `gc` (`reconcile`, README "Reconciliation").
 
-Crash points (operations.crash_point): after-begin, after-upload-<block index>,
+Crash points (operations.crash_point): after-stage (a one-block body's object written under no
+key, its fsync running, the begin not started: `_stage_during_begin`), after-begin, after-upload-<block index>,
 after-multipart-create-<block index>, after-multipart-record-<block index>, after-finalize, before-publish-command,
 after-publish-command, after-abort, after-cleaning, after-reconcile.
 """
@@ -52,6 +56,7 @@ from nokvfs.errors import (
     StoreError,
 )
 from nokvfs.objects.keys import artifact_block_key
+from nokvfs.objects.store import stage_put
 from nokvfs.schema import keys
 from nokvfs.schema.enums import (
     ChangeEventKind,
@@ -188,12 +193,19 @@ def run(root, pub: Publication) -> PathEntry:
     check_key_lengths(root, pub.components, pub.index_fields)
     _precheck(root, pub)
     with driving(root, pub.operation_id, "publish"):
-        begin(root, pub)
+        staged = _stage_during_begin(root, pub)
+        try:
+            begin(root, pub)
+        except BaseException:
+            _drop_staged(staged)
+            raise
         crash_point("after-begin")
         try:
-            upload(root, pub)
-            finalize(root, pub.operation_id)
+            upload(root, pub, staged=staged)
+            finalize(root, pub.operation_id, durable=False)
+            _settle_staged(staged)  # the object durable before the final command names it
         except BaseException as exc:
+            _drop_staged(staged)
             _abort_after_failure(root, pub.operation_id, exc)
             raise
         crash_point("after-finalize")
@@ -207,6 +219,38 @@ def run(root, pub: Publication) -> PathEntry:
             _abort_after_failure(root, pub.operation_id, exc)
             raise
         return entry
+
+
+def _stage_during_begin(root, pub: Publication):
+    """A one-block body's object written under no key (objects.store.stage_put), its fsync left
+    running while `begin` commits the ledger, so the two flushes overlap instead of one
+    following the other. Nothing can name the bytes before the ledger that owns their key is
+    durable (`upload` links them only after `begin` returned), and a crash before that leaves no
+    object (an unnamed temp vanishes; a named one is swept as stale). None when there is nothing
+    to overlap (several blocks, a multipart-sized block, a store that cannot stage)."""
+    if len(pub.body.blocks) != 1 or getattr(type(root.store), "stage_put", None) is None:
+        return None
+    block = pub.body.blocks[0]
+    threshold = getattr(root.store, "multipart_threshold", None)
+    if threshold is not None and block.length > threshold:
+        return None
+    staged = stage_put(root.store, pub.body.read_block(block))
+    crash_point("after-stage")
+    return staged
+
+
+def _settle_staged(staged) -> None:
+    """Wait until a staged object `upload` linked is durable (its directory fsyncs, which ran
+    beside the finalize command: Finalizing may be on disk before the object is, and recovery
+    then finds the object missing and aborts, as it would for any lost upload)."""
+    if staged is not None:
+        staged.wait()
+
+
+def _drop_staged(staged) -> None:
+    """Discard a staged object that was not committed (after a failure)."""
+    if staged is not None:
+        staged.discard()
 
 
 # --- group commit -------------------------------------------------------------------------------
@@ -525,17 +569,21 @@ def _staged_rows(root, pub: Publication, blocks) -> list:
     ]
 
 
-def upload(root, pub: Publication) -> None:
-    """Step 2: every block under its ledger key (multipart above the store's threshold)."""
+def upload(root, pub: Publication, *, staged=None) -> None:
+    """Step 2: every block under its ledger key (multipart above the store's threshold). A block
+    0 already `staged` (see `_stage_during_begin`) is only linked at its key, its directory
+    fsyncs left running: the caller waits for them (`_settle_staged`) before anything may rely
+    on the object being durable."""
     store = root.store
     threshold = getattr(store, "multipart_threshold", None)
     for block in pub.body.blocks:
-        data = pub.body.read_block(block)
         key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
-        if threshold is not None and block.length > threshold:
-            _upload_multipart(root, pub.operation_id, block.index, key, data)
+        if staged is not None and block.index == 0:
+            staged.commit(key, wait=False)
+        elif threshold is not None and block.length > threshold:
+            _upload_multipart(root, pub.operation_id, block.index, key, pub.body.read_block(block))
         else:
-            store.put(key, data)
+            store.put(key, pub.body.read_block(block))
         crash_point(f"after-upload-{block.index}")
         if pub.progress is not None:
             pub.progress(block.offset + block.length, pub.body.size)
@@ -573,10 +621,14 @@ def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: 
     store.complete_multipart(key, upload_id, parts)
 
 
-def finalize(root, operation_id: bytes) -> None:
+def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
     """Step 3: mark the ledger Uploaded and write the new revision's manifest rows, in bounded batches;
     the last batch CASes Uploading -> Finalizing. Manifest rows of a revision that does not
-    exist yet are invisible; cleanup removes them if the publication never happens."""
+    exist yet are invisible; cleanup removes them if the publication never happens.
+
+    `durable=False` (run, whose final command follows at once and is durable) spares the
+    commands' last flush: a power loss before the final command may take the operation back to
+    Uploading, which recovery aborts and cleans like any upload its process did not finish."""
     op_key = ROWS.key(root, operation_id)
     with root.read() as view:
         raw, operation, puts = _finalize_rows(view, root, operation_id)
@@ -591,6 +643,7 @@ def finalize(root, operation_id: bytes) -> None:
                 predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations
             ),
             digest=intent_digest("publish.finalize", operation_id, number),
+            durable=durable,
         )
 
 

@@ -119,8 +119,10 @@ class Root:
             return self.shard.read(version)
         return self.shard.read(version, fence=ReadFence(self.root_id, self.placement_generation, None))
 
-    def apply(self, build, *, digest: bytes, request_id: bytes | None = None):
-        """Build against the current version and apply; returns (CommandOutcome, Built)."""
+    def apply(self, build, *, digest: bytes, request_id: bytes | None = None, durable: bool = True):
+        """Build against the current version and apply; returns (CommandOutcome, Built). With
+        `durable=False` a power loss may undo the command until the next durable one (Shard.apply):
+        only for a command whose loss recovery resolves by itself."""
         request_id = request_id or new_id16()
         for attempt in range(MAX_REBUILDS):
             with self._writer:
@@ -129,7 +131,7 @@ class Root:
                     read_version = view.version
                 command = self._command(built, read_version, request_id, digest)
                 try:
-                    return self.shard.apply(command), built
+                    return self.shard.apply(command, durable=durable), built
                 except ReadVersionStale:
                     pass
             # Another process committed in between. Back off a little, at random, so two busy
