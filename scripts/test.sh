@@ -11,7 +11,7 @@ PYTHON=${PYTHON:-python3}
 lint=0
 "$PYTHON" -m ruff check nokvfs tests scripts || lint=1
 "$PYTHON" -m ruff format --check nokvfs tests scripts || lint=1
-"$PYTHON" -m pytest -q -p no:cacheprovider "$@"
+"$PYTHON" -m pytest -q -p no:cacheprovider --durations=10 "$@"
 status=$?
 if [ "$lint" -ne 0 ] && [ "$status" -eq 0 ]; then
     echo "test: ruff found problems (ruff check --fix / ruff format fix most)" >&2
