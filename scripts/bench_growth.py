@@ -151,13 +151,11 @@ def engine_retention(shard, retain_versions: int) -> None:
 def compact_like_a_mount(shard) -> None:
     """What the end of a mount's maintenance pass does (nokvfs.fs.maintenance): compact the
     shard when free pages dominate it, with the default thresholds."""
-    from nokvfs.fs.maintenance import DEFAULT_COMPACT_FREE_RATIO, DEFAULT_COMPACT_MIN_BYTES
+    from nokvfs.fs.maintenance import compact_when_mostly_free
 
-    used, size = shard.space()
-    if size >= DEFAULT_COMPACT_MIN_BYTES and used <= size * (1 - DEFAULT_COMPACT_FREE_RATIO):
-        report = shard.compact_live()
-        if report is not None:
-            print(f"  compacted: {report.before_bytes / 1e6:.1f} MB -> {report.after_bytes / 1e6:.1f} MB", flush=True)
+    _, report, _, _ = compact_when_mostly_free(shard)
+    if report is not None:
+        print(f"  compacted: {report.before_bytes / 1e6:.1f} MB -> {report.after_bytes / 1e6:.1f} MB", flush=True)
 
 
 def run_engine(work: str, args) -> list:

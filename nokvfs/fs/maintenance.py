@@ -81,6 +81,16 @@ def _check(value) -> float:
     return float(value)
 
 
+def compact_when_mostly_free(shard, ratio: float = DEFAULT_COMPACT_FREE_RATIO, least: int = DEFAULT_COMPACT_MIN_BYTES):
+    """(due, report or None, bytes in use, file bytes): compact the open shard when it is at
+    least `least` bytes and at most `1 - ratio` of it is in use; the report is None when it was
+    not due, or due but not done (Shard.compact_live)."""
+    used, size = shard.space()
+    if size < least or used > size * (1 - ratio):
+        return False, None, used, size
+    return True, shard.compact_live(), used, size
+
+
 class Maintenance:
     def __init__(self, root, *, interval: float, pause: float = PAUSE, slice_rows: int = SLICE_ROWS):
         self.root = root
@@ -149,13 +159,10 @@ class Maintenance:
 
     def compact_if_mostly_free(self) -> tuple[int, int] | None:
         """Compact the shard when free pages dominate it: (file bytes before, after), or None."""
-        ratio, least = compaction_settings(self.root.data_dir)
-        shard = self.root.shard
-        used, size = shard.space()
-        if size < least or used > size * (1 - ratio):
-            return None
         started = time.monotonic()
-        report = shard.compact_live()
+        due, report, used, size = compact_when_mostly_free(self.root.shard, *compaction_settings(self.root.data_dir))
+        if not due:
+            return None
         if report is None:
             log.info(
                 "maintenance: the shard is %d bytes, %d in use; not compacted now (another process has it "
