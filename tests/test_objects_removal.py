@@ -106,3 +106,23 @@ def test_without_a_helper_the_call_is_served_here(store, monkeypatch):
     assert store.delete_many(keys) == [None] * len(keys)
     assert store._remover._process is None
     assert _files_under(store.root) == [".nokv-lock", ".nokv-store", "nokv/artifacts/s/r/keep"]
+
+
+def test_a_helper_that_cannot_run_leaves_every_call_here(store, monkeypatch, tmp_path):
+    """A helper that starts but dies before saying it is ready (its file missing, say) was
+    asked nothing: the call, and the later ones, are served here."""
+    import subprocess
+
+    keys = _revisions(store, MANY)
+    spawned = []
+    real_popen = subprocess.Popen
+
+    def broken(args, **kw):
+        spawned.append(args)
+        return real_popen([args[0], "-I", "-S", str(tmp_path / "missing.py")], **kw)
+
+    monkeypatch.setattr(removal.subprocess, "Popen", broken)
+    assert store.delete_many(keys[: len(keys) // 2]) == [None] * (len(keys) // 2)
+    assert store.delete_many(keys[len(keys) // 2 :]) == [None] * (len(keys) - len(keys) // 2)
+    assert len(spawned) == 1 and store._remover._process is None
+    assert _files_under(store.root) == [".nokv-lock", ".nokv-store", "nokv/artifacts/s/r/keep"]

@@ -14,11 +14,11 @@ helper process (`Remover`: this file run as a script, standard library only), wh
 no busy interpreter to wait for; a call with few paths, which would not pay for the round trip,
 runs in the calling process. Both run the same `remove`.
 
-The helper is started on first use, serves one call at a time over its stdin/stdout (one JSON
-line each way) and exits when its stdin closes: when `Remover.close` is called or the parent
-dies. A helper that cannot be started leaves the call to this process; one that dies during a
-call leaves every path of it ambiguous (the removals may have happened), as a lost answer from
-any store is.
+The helper is started on first use (it must say it is ready), serves one call at a time over
+its stdin/stdout (one JSON line each way) and exits when its stdin closes: when `Remover.close`
+is called or the parent dies. A helper that cannot be started leaves its calls to this process;
+one that dies during a call leaves every path of it ambiguous (the removals may have happened),
+as a lost answer from any store is.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import threading
 ABSENT_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
 # Fewer paths than this are removed in the calling process (see the module docstring).
 HELPER_PATHS = 128
+READY = b"nokvfs removal helper 1\n"
 
 
 class Syscalls:
@@ -69,9 +70,16 @@ class Syscalls:
                 return exc
             return None
 
+        def run(chunk):
+            return [one(path) for path in chunk]
+
         if self._pool is None or len(paths) < self.WORTH_THREADS:
-            return [one(path) for path in paths]
-        return list(self._pool.map(one, paths))
+            return run(paths)
+        # One task per thread, each a contiguous slice: a task per path cost more interpreter
+        # time (futures, queue, locks) than the system call it wrapped.
+        size = -(-len(paths) // self.THREADS)
+        chunks = self._pool.map(run, [paths[start : start + size] for start in range(0, len(paths), size)])
+        return [result for chunk in chunks for result in chunk]
 
 
 def fsync_dir(path: str) -> None:
@@ -146,6 +154,7 @@ class Remover:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._pid = os.getpid()
+        self._unavailable = False  # a helper could not be started: every call runs here
 
     def remove(self, root: str, paths: list) -> tuple[list, list]:
         """As `remove`; HelperLost if the helper died during the call."""
@@ -174,6 +183,8 @@ class Remover:
         if self._process is not None and self._process.poll() is None:
             return self._process
         self._process = None
+        if self._unavailable:
+            return None
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__)],
@@ -181,8 +192,13 @@ class Remover:
                 stdout=subprocess.PIPE,
                 close_fds=True,
             )
+            if self._process.stdout.readline() != READY:
+                raise OSError("the removal helper did not start")
         except OSError:
-            return None  # nothing was asked of it: this process removes instead
+            # Nothing was asked of it: this process removes instead, from now on.
+            self._stop()
+            self._unavailable = True
+            return None
         return self._process
 
     def _stop(self) -> None:
@@ -208,7 +224,10 @@ class Remover:
 
 
 def serve(requests, answers) -> None:
-    """The helper's loop: one JSON request line in, one JSON answer line out, until EOF."""
+    """The helper's loop: READY once, then one JSON request line in, one JSON answer line out,
+    until EOF."""
+    answers.write(READY)
+    answers.flush()
     for line in requests:
         request = json.loads(line)
         results, synced = remove(request["root"], request["paths"])
