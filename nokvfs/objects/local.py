@@ -127,11 +127,7 @@ def _io(action: str, path: str):
 
 def _fsync_dir(path: str) -> None:
     with _io("fsync directory", path):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        removal.fsync_dir(path)
 
 
 def _link_descriptor(fd: int, path: str) -> None:

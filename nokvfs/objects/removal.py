@@ -43,7 +43,7 @@ class Syscalls:
     """Runs one system call over many paths: on a few threads when there are enough paths for
     that to pay (the calls release the GIL while the kernel waits), else in this thread."""
 
-    THREADS = 4
+    THREADS = 8
     WORTH_THREADS = 16
 
     def __init__(self, count: int):
