@@ -266,9 +266,9 @@ class LocalStore(ObjectStore):
         self._lock_path = os.path.join(root, LOCK_NAME)
         self._multipart_root = os.path.join(root, MULTIPART_DIR)
         self._tmp_root = os.path.join(root, TMP_DIR)
+        self._remover = removal.Remover()  # delete_many's helper process, started when needed
         # Unnamed (O_TMPFILE) temps where the filesystem has them; `unnamed_temps=False` names
         # every temp, as on a filesystem without them.
-        self._remover = removal.Remover()
         self._tmpfile_ok = unnamed_temps and hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
         self._open_root(create)
         self._remove_multipart_trash()
