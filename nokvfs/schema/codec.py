@@ -484,16 +484,23 @@ def _compile_encoder(cls):
             run_vars.clear()
             run_formats.clear()
 
+    def check_fixed(v: str, codec, pad: str) -> None:
+        """The check a fixed-width field's value passes (an int in range, bytes of the width)."""
+        if type(codec) is UInt:
+            lines.append(f"{pad}if {v}.__class__ is not int or {v} < 0 or {v} > {codec.max}: raise _Slow")
+        else:
+            lines.append(f"{pad}if {v}.__class__ is not bytes or len({v}) != {codec.length}: raise _Slow")
+
     def emit(v: str, codec, pad: str) -> None:
         """Straight-line code writing `v` as `codec` does (or giving up), at indentation `pad`."""
         kind = type(codec)
         if kind is UInt:
             pack = f"U{len(env)}"
             env[pack] = codec._struct
-            lines.append(f"{pad}if {v}.__class__ is not int or {v} < 0 or {v} > {codec.max}: raise _Slow")
+            check_fixed(v, codec, pad)
             lines.append(f"{pad}out += {pack}.pack({v})")
         elif kind is FixedBytes:
-            lines.append(f"{pad}if {v}.__class__ is not bytes or len({v}) != {codec.length}: raise _Slow")
+            check_fixed(v, codec, pad)
             lines.append(f"{pad}out += {v}")
         elif kind in (LenBytes, LenStr):
             length = f"L{len(env)}"
@@ -540,15 +547,10 @@ def _compile_encoder(cls):
         v = f"v{index}"
         lines.append(f"    {v} = obj.{name}")
         kind = type(codec)
-        if kind is UInt:
-            lines.append(f"    if {v}.__class__ is not int or {v} < 0 or {v} > {codec.max}: raise _Slow")
+        if kind in (UInt, FixedBytes):  # consecutive ones are packed with one struct call
+            check_fixed(v, codec, "    ")
             run_vars.append(v)
-            run_formats.append(UInt._FORMATS[codec.width][1])
-            continue
-        if kind is FixedBytes:
-            lines.append(f"    if {v}.__class__ is not bytes or len({v}) != {codec.length}: raise _Slow")
-            run_vars.append(v)
-            run_formats.append(f"{codec.length}s")
+            run_formats.append(UInt._FORMATS[codec.width][1] if kind is UInt else f"{codec.length}s")
             continue
         flush()
         emit(v, codec, "    ")
