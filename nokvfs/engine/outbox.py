@@ -76,12 +76,38 @@ def legacy_chunk_key(lsn: int, index: int) -> bytes:
 COMPRESS_ABOVE = compression.COMPRESS_ABOVE
 
 
-def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes, previous: bytes):
-    """The (key, value) rows of one outbox record, in key order, and its chain digest."""
+# A record is stored against the one before it (OutboxPayloadEncoding.DeflatePrevious) only if
+# that one's payload is at most this long, and never when its LSN is a multiple of
+# KEYFRAME_EVERY: reading any record then inflates at most KEYFRAME_EVERY - 1 records before it.
+PREVIOUS_LIMIT = 64 * 1024
+KEYFRAME_EVERY = 16
+
+
+def frame(
+    lsn: int,
+    kind: OutboxRecordKind,
+    commit_version: int,
+    payload: bytes,
+    previous: bytes,
+    previous_payload: bytes | None = None,
+):
+    """The (key, value) rows of one outbox record, in key order, and its chain digest.
+
+    `previous_payload`: the payload of record lsn - 1 when it is kept; the record is then stored
+    against it (DeflatePrevious) when that is the smallest form."""
     stored, encoding = payload, OutboxPayloadEncoding.Raw
     deflated = compression.deflate(payload)
     if deflated is not None:
         stored, encoding = deflated, OutboxPayloadEncoding.DeflatePreset1
+    if (
+        previous_payload is not None
+        and len(previous_payload) <= PREVIOUS_LIMIT
+        and lsn % KEYFRAME_EVERY != 0
+        and len(payload) > COMPRESS_ABOVE
+    ):
+        delta = compression.deflate_with(payload, compression.previous_dictionary(previous_payload))
+        if len(delta) < len(stored):
+            stored, encoding = delta, OutboxPayloadEncoding.DeflatePrevious
     chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
     digest = chain_digest(previous, lsn, kind, commit_version, payload)
     header = StoredOutboxHeader(
@@ -96,6 +122,11 @@ def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes,
     rows = [(header_key(lsn), header.encode())]
     rows += [(chunk_key(lsn, i), OutboxChunk(c).encode()) for i, c in enumerate(chunks)]
     return rows, digest
+
+
+def needs_previous(header) -> bool:
+    """Whether the record's payload can only be inflated with the previous record's payload."""
+    return isinstance(header, StoredOutboxHeader) and header.encoding == OutboxPayloadEncoding.DeflatePrevious
 
 
 def decode_header(raw: bytes, lsn: int) -> OutboxHeader | StoredOutboxHeader:
@@ -113,9 +144,11 @@ def chunk_key_of(header: OutboxHeader | StoredOutboxHeader):
     return chunk_key if isinstance(header, StoredOutboxHeader) else legacy_chunk_key
 
 
-def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tuple["OutboxEntry", bytes]:
-    """The verified entry of record `lsn` from its stored header and its chunk rows' values (in
-    index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails."""
+def stored_payload(lsn: int, header, chunk_values: list[bytes], previous_payload=None) -> bytes:
+    """The payload record `lsn` holds, from its stored header and its chunk rows' values (in
+    index order, out of their envelopes); the caller checks it (verify_record, payload_at).
+    `previous_payload`: record lsn - 1's payload, or a function returning it, for a
+    DeflatePrevious record; OutboxCorrupt if anything fails."""
     if isinstance(header, StoredOutboxHeader):
         try:
             stored = b"".join(OutboxChunk.decode(value).data for value in chunk_values)
@@ -123,8 +156,27 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tu
             raise OutboxCorrupt(f"a chunk of outbox record {lsn} does not decode: {exc}") from None
         if header.encoding == OutboxPayloadEncoding.DeflatePreset1:
             payload = _inflate(stored, header.payload_length, lsn, compression.DICTIONARY_1)
+        elif header.encoding == OutboxPayloadEncoding.DeflatePrevious:
+            before = previous_payload() if callable(previous_payload) else previous_payload
+            if before is None:
+                raise OutboxCorrupt(f"outbox record {lsn} is stored against record {lsn - 1}, which is not kept")
+            payload = _inflate(stored, header.payload_length, lsn, compression.previous_dictionary(before))
         else:
             payload = stored
+    else:
+        parts = [decode_chunk(value, lsn, index) for index, value in enumerate(chunk_values)]
+        payload = join_chunks(parts, header, lsn)
+    return payload
+
+
+def assemble(
+    lsn: int, header, chunk_values: list[bytes], previous: bytes, previous_payload=None
+) -> tuple["OutboxEntry", bytes]:
+    """The verified entry of record `lsn` from its stored header and its chunk rows' values (in
+    index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails.
+    `previous_payload` as for `stored_payload`."""
+    payload = stored_payload(lsn, header, chunk_values, previous_payload)
+    if isinstance(header, StoredOutboxHeader):
         logical = OutboxHeader(
             record_kind=header.record_kind,
             commit_version=header.commit_version,
@@ -135,9 +187,45 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tu
             chain_digest=header.chain_digest,
         )
     else:
-        parts = [decode_chunk(value, lsn, index) for index, value in enumerate(chunk_values)]
-        payload, logical = join_chunks(parts, header, lsn), header
+        logical = header
     return OutboxEntry(lsn, logical, payload), verify_record(lsn, logical, payload, previous)
+
+
+def _chunk_values(txn, db, lsn: int, header) -> list[bytes]:
+    key_of = chunk_key_of(header)
+    values = []
+    for index in range(header.chunk_count):
+        value = rows.get(txn, db, OUTBOX_TREE, key_of(lsn, index))
+        if value is None:
+            raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
+        values.append(value)
+    return values
+
+
+def payload_at(txn, db, lsn: int) -> bytes | None:
+    """The payload of record `lsn` by point reads (checked against its header; inflating the
+    records before it that a DeflatePrevious record needs, at most KEYFRAME_EVERY), or None when
+    there is no record `lsn`."""
+    headers = []
+    current = lsn
+    while True:
+        header = read_header(txn, db, current) if current > 0 else None
+        if header is None:
+            if not headers:
+                return None
+            raise OutboxCorrupt(f"outbox record {current + 1} is stored against record {current}, which is not kept")
+        headers.append((current, header))
+        if not needs_previous(header):
+            break
+        if len(headers) > KEYFRAME_EVERY:
+            raise OutboxCorrupt(f"outbox records {current}..{lsn} are all stored against the one before them")
+        current -= 1
+    payload = None
+    for number, header in reversed(headers):
+        payload = stored_payload(number, header, _chunk_values(txn, db, number, header), payload)
+        if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
+            raise OutboxCorrupt(f"outbox record {number}: payload length or SHA-256 differs from its header")
+    return payload
 
 
 def read_header(txn, db, lsn: int) -> OutboxHeader | StoredOutboxHeader | None:
@@ -152,14 +240,8 @@ def read_record(txn, db, lsn: int, previous: bytes) -> tuple["OutboxEntry", byte
     header = read_header(txn, db, lsn)
     if header is None:
         return None
-    key_of = chunk_key_of(header)
-    values = []
-    for index in range(header.chunk_count):
-        value = rows.get(txn, db, OUTBOX_TREE, key_of(lsn, index))
-        if value is None:
-            raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
-        values.append(value)
-    return assemble(lsn, header, values, previous)
+    values = _chunk_values(txn, db, lsn, header)
+    return assemble(lsn, header, values, previous, lambda: payload_at(txn, db, lsn - 1))
 
 
 def decode_chunk(raw: bytes, lsn: int, index: int) -> tuple[bytes, bool]:
@@ -250,6 +332,8 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
     legacy = txn.cursor(db)  # chunks of version 1 headers
     previous = start_digest
     expected = after_lsn + 1
+    # The payload of the record before, once read (a DeflatePrevious record is inflated with it).
+    previous_payload = lambda: payload_at(txn, db, after_lsn)  # noqa: E731
     more_legacy = legacy.set_range(legacy_chunk_key(expected, 0))
     ok = rows_.set_range(header_key(expected))
     while ok and rows_.key()[:1] == OUTBOX_HEADER_PREFIX:
@@ -271,7 +355,8 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
                     raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
                 values.append(rows.unseal(OUTBOX_TREE, legacy.key(), legacy.value()))
                 more_legacy = legacy.next()
-        entry, previous = assemble(lsn, header, values, previous)
+        entry, previous = assemble(lsn, header, values, previous, previous_payload)
+        previous_payload = entry.payload
         yield entry
         expected += 1
         ok = rows_.next()

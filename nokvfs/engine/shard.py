@@ -364,6 +364,9 @@ class Shard:
         self._unflushed = False
         self._unflushed_running = 0
         self._flushing = threading.Lock()
+        # (LSN, chain digest, payload) of the last outbox record this process wrote, which the
+        # next one is compressed against (outbox.frame); any other record is read back.
+        self._outbox_last: tuple[int, bytes, bytes] | None = None
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
         with env.begin() as txn:
             identity = self._system(txn, SYS_SHARD, ShardIdentity)
@@ -1088,8 +1091,9 @@ class Shard:
         return CommandOutcome(commit_version, lsn, command.result, mutated=tuple(mutated))
 
     def _append_outbox(self, txn, lsn, kind, commit_version, payload, tail) -> bytes:
-        framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
         db = self._dbs[OUTBOX_TREE]
+        previous_payload = self._previous_payload(txn, db, tail)
+        framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest, previous_payload)
         for key, value in framed:
             # A record's rows sort after every row of the tree: appended, so their pages fill up
             # (sequential keys put normally leave every page half empty). Only chunks of records
@@ -1099,7 +1103,18 @@ class Shard:
             ):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
         self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
+        # Exact whether or not this transaction commits: it is used only while the tail names it.
+        self._outbox_last = (lsn, chain, payload) if len(payload) <= outbox.PREVIOUS_LIMIT else None
         return chain
+
+    def _previous_payload(self, txn, db, tail) -> bytes | None:
+        """The payload of the outbox's last record (the tail's) when it is kept, else None."""
+        if tail.applied_lsn == 0 or outbox.read_header(txn, db, tail.applied_lsn) is None:
+            return None  # none yet, or truncated
+        last = self._outbox_last
+        if last is not None and last[0] == tail.applied_lsn and last[1] == tail.chain_digest:
+            return last[2]  # the chain digest binds the payload's SHA-256
+        return outbox.payload_at(txn, db, tail.applied_lsn)
 
     def _check_fences(self, txn, command: MetadataCommand) -> None:
         fence = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(command.root_id)))
@@ -1339,6 +1354,11 @@ class Shard:
         header = outbox.read_header(txn, db, target)
         if header is None:
             raise OutboxCorrupt(f"outbox record {target} is missing")
+        # The first record kept may be stored against the last one removed: stored again alone.
+        kept = outbox.read_header(txn, db, target + 1)
+        rewrite = None
+        if kept is not None and outbox.needs_previous(kept):
+            rewrite = (kept, outbox.payload_at(txn, db, target + 1))
         cursor = txn.cursor(db)
         for first, last in (
             # Headers and the chunks that follow them; then chunks of version 1 headers.
@@ -1348,6 +1368,8 @@ class Shard:
             found = cursor.set_range(first)
             while found and first <= cursor.key() < last:
                 found = cursor.delete()  # moves to the next row
+        if rewrite is not None:
+            self._store_alone(txn, db, target + 1, *rewrite, header.chain_digest)
         record = OutboxTruncateRecord(owner_epoch, target, header.chain_digest, header.commit_version, target - old)
         if recorded is not None and record != recorded:
             raise IntegrityError(f"the recorded outbox truncation differs from the chain here: {recorded} != {record}")
@@ -1365,6 +1387,17 @@ class Shard:
         lsn = tail.applied_lsn + 1
         self._append_outbox(txn, lsn, OutboxRecordKind.OutboxTruncate, clock, record.encode(), tail)
         return TruncateOutcome(target, target - old, lsn)
+
+    def _store_alone(self, txn, db, lsn: int, stored, payload: bytes, previous_chain: bytes) -> None:
+        """Store record `lsn` again without reference to the record before it (which truncation
+        removes): same payload, kind, commit version and chain digest; other rows."""
+        framed, chain = outbox.frame(lsn, stored.record_kind, stored.commit_version, payload, previous_chain)
+        if chain != stored.chain_digest:
+            raise OutboxCorrupt(f"outbox record {lsn} does not follow the truncation point's chain digest")
+        for index in range(stored.chunk_count):
+            txn.delete(outbox.chunk_key(lsn, index), db=db)
+        for key, value in framed:
+            rows.put(txn, db, OUTBOX_TREE, key, value)
 
     @_lmdb_errors
     def prune_retained(
