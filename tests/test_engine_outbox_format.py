@@ -170,25 +170,27 @@ def test_outbox_rows_are_appended_so_their_pages_fill_up(shard_env):
 # --- DeflatePrevious: a record stored against the payload of the record before it --------------
 
 
-def test_a_record_is_stored_against_the_previous_payload_when_that_is_smaller():
-    before = b"\x02" + bytes(range(200)) + b"operation" * 20
+def test_a_record_is_stored_against_the_records_before_it_in_its_block_when_that_is_smaller():
+    window = [b"\x02" + bytes(range(200)), b"operation" * 20, b"\x02 and more"]
     payload = b"\x02" + bytes(range(200)) + b"operation" * 20 + b"and a little more"
-    framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, before)
+    assert outbox.window_start(5) == 2 and outbox.window_start(17) == 16 and outbox.window_start(32) == 32
+    framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, window)
     header = StoredOutboxHeader.decode(framed[0][1])
     assert header.encoding == OutboxPayloadEncoding.DeflatePrevious == 3
     assert digest == outbox.chain_digest(b"\x11" * 32, 5, OutboxRecordKind.MetadataCommand, 7, payload)
     stream = b"".join(OutboxChunk.decode(v).data for _, v in framed[1:])
-    # Golden: one zlib stream (level 6) primed with DICTIONARY_1 then the previous payload.
-    dictionary = DICTIONARY_1 + before
+    # Golden: one zlib stream (level 6) primed with DICTIONARY_1 then records 2, 3 and 4's payloads.
+    dictionary = DICTIONARY_1 + b"".join(window)
     assert stream[2:6] == zlib.adler32(dictionary).to_bytes(4, "big")
     deflater = zlib.compressobj(6, zdict=dictionary)
     assert stream == deflater.compress(payload) + deflater.flush()
     assert zlib.decompressobj(zdict=dictionary).decompress(stream) == payload
-    assert outbox.stored_payload(5, header, [v for _, v in framed[1:]], before) == payload
-    with pytest.raises(OutboxCorrupt, match="not kept"):
-        outbox.stored_payload(5, header, [v for _, v in framed[1:]], None)
-    # A keyframe LSN, or no previous payload, is stored with the preset dictionary alone.
-    for lsn, previous in ((outbox.KEYFRAME_EVERY * 3, before), (5, None)):
+    assert outbox.stored_payload(5, header, [v for _, v in framed[1:]], window) == payload
+    for missing in (None, window[1:]):
+        with pytest.raises(OutboxCorrupt, match="not kept"):
+            outbox.stored_payload(5, header, [v for _, v in framed[1:]], missing)
+    # The first record of a block, a window not whole, or none: the preset dictionary alone.
+    for lsn, previous in ((outbox.KEYFRAME_EVERY * 3, window), (5, window[1:]), (5, None)):
         framed, _ = outbox.frame(lsn, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, previous)
         assert StoredOutboxHeader.decode(framed[0][1]).encoding == OutboxPayloadEncoding.DeflatePreset1
 
@@ -222,14 +224,19 @@ def test_records_stored_against_the_previous_one_reopen_read_and_ship_the_same(s
     assert _encodings(shard)[shard.recovery_tail.applied_lsn] == OutboxPayloadEncoding.DeflatePrevious
 
 
-@pytest.mark.parametrize("through", [5, 16, 21])
+@pytest.mark.parametrize("through", [5, 15, 16, 21])
 def test_truncation_stores_the_first_kept_record_alone(shard_env, through):
     _commands(shard_env, 30)
     shard = shard_env.shard
     written = list(shard.outbox_entries())
-    assert _encodings(shard)[through + 1] == OutboxPayloadEncoding.DeflatePrevious
+    primed = {
+        lsn
+        for lsn, encoding in _encodings(shard).items()
+        if encoding == OutboxPayloadEncoding.DeflatePrevious and outbox.window_start(lsn) <= through < lsn
+    }
+    assert through + 1 in primed or (through + 1) % 16 == 0
     shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=through)
-    assert _encodings(shard)[through + 1] == OutboxPayloadEncoding.DeflatePreset1
+    assert all(_encodings(shard)[lsn] == OutboxPayloadEncoding.DeflatePreset1 for lsn in primed)
     shard = shard_env.reopen(verify=True)
     kept = list(shard.outbox_entries())
     assert kept[: len(written) - through] == written[through:]

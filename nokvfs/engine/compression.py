@@ -137,10 +137,10 @@ def deflate(data: bytes) -> bytes | None:
 WINDOW = 32 * 1024
 
 
-def previous_dictionary(previous_payload: bytes) -> bytes:
-    """The dictionary of OutboxPayloadEncoding.DeflatePrevious: DICTIONARY_1 then the previous
-    outbox record's payload, the last WINDOW bytes of the two (what zlib would use of them)."""
-    return (DICTIONARY_1 + previous_payload)[-WINDOW:]
+def previous_dictionary(previous_payloads: list[bytes]) -> bytes:
+    """The dictionary of OutboxPayloadEncoding.DeflatePrevious: DICTIONARY_1 then the payloads
+    of the outbox records before it (oldest first), the last WINDOW bytes (what zlib would use)."""
+    return (DICTIONARY_1 + b"".join(previous_payloads))[-WINDOW:]
 
 
 def deflate_with(data: bytes, dictionary: bytes) -> bytes:

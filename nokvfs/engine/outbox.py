@@ -76,11 +76,19 @@ def legacy_chunk_key(lsn: int, index: int) -> bytes:
 COMPRESS_ABOVE = compression.COMPRESS_ABOVE
 
 
-# A record is stored against the one before it (OutboxPayloadEncoding.DeflatePrevious) only if
-# that one's payload is at most this long, and never when its LSN is a multiple of
-# KEYFRAME_EVERY: reading any record then inflates at most KEYFRAME_EVERY - 1 records before it.
+# A DeflatePrevious record is primed with the payloads of the records before it in its block of
+# KEYFRAME_EVERY LSNs, at most WINDOW_RECORDS of them (a publish is three commands), each at most
+# PREVIOUS_LIMIT long. The first record of a block (LSN a multiple of KEYFRAME_EVERY) stands
+# alone, so reading any record inflates at most KEYFRAME_EVERY - 1 records before it.
+WINDOW_RECORDS = 3
 PREVIOUS_LIMIT = 64 * 1024
 KEYFRAME_EVERY = 16
+
+
+def window_start(lsn: int) -> int:
+    """The first record whose payload primes a DeflatePrevious record `lsn` (`lsn` itself when
+    none does: the first record of a block)."""
+    return max(lsn - lsn % KEYFRAME_EVERY, lsn - WINDOW_RECORDS)
 
 
 def frame(
@@ -89,23 +97,23 @@ def frame(
     commit_version: int,
     payload: bytes,
     previous: bytes,
-    previous_payload: bytes | None = None,
+    window: list[bytes] | None = None,
 ):
     """The (key, value) rows of one outbox record, in key order, and its chain digest.
 
-    `previous_payload`: the payload of record lsn - 1 when it is kept; the record is then stored
-    against it (DeflatePrevious) when that is the smallest form."""
+    `window`: the payloads of records window_start(lsn)..lsn - 1 when all are kept; the record
+    is then stored against them (DeflatePrevious) when that is the smallest form."""
     stored, encoding = payload, OutboxPayloadEncoding.Raw
     deflated = compression.deflate(payload)
     if deflated is not None:
         stored, encoding = deflated, OutboxPayloadEncoding.DeflatePreset1
     if (
-        previous_payload is not None
-        and len(previous_payload) <= PREVIOUS_LIMIT
-        and lsn % KEYFRAME_EVERY != 0
+        window
+        and len(window) == lsn - window_start(lsn)
+        and all(len(p) <= PREVIOUS_LIMIT for p in window)
         and len(payload) > COMPRESS_ABOVE
     ):
-        delta = compression.deflate_with(payload, compression.previous_dictionary(previous_payload))
+        delta = compression.deflate_with(payload, compression.previous_dictionary(window))
         if len(delta) < len(stored):
             stored, encoding = delta, OutboxPayloadEncoding.DeflatePrevious
     chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
@@ -144,11 +152,11 @@ def chunk_key_of(header: OutboxHeader | StoredOutboxHeader):
     return chunk_key if isinstance(header, StoredOutboxHeader) else legacy_chunk_key
 
 
-def stored_payload(lsn: int, header, chunk_values: list[bytes], previous_payload=None) -> bytes:
+def stored_payload(lsn: int, header, chunk_values: list[bytes], window=None) -> bytes:
     """The payload record `lsn` holds, from its stored header and its chunk rows' values (in
-    index order, out of their envelopes); the caller checks it (verify_record, payload_at).
-    `previous_payload`: record lsn - 1's payload, or a function returning it, for a
-    DeflatePrevious record; OutboxCorrupt if anything fails."""
+    index order, out of their envelopes); the caller checks it (verify_record, payloads).
+    `window`: for a DeflatePrevious record, the payloads of records window_start(lsn)..lsn - 1
+    or a function returning them; OutboxCorrupt if anything fails."""
     if isinstance(header, StoredOutboxHeader):
         try:
             stored = b"".join(OutboxChunk.decode(value).data for value in chunk_values)
@@ -157,9 +165,9 @@ def stored_payload(lsn: int, header, chunk_values: list[bytes], previous_payload
         if header.encoding == OutboxPayloadEncoding.DeflatePreset1:
             payload = _inflate(stored, header.payload_length, lsn, compression.DICTIONARY_1)
         elif header.encoding == OutboxPayloadEncoding.DeflatePrevious:
-            before = previous_payload() if callable(previous_payload) else previous_payload
-            if before is None:
-                raise OutboxCorrupt(f"outbox record {lsn} is stored against record {lsn - 1}, which is not kept")
+            before = window() if callable(window) else window
+            if before is None or len(before) != lsn - window_start(lsn) or not before:
+                raise OutboxCorrupt(f"outbox record {lsn} is stored against records before it that are not kept")
             payload = _inflate(stored, header.payload_length, lsn, compression.previous_dictionary(before))
         else:
             payload = stored
@@ -169,13 +177,11 @@ def stored_payload(lsn: int, header, chunk_values: list[bytes], previous_payload
     return payload
 
 
-def assemble(
-    lsn: int, header, chunk_values: list[bytes], previous: bytes, previous_payload=None
-) -> tuple["OutboxEntry", bytes]:
+def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes, window=None) -> tuple["OutboxEntry", bytes]:
     """The verified entry of record `lsn` from its stored header and its chunk rows' values (in
     index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails.
-    `previous_payload` as for `stored_payload`."""
-    payload = stored_payload(lsn, header, chunk_values, previous_payload)
+    `window` as for `stored_payload`."""
+    payload = stored_payload(lsn, header, chunk_values, window)
     if isinstance(header, StoredOutboxHeader):
         logical = OutboxHeader(
             record_kind=header.record_kind,
@@ -202,30 +208,30 @@ def _chunk_values(txn, db, lsn: int, header) -> list[bytes]:
     return values
 
 
-def payload_at(txn, db, lsn: int) -> bytes | None:
-    """The payload of record `lsn` by point reads (checked against its header; inflating the
-    records before it that a DeflatePrevious record needs, at most KEYFRAME_EVERY), or None when
-    there is no record `lsn`."""
-    headers = []
-    current = lsn
-    while True:
-        header = read_header(txn, db, current) if current > 0 else None
+def payloads(txn, db, first: int, last: int) -> list[bytes] | None:
+    """The payloads of records first..last by point reads, each checked against its header
+    (inflating from the start of first's block the records a DeflatePrevious record is primed
+    with), or None when one of first..last is not kept."""
+    known: dict[int, bytes] = {}
+    for lsn in range(max(1, first - first % KEYFRAME_EVERY), last + 1):
+        header = read_header(txn, db, lsn)
         if header is None:
-            if not headers:
+            if lsn >= first:
                 return None
-            raise OutboxCorrupt(f"outbox record {current + 1} is stored against record {current}, which is not kept")
-        headers.append((current, header))
-        if not needs_previous(header):
-            break
-        if len(headers) > KEYFRAME_EVERY:
-            raise OutboxCorrupt(f"outbox records {current}..{lsn} are all stored against the one before them")
-        current -= 1
-    payload = None
-    for number, header in reversed(headers):
-        payload = stored_payload(number, header, _chunk_values(txn, db, number, header), payload)
+            continue  # truncated: no record kept is primed with it (Shard._truncate)
+        window = None
+        if needs_previous(header):
+            try:
+                window = [known[n] for n in range(window_start(lsn), lsn)]
+            except KeyError:
+                raise OutboxCorrupt(
+                    f"outbox record {lsn} is stored against records before it that are not kept"
+                ) from None
+        payload = stored_payload(lsn, header, _chunk_values(txn, db, lsn, header), window)
         if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
-            raise OutboxCorrupt(f"outbox record {number}: payload length or SHA-256 differs from its header")
-    return payload
+            raise OutboxCorrupt(f"outbox record {lsn}: payload length or SHA-256 differs from its header")
+        known[lsn] = payload
+    return [known[lsn] for lsn in range(first, last + 1)]
 
 
 def read_header(txn, db, lsn: int) -> OutboxHeader | StoredOutboxHeader | None:
@@ -241,7 +247,7 @@ def read_record(txn, db, lsn: int, previous: bytes) -> tuple["OutboxEntry", byte
     if header is None:
         return None
     values = _chunk_values(txn, db, lsn, header)
-    return assemble(lsn, header, values, previous, lambda: payload_at(txn, db, lsn - 1))
+    return assemble(lsn, header, values, previous, lambda: payloads(txn, db, window_start(lsn), lsn - 1))
 
 
 def decode_chunk(raw: bytes, lsn: int, index: int) -> tuple[bytes, bool]:
@@ -332,8 +338,8 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
     legacy = txn.cursor(db)  # chunks of version 1 headers
     previous = start_digest
     expected = after_lsn + 1
-    # The payload of the record before, once read (a DeflatePrevious record is inflated with it).
-    previous_payload = lambda: payload_at(txn, db, after_lsn)  # noqa: E731
+    # The payloads of the last records read (a DeflatePrevious record is inflated with them).
+    recent: dict[int, bytes] = {}
     more_legacy = legacy.set_range(legacy_chunk_key(expected, 0))
     ok = rows_.set_range(header_key(expected))
     while ok and rows_.key()[:1] == OUTBOX_HEADER_PREFIX:
@@ -355,8 +361,15 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
                     raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
                 values.append(rows.unseal(OUTBOX_TREE, legacy.key(), legacy.value()))
                 more_legacy = legacy.next()
-        entry, previous = assemble(lsn, header, values, previous, previous_payload)
-        previous_payload = entry.payload
+        first = window_start(lsn)
+        window = (
+            [recent[n] for n in range(first, lsn)]
+            if all(n in recent for n in range(first, lsn))
+            else (lambda first=first, lsn=lsn: payloads(txn, db, first, lsn - 1))
+        )
+        entry, previous = assemble(lsn, header, values, previous, window)
+        recent[lsn] = entry.payload
+        recent.pop(lsn - WINDOW_RECORDS, None)
         yield entry
         expected += 1
         ok = rows_.next()
