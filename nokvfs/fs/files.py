@@ -32,7 +32,7 @@ import logging
 import os
 import time
 
-from nokvfs.errors import GenerationConflict
+from nokvfs.errors import GenerationConflict, NotFound
 from nokvfs.fs import names
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.inodes import Kind, Node
@@ -450,6 +450,12 @@ class Files:
                 if spool.dirty or spool.base is None or spool.orphaned:
                     spool.attributes = {**(spool.attributes or {}), **changes}
                     return
+        if node.detached:
+            # Removed or renamed over: the file lives on only for its open descriptors (and the
+            # kernel's cache of it, whose times the writeback cache flushes at a reader's close).
+            # As on a local disk its attributes change for them; no path holds it to store them.
+            node.facts = changed_facts(node.facts, changes)
+            return
         await self._apply_attributes(node, changes)
 
     async def _apply_attributes(self, node: Node, changes: dict) -> None:
@@ -465,10 +471,12 @@ class Files:
                     self.root, node.workbench_id, node.path, expected_revision_id=expected, **changes
                 ),
             )
-        except GenerationConflict:
-            # The path holds another file than this inode shows: the kernel looks it up again.
+        except (GenerationConflict, NotFound):
+            # Another process replaced or removed the path since this inode was looked up: the
+            # change applies to the file this inode is (as if it came just before), now nameless.
             tree.detach(node)
-            raise refuse(errno.ESTALE, f"{node.describe()} was replaced: look it up again") from None
+            node.facts = changed_facts(node.facts, changes)
+            return
         finally:
             tree.end_change(node.incarnation, node.components)
         tree.own(ChangeEventKind.PathAttributesChanged, entry.artifact_revision_id)
@@ -741,6 +749,13 @@ def changes_of(attr, fields, now_ns: int) -> dict:
     if fields.update_atime:
         changes["atime_ns"] = attr.st_atime_ns
     return changes
+
+
+def changed_facts(facts, changes: dict):
+    """A detached node's Facts with a SETATTR's changes (None: nothing known to change)."""
+    if facts is None:
+        return None
+    return facts._replace(**changes, ctime_ns=time.time_ns())
 
 
 def now_ns() -> int:
