@@ -260,3 +260,27 @@ def test_a_record_stored_against_a_damaged_previous_one_refuses_to_open(shard_en
     _rewrite(shard_env.path, outbox.header_key(tail - 1), previous[:54] + b"\x01" + previous[55:])
     with pytest.raises(OutboxCorrupt):
         Shard.open(shard_env.path, verify=True)
+
+
+def test_a_record_written_in_a_transaction_that_aborted_never_primes_the_next(shard_env, monkeypatch):
+    """The payloads a process keeps to prime its next record describe an aborted record too
+    (they are set before the commit): the next record must be primed with what is stored."""
+    from nokvfs.engine import shard as shard_module
+
+    _commands(shard_env, 5)
+    shard = shard_env.shard
+    real = shard_module.Shard._put_system
+
+    def fail_on_clock(self, txn, key, value):
+        if key == shard_module.SYS_CLOCK:
+            raise RuntimeError("the transaction aborts after the outbox record was framed")
+        return real(self, txn, key, value)
+
+    monkeypatch.setattr(shard_module.Shard, "_put_system", fail_on_clock)
+    with pytest.raises(RuntimeError):
+        shard_env.apply(mutations=[Put("path_current", b"\xee" * 16, b"\x02" + b"w" * 300)])
+    monkeypatch.setattr(shard_module.Shard, "_put_system", real)
+    _commands(shard_env, 3, start=5)
+    assert _encodings(shard)[shard.recovery_tail.applied_lsn] == OutboxPayloadEncoding.DeflatePrevious
+    shard = shard_env.reopen(verify=True)
+    assert [e.lsn for e in shard.outbox_entries()] == list(range(1, shard.recovery_tail.applied_lsn + 1))
