@@ -159,6 +159,11 @@ class Publication:
     event_kind: ChangeEventKind = ChangeEventKind.PathPut
     revision_id: bytes = field(default_factory=new_id16)
     operation_id: bytes = field(default_factory=new_id16)
+    # The request ids of the begin and finalize commands, minted before `request_id` (the final
+    # command's): the three CommandDedupe keys of a publish are then written in key order and
+    # appended, which fills their pages instead of splitting them in half.
+    begin_request_id: bytes = field(default_factory=new_id16)
+    finalize_request_id: bytes = field(default_factory=new_id16)
     request_id: bytes = field(default_factory=new_id16)
     # Called as progress(bytes_uploaded, bytes_total) after each block (not durable).
     progress: object = None
@@ -202,7 +207,7 @@ def run(root, pub: Publication) -> PathEntry:
         crash_point("after-begin")
         try:
             upload(root, pub, staged=staged)
-            finalize(root, pub.operation_id, durable=False)
+            finalize(root, pub.operation_id, durable=False, request_id=pub.finalize_request_id)
             _settle_staged(staged)  # the object durable before the final command names it
         except BaseException as exc:
             _drop_staged(staged)
@@ -505,7 +510,9 @@ def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
         incarnation = workbench.incarnation_id
     op_key = ROWS.key(root, pub.operation_id)
     _, built = root.apply(
-        lambda view: _begin_built(root, pub, incarnation, view), digest=intent_digest("publish.begin", pub.operation_id)
+        lambda view: _begin_built(root, pub, incarnation, view),
+        digest=intent_digest("publish.begin", pub.operation_id),
+        request_id=pub.begin_request_id,
     )
     # The rest of the ledger in bounded batches, all before the first byte is uploaded. A crash
     # here leaves an Uploading operation whose partial ledger cleanup removes.
@@ -621,7 +628,7 @@ def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: 
     store.complete_multipart(key, upload_id, parts)
 
 
-def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
+def finalize(root, operation_id: bytes, *, durable: bool = True, request_id: bytes | None = None) -> None:
     """Step 3: mark the ledger Uploaded and write the new revision's manifest rows, in bounded batches;
     the last batch CASes Uploading -> Finalizing. Manifest rows of a revision that does not
     exist yet are invisible; cleanup removes them if the publication never happens.
@@ -643,6 +650,7 @@ def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
                 predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations
             ),
             digest=intent_digest("publish.finalize", operation_id, number),
+            request_id=request_id if number == 0 else None,
             durable=durable,
         )
 
