@@ -74,7 +74,10 @@ def test_the_plan_is_the_one_from_file_makes(tmp_path, steps):
         w.close()
 
 
-def test_random_sequences_of_writes_truncates_and_resets(tmp_path):
+@pytest.mark.parametrize("background", [False, True], ids=["hashed-inline", "hashed-in-background"])
+def test_random_sequences_of_writes_truncates_and_resets(tmp_path, monkeypatch, background):
+    if background:  # every write's hashes go through the pool, however small
+        monkeypatch.setattr(bodies, "HASH_IN_BACKGROUND_MIN", 1)
     rng = random.Random(16)
     for case in range(1500):
         w = Written(str(tmp_path / f"spool{case}"), 16)

@@ -132,7 +132,8 @@ def test_an_unknown_header_version_or_encoding_refuses_to_open(shard_env):
     _commands(shard_env, 2)
     lsn = shard_env.shard.recovery_tail.applied_lsn
     good = _stored(shard_env.shard, outbox.header_key(lsn))
-    assert good[0] == 2 and good[54] == OutboxPayloadEncoding.DeflatePreset1
+    # The second record is stored against the first (format 2, DeflatePrevious).
+    assert good[0] == 2 and good[54] == OutboxPayloadEncoding.DeflatePrevious
     shard_env.shard.close()
     for patched, why in ((b"\x03" + good[1:], "version 3"), (good[:54] + b"\x09" + good[55:], "OutboxPayloadEncoding")):
         _rewrite(shard_env.path, outbox.header_key(lsn), patched)
@@ -164,3 +165,122 @@ def test_outbox_rows_are_appended_so_their_pages_fill_up(shard_env):
         stored = sum(len(k) + len(v) + 10 for k, v in txn.cursor(shard._dbs[TREE]))  # 10: LMDB's node overhead
     pages = stat["leaf_pages"] * shard._env.stat()["psize"]
     assert stored / pages > 0.85
+
+
+# --- DeflatePrevious: a record stored against the payload of the record before it --------------
+
+
+def test_a_record_is_stored_against_the_records_before_it_in_its_block_when_that_is_smaller():
+    window = [b"\x02" + bytes(range(200)), b"operation" * 20, b"\x02 and more"]
+    payload = b"\x02" + bytes(range(200)) + b"operation" * 20 + b"and a little more"
+    assert outbox.window_start(5) == 2 and outbox.window_start(17) == 16 and outbox.window_start(32) == 32
+    framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, window)
+    header = StoredOutboxHeader.decode(framed[0][1])
+    assert header.encoding == OutboxPayloadEncoding.DeflatePrevious == 3
+    assert digest == outbox.chain_digest(b"\x11" * 32, 5, OutboxRecordKind.MetadataCommand, 7, payload)
+    stream = b"".join(OutboxChunk.decode(v).data for _, v in framed[1:])
+    # Golden: one zlib stream (level 6) primed with DICTIONARY_1 then records 2, 3 and 4's payloads.
+    dictionary = DICTIONARY_1 + b"".join(window)
+    assert stream[2:6] == zlib.adler32(dictionary).to_bytes(4, "big")
+    deflater = zlib.compressobj(6, zdict=dictionary)
+    assert stream == deflater.compress(payload) + deflater.flush()
+    assert zlib.decompressobj(zdict=dictionary).decompress(stream) == payload
+    assert outbox.stored_payload(5, header, [v for _, v in framed[1:]], window) == payload
+    for missing in (None, window[1:]):
+        with pytest.raises(OutboxCorrupt, match="not kept"):
+            outbox.stored_payload(5, header, [v for _, v in framed[1:]], missing)
+    # The first record of a block, a window not whole, or none: the preset dictionary alone.
+    for lsn, previous in ((outbox.KEYFRAME_EVERY * 3, window), (5, window[1:]), (5, None)):
+        framed, _ = outbox.frame(lsn, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, previous)
+        assert StoredOutboxHeader.decode(framed[0][1]).encoding == OutboxPayloadEncoding.DeflatePreset1
+
+
+def _encodings(shard):
+    with shard._env.begin() as txn:
+        db = shard._dbs[TREE]
+        tail = shard.recovery_tail.applied_lsn
+        return {
+            lsn: outbox.read_header(txn, db, lsn).encoding
+            for lsn in range(1, tail + 1)
+            if outbox.read_header(txn, db, lsn) is not None
+        }
+
+
+def test_records_stored_against_the_previous_one_reopen_read_and_ship_the_same(shard_env):
+    _commands(shard_env, 40)
+    encodings = _encodings(shard_env.shard)
+    assert OutboxPayloadEncoding.DeflatePrevious in encodings.values()
+    assert all(encodings[lsn] != OutboxPayloadEncoding.DeflatePrevious for lsn in encodings if lsn % 16 == 0)
+    written = list(shard_env.shard.outbox_entries())
+    shard = shard_env.reopen(verify=True)  # the whole chain, verified
+    assert list(shard.outbox_entries()) == written
+    # Ranges starting anywhere (point reads back to the last keyframe) are the same entries.
+    for start in (0, 1, 17, 30, 39):
+        assert shard.outbox_after(start)[1] == written[start:]
+    # A fresh process (no payload kept in memory) goes on compressing against what is stored.
+    _commands(shard_env, 3, start=40)
+    shard = shard_env.reopen(verify=True)
+    assert len(list(shard.outbox_entries())) == len(written) + 3
+    assert _encodings(shard)[shard.recovery_tail.applied_lsn] == OutboxPayloadEncoding.DeflatePrevious
+
+
+@pytest.mark.parametrize("through", [5, 15, 16, 21])
+def test_truncation_stores_the_first_kept_record_alone(shard_env, through):
+    _commands(shard_env, 30)
+    shard = shard_env.shard
+    written = list(shard.outbox_entries())
+    primed = {
+        lsn
+        for lsn, encoding in _encodings(shard).items()
+        if encoding == OutboxPayloadEncoding.DeflatePrevious and outbox.window_start(lsn) <= through < lsn
+    }
+    assert through + 1 in primed or (through + 1) % 16 == 0
+    shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=through)
+    assert all(_encodings(shard)[lsn] == OutboxPayloadEncoding.DeflatePreset1 for lsn in primed)
+    shard = shard_env.reopen(verify=True)
+    kept = list(shard.outbox_entries())
+    assert kept[: len(written) - through] == written[through:]
+    assert shard.outbox_after(through)[1][: len(written) - through] == written[through:]
+    # Truncating through the tail: the truncation record is not stored against a removed one.
+    shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=shard.recovery_tail.applied_lsn)
+    shard = shard_env.reopen(verify=True)
+    assert [e.header.record_kind for e in shard.outbox_entries()] == [OutboxRecordKind.OutboxTruncate]
+    _commands(shard_env, 2, start=30)
+    assert len(list(shard_env.reopen(verify=True).outbox_entries())) == 3
+
+
+def test_a_record_stored_against_a_damaged_previous_one_refuses_to_open(shard_env):
+    _commands(shard_env, 4)
+    tail = shard_env.shard.recovery_tail.applied_lsn
+    assert _encodings(shard_env.shard)[tail] == OutboxPayloadEncoding.DeflatePrevious
+    # The previous record's header now says "raw" for a stream: its payload (and so the
+    # dictionary) no longer matches what the chain and the next record were built from.
+    previous = _stored(shard_env.shard, outbox.header_key(tail - 1))
+    shard_env.shard.close()
+    _rewrite(shard_env.path, outbox.header_key(tail - 1), previous[:54] + b"\x01" + previous[55:])
+    with pytest.raises(OutboxCorrupt):
+        Shard.open(shard_env.path, verify=True)
+
+
+def test_a_record_written_in_a_transaction_that_aborted_never_primes_the_next(shard_env, monkeypatch):
+    """The payloads a process keeps to prime its next record describe an aborted record too
+    (they are set before the commit): the next record must be primed with what is stored."""
+    from nokvfs.engine import shard as shard_module
+
+    _commands(shard_env, 5)
+    shard = shard_env.shard
+    real = shard_module.Shard._put_system
+
+    def fail_on_clock(self, txn, key, value):
+        if key == shard_module.SYS_CLOCK:
+            raise RuntimeError("the transaction aborts after the outbox record was framed")
+        return real(self, txn, key, value)
+
+    monkeypatch.setattr(shard_module.Shard, "_put_system", fail_on_clock)
+    with pytest.raises(RuntimeError):
+        shard_env.apply(mutations=[Put("path_current", b"\xee" * 16, b"\x02" + b"w" * 300)])
+    monkeypatch.setattr(shard_module.Shard, "_put_system", real)
+    _commands(shard_env, 3, start=5)
+    assert _encodings(shard)[shard.recovery_tail.applied_lsn] == OutboxPayloadEncoding.DeflatePrevious
+    shard = shard_env.reopen(verify=True)
+    assert [e.lsn for e in shard.outbox_entries()] == list(range(1, shard.recovery_tail.applied_lsn + 1))

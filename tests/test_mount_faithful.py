@@ -370,6 +370,24 @@ def test_an_open_reader_keeps_its_revision_through_replace_and_remove(mount):
         assert reader.read() == b"replaced by the CLI"
 
 
+def test_a_new_open_after_a_replacement_sees_it_while_this_mount_still_holds_its_write_state(mount):
+    """A file this mount wrote and published while another descriptor kept it open: the mount
+    still holds its (published) write state when another process replaces it, and an open after
+    that must read the replacement, as it does when nothing of the file is held."""
+    path = mount.path("wb", "outputs", "held.txt")
+    with open(path, "w") as f:
+        f.write("first")
+    with open(path, "rb") as reader:
+        with open(path, "wb") as writer:
+            writer.write(b"second, from this mount")
+        mount.facade("namespace.put(root, 'wb', 'outputs/held.txt', b'replaced by the CLI')")
+        with open(path, "rb") as fresh:
+            assert fresh.read() == b"replaced by the CLI"
+        assert reader.read() == b"second, from this mount"  # an open descriptor keeps what it showed
+    with open(path, "rb") as f:
+        assert f.read() == b"replaced by the CLI"
+
+
 def test_times_and_mode_of_a_file_renamed_over_can_be_set_through_its_descriptor(mount):
     """futimens/fchmod on a descriptor of a file a rename has made nameless succeed, as they do
     on a local disk (the kernel's writeback cache does the same when it flushes a file's times at

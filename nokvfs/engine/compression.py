@@ -133,6 +133,22 @@ def deflate(data: bytes) -> bytes | None:
     return stream if len(stream) < len(data) else None
 
 
+# zlib's window: a preset dictionary longer than this is used by its last 32 KiB only.
+WINDOW = 32 * 1024
+
+
+def previous_dictionary(previous_payloads: list[bytes]) -> bytes:
+    """The dictionary of OutboxPayloadEncoding.DeflatePrevious: DICTIONARY_1 then the payloads
+    of the outbox records before it (oldest first), the last WINDOW bytes (what zlib would use)."""
+    return (DICTIONARY_1 + b"".join(previous_payloads))[-WINDOW:]
+
+
+def deflate_with(data: bytes, dictionary: bytes) -> bytes:
+    """`data` as one zlib stream (RFC 1950) primed with `dictionary`."""
+    deflater = zlib.compressobj(_LEVEL, zdict=dictionary)
+    return deflater.compress(data) + deflater.flush()
+
+
 def inflate(stream: bytes, length: int, dictionary: bytes = DICTIONARY_1) -> bytes:
     """The `length` bytes the zlib `stream` holds, or ValueError saying why not: it must be
     exactly one stream of exactly that length. Inflation stops one byte past `length`, so damage

@@ -76,12 +76,46 @@ def legacy_chunk_key(lsn: int, index: int) -> bytes:
 COMPRESS_ABOVE = compression.COMPRESS_ABOVE
 
 
-def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes, previous: bytes):
-    """The (key, value) rows of one outbox record, in key order, and its chain digest."""
+# A DeflatePrevious record is primed with the payloads of the records before it in its block of
+# KEYFRAME_EVERY LSNs, at most WINDOW_RECORDS of them (a publish is three commands), each at most
+# PREVIOUS_LIMIT long. The first record of a block (LSN a multiple of KEYFRAME_EVERY) stands
+# alone, so reading any record inflates at most KEYFRAME_EVERY - 1 records before it.
+WINDOW_RECORDS = 3
+PREVIOUS_LIMIT = 64 * 1024
+KEYFRAME_EVERY = 16
+
+
+def window_start(lsn: int) -> int:
+    """The first record whose payload primes a DeflatePrevious record `lsn` (`lsn` itself when
+    none does: the first record of a block)."""
+    return max(lsn - lsn % KEYFRAME_EVERY, lsn - WINDOW_RECORDS)
+
+
+def frame(
+    lsn: int,
+    kind: OutboxRecordKind,
+    commit_version: int,
+    payload: bytes,
+    previous: bytes,
+    window: list[bytes] | None = None,
+):
+    """The (key, value) rows of one outbox record, in key order, and its chain digest.
+
+    `window`: the payloads of records window_start(lsn)..lsn - 1 when all are kept; the record
+    is then stored against them (DeflatePrevious) when that is the smallest form."""
     stored, encoding = payload, OutboxPayloadEncoding.Raw
     deflated = compression.deflate(payload)
     if deflated is not None:
         stored, encoding = deflated, OutboxPayloadEncoding.DeflatePreset1
+    if (
+        window
+        and len(window) == lsn - window_start(lsn)
+        and all(len(p) <= PREVIOUS_LIMIT for p in window)
+        and len(payload) > COMPRESS_ABOVE
+    ):
+        delta = compression.deflate_with(payload, compression.previous_dictionary(window))
+        if len(delta) < len(stored):
+            stored, encoding = delta, OutboxPayloadEncoding.DeflatePrevious
     chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
     digest = chain_digest(previous, lsn, kind, commit_version, payload)
     header = StoredOutboxHeader(
@@ -96,6 +130,11 @@ def frame(lsn: int, kind: OutboxRecordKind, commit_version: int, payload: bytes,
     rows = [(header_key(lsn), header.encode())]
     rows += [(chunk_key(lsn, i), OutboxChunk(c).encode()) for i, c in enumerate(chunks)]
     return rows, digest
+
+
+def needs_previous(header) -> bool:
+    """Whether the record's payload can only be inflated with the previous record's payload."""
+    return isinstance(header, StoredOutboxHeader) and header.encoding == OutboxPayloadEncoding.DeflatePrevious
 
 
 def decode_header(raw: bytes, lsn: int) -> OutboxHeader | StoredOutboxHeader:
@@ -113,9 +152,11 @@ def chunk_key_of(header: OutboxHeader | StoredOutboxHeader):
     return chunk_key if isinstance(header, StoredOutboxHeader) else legacy_chunk_key
 
 
-def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tuple["OutboxEntry", bytes]:
-    """The verified entry of record `lsn` from its stored header and its chunk rows' values (in
-    index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails."""
+def stored_payload(lsn: int, header, chunk_values: list[bytes], window=None) -> bytes:
+    """The payload record `lsn` holds, from its stored header and its chunk rows' values (in
+    index order, out of their envelopes); the caller checks it (verify_record, payloads).
+    `window`: for a DeflatePrevious record, the payloads of records window_start(lsn)..lsn - 1
+    or a function returning them; OutboxCorrupt if anything fails."""
     if isinstance(header, StoredOutboxHeader):
         try:
             stored = b"".join(OutboxChunk.decode(value).data for value in chunk_values)
@@ -123,8 +164,25 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tu
             raise OutboxCorrupt(f"a chunk of outbox record {lsn} does not decode: {exc}") from None
         if header.encoding == OutboxPayloadEncoding.DeflatePreset1:
             payload = _inflate(stored, header.payload_length, lsn, compression.DICTIONARY_1)
+        elif header.encoding == OutboxPayloadEncoding.DeflatePrevious:
+            before = window() if callable(window) else window
+            if before is None or len(before) != lsn - window_start(lsn) or not before:
+                raise OutboxCorrupt(f"outbox record {lsn} is stored against records before it that are not kept")
+            payload = _inflate(stored, header.payload_length, lsn, compression.previous_dictionary(before))
         else:
             payload = stored
+    else:
+        parts = [decode_chunk(value, lsn, index) for index, value in enumerate(chunk_values)]
+        payload = join_chunks(parts, header, lsn)
+    return payload
+
+
+def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes, window=None) -> tuple["OutboxEntry", bytes]:
+    """The verified entry of record `lsn` from its stored header and its chunk rows' values (in
+    index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails.
+    `window` as for `stored_payload`."""
+    payload = stored_payload(lsn, header, chunk_values, window)
+    if isinstance(header, StoredOutboxHeader):
         logical = OutboxHeader(
             record_kind=header.record_kind,
             commit_version=header.commit_version,
@@ -135,9 +193,45 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes) -> tu
             chain_digest=header.chain_digest,
         )
     else:
-        parts = [decode_chunk(value, lsn, index) for index, value in enumerate(chunk_values)]
-        payload, logical = join_chunks(parts, header, lsn), header
+        logical = header
     return OutboxEntry(lsn, logical, payload), verify_record(lsn, logical, payload, previous)
+
+
+def _chunk_values(txn, db, lsn: int, header) -> list[bytes]:
+    key_of = chunk_key_of(header)
+    values = []
+    for index in range(header.chunk_count):
+        value = rows.get(txn, db, OUTBOX_TREE, key_of(lsn, index))
+        if value is None:
+            raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
+        values.append(value)
+    return values
+
+
+def payloads(txn, db, first: int, last: int) -> list[bytes] | None:
+    """The payloads of records first..last by point reads, each checked against its header
+    (inflating from the start of first's block the records a DeflatePrevious record is primed
+    with), or None when one of first..last is not kept."""
+    known: dict[int, bytes] = {}
+    for lsn in range(max(1, first - first % KEYFRAME_EVERY), last + 1):
+        header = read_header(txn, db, lsn)
+        if header is None:
+            if lsn >= first:
+                return None
+            continue  # truncated: no record kept is primed with it (Shard._truncate)
+        window = None
+        if needs_previous(header):
+            try:
+                window = [known[n] for n in range(window_start(lsn), lsn)]
+            except KeyError:
+                raise OutboxCorrupt(
+                    f"outbox record {lsn} is stored against records before it that are not kept"
+                ) from None
+        payload = stored_payload(lsn, header, _chunk_values(txn, db, lsn, header), window)
+        if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
+            raise OutboxCorrupt(f"outbox record {lsn}: payload length or SHA-256 differs from its header")
+        known[lsn] = payload
+    return [known[lsn] for lsn in range(first, last + 1)]
 
 
 def read_header(txn, db, lsn: int) -> OutboxHeader | StoredOutboxHeader | None:
@@ -152,14 +246,8 @@ def read_record(txn, db, lsn: int, previous: bytes) -> tuple["OutboxEntry", byte
     header = read_header(txn, db, lsn)
     if header is None:
         return None
-    key_of = chunk_key_of(header)
-    values = []
-    for index in range(header.chunk_count):
-        value = rows.get(txn, db, OUTBOX_TREE, key_of(lsn, index))
-        if value is None:
-            raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
-        values.append(value)
-    return assemble(lsn, header, values, previous)
+    values = _chunk_values(txn, db, lsn, header)
+    return assemble(lsn, header, values, previous, lambda: payloads(txn, db, window_start(lsn), lsn - 1))
 
 
 def decode_chunk(raw: bytes, lsn: int, index: int) -> tuple[bytes, bool]:
@@ -250,6 +338,8 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
     legacy = txn.cursor(db)  # chunks of version 1 headers
     previous = start_digest
     expected = after_lsn + 1
+    # The payloads of the last records read (a DeflatePrevious record is inflated with them).
+    recent: dict[int, bytes] = {}
     more_legacy = legacy.set_range(legacy_chunk_key(expected, 0))
     ok = rows_.set_range(header_key(expected))
     while ok and rows_.key()[:1] == OUTBOX_HEADER_PREFIX:
@@ -271,7 +361,15 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
                     raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
                 values.append(rows.unseal(OUTBOX_TREE, legacy.key(), legacy.value()))
                 more_legacy = legacy.next()
-        entry, previous = assemble(lsn, header, values, previous)
+        first = window_start(lsn)
+        window = (
+            [recent[n] for n in range(first, lsn)]
+            if all(n in recent for n in range(first, lsn))
+            else (lambda first=first, lsn=lsn: payloads(txn, db, first, lsn - 1))
+        )
+        entry, previous = assemble(lsn, header, values, previous, window)
+        recent[lsn] = entry.payload
+        recent.pop(lsn - WINDOW_RECORDS, None)
         yield entry
         expected += 1
         ok = rows_.next()

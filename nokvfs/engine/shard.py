@@ -364,6 +364,9 @@ class Shard:
         self._unflushed = False
         self._unflushed_running = 0
         self._flushing = threading.Lock()
+        # (LSN, chain digest, payload) of the last outbox records this process wrote, in LSN
+        # order, which the next one is compressed against (outbox.frame); others are read back.
+        self._outbox_recent: list[tuple[int, bytes, bytes]] = []
         self._tags = {f.name: f.tag for f in family_keys.FAMILIES}
         with env.begin() as txn:
             identity = self._system(txn, SYS_SHARD, ShardIdentity)
@@ -1096,8 +1099,9 @@ class Shard:
         return CommandOutcome(commit_version, lsn, command.result, mutated=tuple(mutated))
 
     def _append_outbox(self, txn, lsn, kind, commit_version, payload, tail) -> bytes:
-        framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest)
         db = self._dbs[OUTBOX_TREE]
+        window = self._outbox_window(txn, db, lsn, tail)
+        framed, chain = outbox.frame(lsn, kind, commit_version, payload, tail.chain_digest, window)
         for key, value in framed:
             # A record's rows sort after every row of the tree: appended, so their pages fill up
             # (sequential keys put normally leave every page half empty). Only chunks of records
@@ -1107,7 +1111,25 @@ class Shard:
             ):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
         self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
+        # Exact whether or not this transaction commits: used only while the tail names its last
+        # record (whose chain digest binds the window it was written after).
+        before = [(number, None, p) for number, p in zip(range(lsn - len(window or ()), lsn), window or ())]
+        self._outbox_recent = (before + [(lsn, chain, payload)])[-outbox.WINDOW_RECORDS :]
         return chain
+
+    def _outbox_window(self, txn, db, lsn: int, tail) -> list[bytes] | None:
+        """The payloads a new record `lsn` may be compressed against (outbox.frame): records
+        window_start(lsn)..lsn - 1, or None when there are none or one is not kept (truncated)."""
+        first = outbox.window_start(lsn)
+        if first == lsn or outbox.read_header(txn, db, first) is None:
+            return None
+        recent = {number: payload for number, _, payload in self._outbox_recent}
+        last = self._outbox_recent[-1] if self._outbox_recent else None
+        # The tail's chain digest binds its payload and, through the chain, every one before it.
+        if last is not None and last[0] == tail.applied_lsn and last[1] == tail.chain_digest:
+            if all(number in recent for number in range(first, lsn)):
+                return [recent[number] for number in range(first, lsn)]
+        return outbox.payloads(txn, db, first, lsn - 1)
 
     def _check_fences(self, txn, command: MetadataCommand) -> None:
         fence = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(command.root_id)))
@@ -1349,6 +1371,13 @@ class Shard:
         header = outbox.read_header(txn, db, target)
         if header is None:
             raise OutboxCorrupt(f"outbox record {target} is missing")
+        # The first records kept may be stored against records removed: stored again alone.
+        rewrite = []
+        for lsn in range(target + 1, min(target + outbox.WINDOW_RECORDS, tail.applied_lsn) + 1):
+            kept = outbox.read_header(txn, db, lsn)
+            if kept is not None and outbox.needs_previous(kept) and outbox.window_start(lsn) <= target:
+                (payload,) = outbox.payloads(txn, db, lsn, lsn)
+                rewrite.append((lsn, kept, payload, outbox.read_header(txn, db, lsn - 1).chain_digest))
         cursor = txn.cursor(db)
         for first, last in (
             # Headers and the chunks that follow them; then chunks of version 1 headers.
@@ -1358,6 +1387,8 @@ class Shard:
             found = cursor.set_range(first)
             while found and first <= cursor.key() < last:
                 found = cursor.delete()  # moves to the next row
+        for lsn, kept, payload, previous_chain in rewrite:
+            self._store_alone(txn, db, lsn, kept, payload, previous_chain)
         record = OutboxTruncateRecord(owner_epoch, target, header.chain_digest, header.commit_version, target - old)
         if recorded is not None and record != recorded:
             raise IntegrityError(f"the recorded outbox truncation differs from the chain here: {recorded} != {record}")
@@ -1375,6 +1406,17 @@ class Shard:
         lsn = tail.applied_lsn + 1
         self._append_outbox(txn, lsn, OutboxRecordKind.OutboxTruncate, clock, record.encode(), tail)
         return TruncateOutcome(target, target - old, lsn)
+
+    def _store_alone(self, txn, db, lsn: int, stored, payload: bytes, previous_chain: bytes) -> None:
+        """Store record `lsn` again without reference to the record before it (which truncation
+        removes): same payload, kind, commit version and chain digest; other rows."""
+        framed, chain = outbox.frame(lsn, stored.record_kind, stored.commit_version, payload, previous_chain)
+        if chain != stored.chain_digest:
+            raise OutboxCorrupt(f"outbox record {lsn} does not follow the truncation point's chain digest")
+        for index in range(stored.chunk_count):
+            txn.delete(outbox.chunk_key(lsn, index), db=db)
+        for key, value in framed:
+            rows.put(txn, db, OUTBOX_TREE, key, value)
 
     @_lmdb_errors
     def prune_retained(

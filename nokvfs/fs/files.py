@@ -92,7 +92,9 @@ class Files:
         if writing or flags & os.O_TRUNC:
             tree.check_writable(f"open {node.describe()} for writing", node)
             names.check_publishable(self.root, node, node.components)
-        if node.spool is None:
+        if node.spool is None or not node.spool.dirty:
+            # Nothing unpublished here: the open reads the path's revision (ESTALE if another
+            # process replaced it, even while this mount still holds the file's write state).
             self._entry_to_open(node, writing)
         # An inode only ever holds one revision's bytes (or this mount's own, published as its
         # next revision): its page cache is always right.

@@ -231,6 +231,10 @@ class OutboxPayloadEncoding(IntEnum):
     # One zlib stream (RFC 1950) compressed with the preset dictionary
     # nokvfs.engine.compression.DICTIONARY_1.
     DeflatePreset1 = 2
+    # One zlib stream primed with DICTIONARY_1 followed by the payloads of up to three records
+    # before it in its block of 16 LSNs (nokvfs.engine.outbox.window_start; the last 32 KiB:
+    # zlib's window). A publish's three commands repeat most of their rows.
+    DeflatePrevious = 3
 
 
 class PredicateKind(IntEnum):

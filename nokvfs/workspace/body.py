@@ -12,9 +12,12 @@ re-hashes the blocks a write went back over otherwise.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import hashlib
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 
 from nokvfs import filemodes
@@ -22,6 +25,23 @@ from nokvfs.errors import IntegrityError, StoreError, StoreFull
 
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _READ_CHUNK = 1024 * 1024
+# WrittenBody: writes of at least this many bytes are hashed in the background, with at most
+# HASH_BACKLOG_MAX bytes waiting per running hash (beyond it the writer hashes them itself).
+HASH_IN_BACKGROUND_MIN = 64 * 1024
+HASH_BACKLOG_MAX = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _BlockEnd:
+    """The last piece of a block: update its hash, then record the block's digest."""
+
+    hash: object
+    digests: dict
+    index: int
+
+    def __call__(self, piece) -> None:
+        self.hash.update(piece)
+        self.digests[self.index] = self.hash.digest()
 
 
 @dataclass(frozen=True)
@@ -111,6 +131,44 @@ def from_file(path: str, block_size: int = DEFAULT_BLOCK_SIZE, *, owned_spool: b
     return Body(offset, whole.digest(), blocks, path=path, owned_spool=owned_spool)
 
 
+class _HashChain:
+    """Updates of running hashes applied in submission order, in a shared pool's thread when a
+    piece is large (a big write then returns before its bytes are hashed: the spool's next write
+    and the hashing proceed side by side) and in the caller's thread otherwise. `settle` waits
+    until everything submitted is applied."""
+
+    _pool: concurrent.futures.ThreadPoolExecutor | None = None
+    _pool_lock = threading.Lock()
+
+    def __init__(self):
+        self._lock = threading.Lock()  # held while items are applied, so they apply in order
+        self._items: collections.deque = collections.deque()
+        self._queued = 0  # bytes of the pieces waiting
+
+    def submit(self, apply, piece, *, background: bool) -> None:
+        self._items.append((apply, piece))
+        self._queued += len(piece)
+        if not background or len(piece) < HASH_IN_BACKGROUND_MIN or self._queued > HASH_BACKLOG_MAX:
+            self.settle()  # small (a pool round trip would cost more), or too much waiting
+        else:
+            self.pool().submit(self.settle)
+
+    def settle(self) -> None:
+        with self._lock:
+            while self._items:
+                apply, piece = self._items.popleft()
+                apply(piece)
+                self._queued -= len(piece)
+
+    @classmethod
+    def pool(cls) -> concurrent.futures.ThreadPoolExecutor:
+        with cls._pool_lock:
+            if cls._pool is None:
+                # Two threads: the whole-body and the block hash of one file run side by side.
+                cls._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nokvfs-hash")
+            return cls._pool
+
+
 class WrittenBody:
     """The block plan of a local file being written, hashed as its bytes arrive.
 
@@ -120,15 +178,24 @@ class WrittenBody:
     the blocks it touched: `body` then reads the file once, hashing the whole body and only the
     blocks whose digests are unknown. Block boundaries are the publisher's (`block_size`), so the
     plan is the one `from_file` would make of the same bytes; upload still re-checks every block.
-    Not thread-safe: the owner serializes writes, truncates and `body`.
+    The two hashes of a large write are computed in the background (`_HashChain`); every other
+    method first waits for them. Not thread-safe otherwise: the owner serializes writes,
+    truncates and `body`.
     """
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE):
         self.block_size = block_size
+        self._whole_chain = _HashChain()
+        self._block_chain = _HashChain()
         self.reset()
+
+    def _settle(self) -> None:
+        self._whole_chain.settle()
+        self._block_chain.settle()
 
     def reset(self) -> None:
         """The file is empty now."""
+        self._settle()
         self.hashed = 0  # bytes [0, hashed) went through the running hashes
         self._whole = hashlib.sha256()
         self._block = hashlib.sha256()  # of bytes [hashed // block_size * block_size, hashed)
@@ -152,17 +219,21 @@ class WrittenBody:
             self.changed(offset, offset + size)
             return
         view = memoryview(data).cast("B")
+        background = isinstance(data, bytes)  # immutable: safe to hash after the write returns
+        self._whole_chain.submit(self._whole.update, view, background=background)
         bs = self.block_size
         position = offset
         while view:
             piece = view[: bs - position % bs]
-            self._whole.update(piece)
-            self._block.update(piece)
             position += len(piece)
             view = view[len(piece) :]
             if position % bs == 0:
-                self._digests[position // bs - 1] = self._block.digest()
+                # The block ends here: its digest is taken after its last piece, in the chain.
+                end = _BlockEnd(self._block, self._digests, position // bs - 1)
+                self._block_chain.submit(end, piece, background=background)
                 self._block = hashlib.sha256()
+            else:
+                self._block_chain.submit(self._block.update, piece, background=background)
         self.hashed = position
 
     def truncated(self, size: int) -> None:
@@ -172,6 +243,7 @@ class WrittenBody:
 
     def changed(self, start: int, end: int | None) -> None:
         """Bytes from `start` (to `end`, or the end of the file) changed some other way."""
+        self._settle()
         bs = self.block_size
         first, last = start // bs, None if end is None else (end - 1) // bs
         for index in [i for i in self._digests if i >= first and (last is None or i <= last)]:
@@ -181,6 +253,7 @@ class WrittenBody:
     def body(self, path: str, size: int) -> Body:
         """The Body of the file at `path`, which holds `size` bytes: from the running hashes,
         reading only what they do not cover."""
+        self._settle()
         bs = self.block_size
         if self._whole is not None and self.hashed <= size:
             whole, offset = self._whole.copy(), self.hashed

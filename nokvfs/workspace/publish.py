@@ -36,6 +36,7 @@ after-publish-command, after-abort, after-cleaning, after-reconcile.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -96,6 +97,7 @@ RUN_MANIFEST = ("metadata", "run_manifest.json")
 RESTORE_MANIFEST = ("metadata", "restore_manifest.json")
 RESERVED_MANIFESTS = (RUN_MANIFEST, RESTORE_MANIFEST)
 LEDGER_BATCH = 256  # objects deleted per cleanup command
+UPLOAD_BLOCKS_IN_FLIGHT = 4  # blocks of one body sent at once (each held in memory while sent)
 ROW_BATCH = 4096  # ledger or manifest rows per command (the engine bounds a command)
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 TERMINAL = (PublishPhase.Published, PublishPhase.Cleaned, PublishPhase.Quarantined)
@@ -159,6 +161,11 @@ class Publication:
     event_kind: ChangeEventKind = ChangeEventKind.PathPut
     revision_id: bytes = field(default_factory=new_id16)
     operation_id: bytes = field(default_factory=new_id16)
+    # The request ids of the begin and finalize commands, minted before `request_id` (the final
+    # command's): the three CommandDedupe keys of a publish are then written in key order and
+    # appended, which fills their pages instead of splitting them in half.
+    begin_request_id: bytes = field(default_factory=new_id16)
+    finalize_request_id: bytes = field(default_factory=new_id16)
     request_id: bytes = field(default_factory=new_id16)
     # Called as progress(bytes_uploaded, bytes_total) after each block (not durable).
     progress: object = None
@@ -202,7 +209,7 @@ def run(root, pub: Publication) -> PathEntry:
         crash_point("after-begin")
         try:
             upload(root, pub, staged=staged)
-            finalize(root, pub.operation_id, durable=False)
+            finalize(root, pub.operation_id, durable=False, request_id=pub.finalize_request_id)
             _settle_staged(staged)  # the object durable before the final command names it
         except BaseException as exc:
             _drop_staged(staged)
@@ -505,7 +512,9 @@ def begin(root, pub: Publication, incarnation: bytes | None = None) -> None:
         incarnation = workbench.incarnation_id
     op_key = ROWS.key(root, pub.operation_id)
     _, built = root.apply(
-        lambda view: _begin_built(root, pub, incarnation, view), digest=intent_digest("publish.begin", pub.operation_id)
+        lambda view: _begin_built(root, pub, incarnation, view),
+        digest=intent_digest("publish.begin", pub.operation_id),
+        request_id=pub.begin_request_id,
     )
     # The rest of the ledger in bounded batches, all before the first byte is uploaded. A crash
     # here leaves an Uploading operation whose partial ledger cleanup removes.
@@ -570,13 +579,17 @@ def _staged_rows(root, pub: Publication, blocks) -> list:
 
 
 def upload(root, pub: Publication, *, staged=None) -> None:
-    """Step 2: every block under its ledger key (multipart above the store's threshold). A block
-    0 already `staged` (see `_stage_during_begin`) is only linked at its key, its directory
-    fsyncs left running: the caller waits for them (`_settle_staged`) before anything may rely
-    on the object being durable."""
+    """Step 2: every block under its ledger key (multipart above the store's threshold), up to
+    UPLOAD_BLOCKS_IN_FLIGHT blocks at once (each read and re-checked from the body by the thread
+    that sends it). A block 0 already `staged` (see `_stage_during_begin`) is only linked at its
+    key, its directory fsyncs left running: the caller waits for them (`_settle_staged`) before
+    anything may rely on the object being durable. Crash points and progress follow block
+    order; a failure stops further blocks and is raised once those in flight have ended (the
+    ledger owns every key, so cleanup removes whatever reached the store)."""
     store = root.store
     threshold = getattr(store, "multipart_threshold", None)
-    for block in pub.body.blocks:
+
+    def send(block) -> None:
         key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
         if staged is not None and block.index == 0:
             staged.commit(key, wait=False)
@@ -584,9 +597,36 @@ def upload(root, pub: Publication, *, staged=None) -> None:
             _upload_multipart(root, pub.operation_id, block.index, key, pub.body.read_block(block))
         else:
             store.put(key, pub.body.read_block(block))
+
+    def sent(block) -> None:
         crash_point(f"after-upload-{block.index}")
         if pub.progress is not None:
             pub.progress(block.offset + block.length, pub.body.size)
+
+    blocks = list(pub.body.blocks)
+    if len(blocks) <= 1 or (threshold is not None and any(block.length > threshold for block in blocks)):
+        # One block, or multipart ones (each records its upload in the ledger first): in order.
+        for block in blocks:
+            send(block)
+            sent(block)
+        return
+    with concurrent.futures.ThreadPoolExecutor(UPLOAD_BLOCKS_IN_FLIGHT, thread_name_prefix="nokvfs-block") as pool:
+        in_flight = collections.deque()
+        try:
+            for block in blocks:
+                if len(in_flight) >= UPLOAD_BLOCKS_IN_FLIGHT:
+                    done = in_flight.popleft()
+                    done[1].result()
+                    sent(done[0])
+                in_flight.append((block, pool.submit(send, block)))
+            while in_flight:
+                done = in_flight.popleft()
+                done[1].result()
+                sent(done[0])
+        except BaseException:
+            for _, future in in_flight:
+                future.cancel()  # not started: never sent; the running ones end before the raise
+            raise
 
 
 def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: bytes) -> None:
@@ -621,7 +661,7 @@ def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: 
     store.complete_multipart(key, upload_id, parts)
 
 
-def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
+def finalize(root, operation_id: bytes, *, durable: bool = True, request_id: bytes | None = None) -> None:
     """Step 3: mark the ledger Uploaded and write the new revision's manifest rows, in bounded batches;
     the last batch CASes Uploading -> Finalizing. Manifest rows of a revision that does not
     exist yet are invisible; cleanup removes them if the publication never happens.
@@ -643,6 +683,7 @@ def finalize(root, operation_id: bytes, *, durable: bool = True) -> None:
                 predicates=[ValueEquals("operation", op_key, raw)], mutations=mutations
             ),
             digest=intent_digest("publish.finalize", operation_id, number),
+            request_id=request_id if number == 0 else None,
             durable=durable,
         )
 
