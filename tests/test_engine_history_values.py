@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from nokvfs.engine import history
+from nokvfs.engine import history, rows
 from nokvfs.engine.command import Delete, Put
 from nokvfs.engine.compression import DICTIONARY_1
 from nokvfs.engine.records import DeflatedHistoryValue, HistoryValue
@@ -67,3 +67,48 @@ def test_reads_at_every_version_through_deflated_history_after_reopen(shard_env)
     for version, value in versions.items():
         with shard.read(version) as view:
             assert view.get("path_current", key) == value
+
+
+def _plant_history_row(shard, key: bytes, version: int, stored: bytes, *, counted: bool) -> bytes:
+    """Put `stored` (raw, as LMDB holds it) at the History key a change of path_current `key`
+    committing at `version` writes; `counted`: also in the state digest, as a row the engine
+    wrote would be."""
+    from nokvfs.engine.records import SYS_STATE_DIGEST, StateDigest
+    from nokvfs.engine.shard import _Digests
+
+    history_key = keys.history_key(keys.FAMILY_BY_NAME["path_current"].tag, key, version)
+    with shard._env.begin(write=True) as txn:
+        txn.put(history_key, stored, db=shard._dbs["history"])
+        if counted:
+            digests = _Digests(shard._system(txn, SYS_STATE_DIGEST, StateDigest))
+            digests.change("history", history_key, None, rows.unseal("history", history_key, stored))
+            shard._put_system(txn, SYS_STATE_DIGEST, digests.record())
+    return history_key
+
+
+def test_a_history_row_already_where_a_command_writes_its_own_is_replaced_and_counted(shard_env):
+    """A command's History key (at its new commit version) is new but for damage; a row found
+    there anyway is read, verified, and replaced, and the state digest still recomputes."""
+    key = shard_env.root_id + b"\x08" * 20
+    first = shard_env.apply(mutations=[Put("path_current", key, b"\x02" + LONG)]).commit_version
+    stray = history.encode_value(b"\x02stray")
+    history_key = keys.history_key(keys.FAMILY_BY_NAME["path_current"].tag, key, first + 1)
+    _plant_history_row(shard_env.shard, key, first + 1, rows.seal("history", history_key, stray), counted=True)
+    second = shard_env.apply(mutations=[Put("path_current", key, b"\x02" + LONG[::-1])]).commit_version
+    assert second == first + 1
+    shard = shard_env.reopen(verify=True)  # the digests recompute to the stored ones
+    with shard.read(first) as view:
+        assert view.get("path_current", key) == b"\x02" + LONG
+    with shard._env.begin() as txn:
+        assert history.decode_value(shard_env.stored(txn, "history", history_key)) == b"\x02" + LONG
+
+
+def test_a_damaged_history_row_where_a_command_writes_its_own_refuses_the_command(shard_env):
+    from nokvfs.errors import RowCorrupt
+
+    key = shard_env.root_id + b"\x09" * 20
+    first = shard_env.apply(mutations=[Put("path_current", key, b"\x02" + LONG)]).commit_version
+    _plant_history_row(shard_env.shard, key, first + 1, b"\x01" + b"\x00" * 8 + b"\x01\x00", counted=False)
+    with pytest.raises(RowCorrupt):
+        shard_env.apply(mutations=[Put("path_current", key, b"\x02" + LONG[::-1])])
+    assert shard_env.shard.commit_version == first

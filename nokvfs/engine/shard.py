@@ -1028,8 +1028,11 @@ class Shard:
                 expected=command.read_version,
                 current=clock,
             )
+        # What the predicates read, verified, is what the first write of the same row replaces:
+        # it is not read a second time.
+        checked: dict = {}
         for index, predicate in enumerate(command.predicates):
-            self._check(txn, index, predicate)
+            checked[predicate.tree, predicate.key] = self._check(txn, index, predicate)
         for mutation in command.mutations:
             if len(mutation.key) > self.max_family_key_bytes:
                 raise KeyTooLong(
@@ -1046,15 +1049,20 @@ class Shard:
         def write(tree: str, key: bytes, value: bytes | None) -> None:
             # The old value is read verified: nothing is written over a damaged row.
             db = self._family_dbs[tree]
-            old = rows.get(txn, db, tree, key)
+            old = checked.pop((tree, key)) if (tree, key) in checked else rows.get(txn, db, tree, key)
             history_key = family_keys.history_key(self._tags[tree], key, commit_version)
             first = history_key not in written_history
             written_history.add(history_key)
             if first and history.records_change(tree, old, value, commit_version):
                 # The first write of a key in a command records the value before the command.
+                # Its History key (at the new commit version) is new but for damage: the row
+                # found there, if any, is read (verified) and replaced.
                 hvalue = history.encode_value(old)
-                prior = self._get(txn, HISTORY_TREE, history_key)
-                rows.put(txn, self._dbs[HISTORY_TREE], HISTORY_TREE, history_key, hvalue)
+                history_db = self._dbs[HISTORY_TREE]
+                prior = None
+                if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
+                    prior = self._get(txn, HISTORY_TREE, history_key)
+                    rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue)
                 digests.change(HISTORY_TREE, history_key, prior, hvalue)
             if value is None:
                 if old is not None:
@@ -1131,7 +1139,8 @@ class Shard:
             fences.require_active(fence, command.root_id, self.logical_shard_id, command.placement_generation)
         fences.require_owner(command.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
 
-    def _check(self, txn, index: int, predicate) -> None:
+    def _check(self, txn, index: int, predicate) -> bytes | None:
+        """The row the predicate holds on (verified), or PredicateFailed."""
         db = self._family_dbs.get(predicate.tree)
         if db is None:
             raise InvalidInput(f"predicate {index} names no metadata family tree {predicate.tree!r}")
@@ -1157,6 +1166,7 @@ class Shard:
                     f"expected {predicate.expected!r}",
                     index=index,
                 )
+        return raw
 
     @_lmdb_errors
     def observe_lease_clock(self, unix_ms: int) -> int:

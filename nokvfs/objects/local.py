@@ -48,7 +48,6 @@ ends; `delete_many` does so for many keys with one lock round and each directory
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -64,6 +63,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from nokvfs.errors import (
+    AmbiguousResult,
     IntegrityError,
     InvalidInput,
     ObjectMissing,
@@ -72,6 +72,7 @@ from nokvfs.errors import (
     StoreFull,
 )
 from nokvfs.filemodes import DIR_MODE, FILE_MODE, makedirs
+from nokvfs.objects import removal
 from nokvfs.objects.store import (
     MIN_PART_SIZE,
     ObjectInfo,
@@ -126,11 +127,7 @@ def _io(action: str, path: str):
 
 def _fsync_dir(path: str) -> None:
     with _io("fsync directory", path):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        removal.fsync_dir(path)
 
 
 def _link_descriptor(fd: int, path: str) -> None:
@@ -184,42 +181,6 @@ def _fsync_dirs(directories: list[str]) -> None:
         _fsync_dir(distinct[0])
     finally:
         _wait_all(others)
-
-
-class _Syscalls:
-    """Runs one system call over many paths: on a few threads when there are enough paths for
-    that to pay (the calls release the GIL while the kernel waits), else in this thread."""
-
-    THREADS = 4
-    WORTH_THREADS = 16
-
-    def __init__(self, count: int):
-        self._pool = (
-            concurrent.futures.ThreadPoolExecutor(self.THREADS, thread_name_prefix="store-delete")
-            if count >= self.WORTH_THREADS
-            else None
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        if self._pool is not None:
-            self._pool.shutdown()
-
-    def each(self, call, paths: list) -> list:
-        """Per path, None or the OSError `call(path)` raised."""
-
-        def one(path):
-            try:
-                call(path)
-            except OSError as exc:
-                return exc
-            return None
-
-        if self._pool is None or len(paths) < self.WORTH_THREADS:
-            return [one(path) for path in paths]
-        return list(self._pool.map(one, paths))
 
 
 def _write_all(fd: int, data) -> None:
@@ -305,6 +266,7 @@ class LocalStore(ObjectStore):
         self._lock_path = os.path.join(root, LOCK_NAME)
         self._multipart_root = os.path.join(root, MULTIPART_DIR)
         self._tmp_root = os.path.join(root, TMP_DIR)
+        self._remover = removal.Remover()  # delete_many's helper process, started when needed
         # Unnamed (O_TMPFILE) temps where the filesystem has them; `unnamed_temps=False` names
         # every temp, as on a filesystem without them.
         self._tmpfile_ok = unnamed_temps and hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
@@ -690,8 +652,8 @@ class LocalStore(ObjectStore):
         """Remove several objects under one lock round: every file unlinked, the directories
         that leaves empty pruned, then each directory that changed fsynced once (so a key is
         answered None only once its removal is durable). Per key, None or the exception that
-        kept it. Many keys are unlinked and their directories removed by a few threads at once:
-        each of those system calls waits on the filesystem's journal, and they can wait together."""
+        kept it. Many keys are removed by a helper process (nokvfs.objects.removal says why);
+        an answer it lost is AmbiguousResult for each of its keys."""
         results: list = []
         paths = []
         for key in keys:
@@ -702,49 +664,19 @@ class LocalStore(ObjectStore):
                 results.append(exc)
         if not paths:
             return results
-        with self._locked(), _Syscalls(len(paths)) as syscalls:
-            unlinked = []  # (position, the directory that held the file)
-            for (position, final), error in zip(paths, syscalls.each(os.unlink, [f for _, f in paths]), strict=True):
-                if error is None:
-                    unlinked.append((position, os.path.dirname(final)))
-                elif error.errno not in _MISSING_ERRNOS and error.errno != errno.EISDIR:
-                    results[position] = _store_error(error, "delete", final)
-                # else absent already: nothing to make durable
-            removed = self._prune_empty({directory for _, directory in unlinked}, syscalls)
-            # A removal is durable once the nearest directory that stays is fsynced.
-            durable_at: dict[str, list[int]] = {}
-            for position, directory in unlinked:
-                while directory in removed:
-                    directory = os.path.dirname(directory)
-                durable_at.setdefault(directory, []).append(position)
-            for directory, positions in durable_at.items():
-                try:
-                    _fsync_dir(directory)
-                except (StoreError, InvalidInput) as exc:
-                    for position in positions:
-                        results[position] = exc
+        with self._locked():
+            try:
+                removed, _ = self._remover.remove(self.root, [final for _, final in paths])
+            except removal.HelperLost as exc:
+                removed = [("delete", final, None, str(exc)) for _, final in paths]
+        for (position, _), failure in zip(paths, removed, strict=True):
+            if failure is not None:
+                action, path, number, reason = failure
+                if number is None:
+                    results[position] = AmbiguousResult(f"cannot {action} {path}: {reason}")
+                else:
+                    results[position] = _store_error(OSError(number, reason), action, path)
         return results
-
-    def _prune_empty(self, directories: set, syscalls) -> set:
-        """Remove those of `directories` that are empty, and then their parents that this leaves
-        empty, deepest first (never the root); rmdir refuses a non-empty one (including one
-        holding a concurrent writer's temp file), which keeps it and its ancestors. Each level's
-        directories are distinct, so they go at once. Returns the directories removed."""
-        removed: set[str] = set()
-        by_depth: dict[int, set] = {}
-        for directory in directories:
-            if directory != self.root:
-                by_depth.setdefault(directory.count(os.sep), set()).add(directory)
-        while by_depth:
-            depth = max(by_depth)
-            level = sorted(by_depth.pop(depth))
-            for directory, error in zip(level, syscalls.each(os.rmdir, level), strict=True):
-                if error is None:
-                    removed.add(directory)
-                    parent = os.path.dirname(directory)
-                    if parent != self.root:
-                        by_depth.setdefault(depth - 1, set()).add(parent)
-        return removed
 
     def list(self, prefix="") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
@@ -969,7 +901,8 @@ class LocalStore(ObjectStore):
         return removed
 
     def close(self) -> None:
-        """Nothing is held open between calls."""
+        """Let the removal helper process, if one was started, exit."""
+        self._remover.close()
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root!r})"

@@ -473,7 +473,7 @@ class _Slow(Exception):
 
 def _compile_encoder(cls):
     lines = ["def encode(obj, out):"]
-    env = {"_Slow": _Slow, "int": int, "bytes": bytes, "str": str, "len": len}
+    env = {"_Slow": _Slow, "int": int, "bytes": bytes, "str": str, "len": len, "tuple": tuple}
     run_vars, run_formats = [], []
 
     def flush():
@@ -484,45 +484,76 @@ def _compile_encoder(cls):
             run_vars.clear()
             run_formats.clear()
 
+    def check_fixed(v: str, codec, pad: str) -> None:
+        """The check a fixed-width field's value passes (an int in range, bytes of the width)."""
+        if type(codec) is UInt:
+            lines.append(f"{pad}if {v}.__class__ is not int or {v} < 0 or {v} > {codec.max}: raise _Slow")
+        else:
+            lines.append(f"{pad}if {v}.__class__ is not bytes or len({v}) != {codec.length}: raise _Slow")
+
+    def emit(v: str, codec, pad: str) -> None:
+        """Straight-line code writing `v` as `codec` does (or giving up), at indentation `pad`."""
+        kind = type(codec)
+        if kind is UInt:
+            pack = f"U{len(env)}"
+            env[pack] = codec._struct
+            check_fixed(v, codec, pad)
+            lines.append(f"{pad}out += {pack}.pack({v})")
+        elif kind is FixedBytes:
+            check_fixed(v, codec, pad)
+            lines.append(f"{pad}out += {v}")
+        elif kind in (LenBytes, LenStr):
+            length = f"L{len(env)}"
+            env[length] = codec.len_codec._struct
+            if kind is LenStr:
+                lines.append(f"{pad}if {v}.__class__ is not str: raise _Slow")
+                lines.append(f"{pad}{v} = {v}.encode('utf-8')")
+            else:
+                lines.append(f"{pad}if {v}.__class__ is not bytes: raise _Slow")
+            lines.append(f"{pad}if len({v}) > {codec.len_codec.max}: raise _Slow")
+            lines.append(f"{pad}out += {length}.pack(len({v}))")
+            lines.append(f"{pad}out += {v}")
+        elif kind is EnumField:
+            enum = f"E{len(env)}"
+            env[enum] = codec.enum_type
+            lines.append(f"{pad}if {v}.__class__ is not {enum}: raise _Slow")
+            lines.append(f"{pad}out.append({v}._value_)")
+        elif kind is Bool:
+            lines.append(f"{pad}if {v} is True: out.append(1)")
+            lines.append(f"{pad}elif {v} is False: out.append(0)")
+            lines.append(f"{pad}else: raise _Slow")
+        elif kind is Optional:
+            lines.append(f"{pad}if {v} is None: out.append(0)")
+            lines.append(f"{pad}else:")
+            lines.append(f"{pad}    out.append(1)")
+            emit(v, codec.inner, pad + "    ")
+        elif kind is ListOf and type(codec.inner) is Nested:
+            # Items through their own record's compiled encoder (a list or a subclass item
+            # leaves the fast path, as any value only the declared codecs accept does).
+            count, item_type = f"N{len(env)}", f"R{len(env)}"
+            env[count] = codec.count_codec._struct
+            env[item_type] = codec.inner.record_type
+            lines.append(f"{pad}if {v}.__class__ is not tuple or len({v}) > {codec.count_codec.max}: raise _Slow")
+            lines.append(f"{pad}out += {count}.pack(len({v}))")
+            lines.append(f"{pad}for item in {v}:")
+            lines.append(f"{pad}    if item.__class__ is not {item_type}: raise _Slow")
+            lines.append(f"{pad}    item.__fast_encode__(item, out)")
+        else:
+            field = f"C{len(env)}"
+            env[field] = codec
+            lines.append(f"{pad}{field}.encode({v}, out)")
+
     for index, (name, codec) in enumerate(cls.__codec_fields__):
         v = f"v{index}"
         lines.append(f"    {v} = obj.{name}")
         kind = type(codec)
-        if kind is UInt:
-            lines.append(f"    if {v}.__class__ is not int or {v} < 0 or {v} > {codec.max}: raise _Slow")
+        if kind in (UInt, FixedBytes):  # consecutive ones are packed with one struct call
+            check_fixed(v, codec, "    ")
             run_vars.append(v)
-            run_formats.append(UInt._FORMATS[codec.width][1])
-            continue
-        if kind is FixedBytes:
-            lines.append(f"    if {v}.__class__ is not bytes or len({v}) != {codec.length}: raise _Slow")
-            run_vars.append(v)
-            run_formats.append(f"{codec.length}s")
+            run_formats.append(UInt._FORMATS[codec.width][1] if kind is UInt else f"{codec.length}s")
             continue
         flush()
-        if kind in (LenBytes, LenStr):
-            length = f"L{index}"
-            env[length] = codec.len_codec._struct
-            if kind is LenStr:
-                lines.append(f"    if {v}.__class__ is not str: raise _Slow")
-                lines.append(f"    {v} = {v}.encode('utf-8')")
-            else:
-                lines.append(f"    if {v}.__class__ is not bytes: raise _Slow")
-            lines.append(f"    if len({v}) > {codec.len_codec.max}: raise _Slow")
-            lines.append(f"    out += {length}.pack(len({v}))")
-            lines.append(f"    out += {v}")
-        elif kind is EnumField:
-            enum = f"E{index}"
-            env[enum] = codec.enum_type
-            lines.append(f"    if {v}.__class__ is not {enum}: raise _Slow")
-            lines.append(f"    out.append({v}._value_)")
-        elif kind is Bool:
-            lines.append(f"    if {v} is True: out.append(1)")
-            lines.append(f"    elif {v} is False: out.append(0)")
-            lines.append("    else: raise _Slow")
-        else:
-            field = f"C{index}"
-            env[field] = codec
-            lines.append(f"    {field}.encode({v}, out)")
+        emit(v, codec, "    ")
     flush()
     if len(lines) == 1:
         lines.append("    pass")
