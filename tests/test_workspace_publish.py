@@ -366,7 +366,10 @@ def test_two_threads_replacing_one_generation_have_exactly_one_winner(bench):
         assert entry(root, "outputs/hot").generation == generation + 1
     ops = publish_ops(root).values()
     cleaned = [o for o in ops if o.phase == PublishPhase.Cleaned]
-    assert len(cleaned) == 8 and sum(o.phase == PublishPhase.Published for o in ops) == 9
+    # A loser that starts once the winner has published conflicts at its precheck, before it
+    # has an operation; every other loser's operation is cleaned.
+    assert len(cleaned) <= 8 and sum(o.phase == PublishPhase.Published for o in ops) == 9
+    assert len(cleaned) + 9 == len(ops)
     for op in cleaned:
         assert revision(root, op.artifact_revision_id) is None
         assert manifest(root, op.artifact_revision_id) == []

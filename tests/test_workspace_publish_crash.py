@@ -286,11 +286,13 @@ def test_two_processes_replacing_one_generation_have_exactly_one_winner(data_dir
             assert entry(root, PATH).generation == round_ + 2
             assert get_bytes(root, PATH) in datas
             ops = {i: o for i, o in publish_ops(root).items() if i not in before}
-            assert sorted(o.phase.name for o in ops.values()) == ["Cleaned", "Published"]
-            (lost,) = [o for o in ops.values() if o.phase == PublishPhase.Cleaned]
-            assert "GenerationConflict" in lost.terminal_error
-            assert revision(root, lost.artifact_revision_id) is None
-            assert present_keys(root.store, block_keys(root, lost.artifact_revision_id, 6)) == []
+            # The loser's operation is cleaned; a loser that starts once the winner has
+            # published conflicts at its precheck and has none (a busy machine does that).
+            assert sorted(o.phase.name for o in ops.values()) in (["Cleaned", "Published"], ["Published"])
+            for lost in [o for o in ops.values() if o.phase == PublishPhase.Cleaned]:
+                assert "GenerationConflict" in lost.terminal_error
+                assert revision(root, lost.artifact_revision_id) is None
+                assert present_keys(root.store, block_keys(root, lost.artifact_revision_id, 6)) == []
             before |= set(ops)
         finally:
             holder.close()
