@@ -225,3 +225,22 @@ def test_lookup_of_missing_names(mount):
     with pytest.raises(OSError) as exc:
         os.listdir(mount.path("wb", "outputs", "nope"))
     assert exc.value.errno == errno.ENOENT
+
+
+def test_a_small_file_this_mount_just_published_is_read_back_from_memory(mount):
+    """`echo > f; cat f` (the default mode drops the file's pages at the first stat after the
+    write): the published bytes are kept with their revision, so the read fetches nothing from
+    the block cache or the store. A file replaced by another process is fetched as usual."""
+    from tests.test_mount_status import status
+
+    path = mount.path("wb", "outputs", "fresh.txt")
+    subprocess.run(["bash", "-c", f"echo 'just written' > {path}"], check=True)
+    before = status(mount)["memory_blocks"]
+    done = subprocess.run(["cat", path], capture_output=True, check=True)
+    assert done.stdout == b"just written\n"
+    after = status(mount)["memory_blocks"]
+    assert after["fetched"] == before["fetched"] and after["hits"] > before["hits"]
+    mount.facade("namespace.put(root, 'wb', 'outputs/fresh.txt', b'from another process')")
+    done = subprocess.run(["cat", path], capture_output=True, check=True)
+    assert done.stdout == b"from another process"
+    assert status(mount)["memory_blocks"]["fetched"] == after["fetched"] + 1

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 _ATTRIBUTE_FIELDS = ("mode", "uid", "gid", "mtime_ns", "atime_ns")
+KEEP_PUBLISHED_MAX = 256 * 1024  # a published file this small stays in the fetcher's memory
 
 
 class FileHandle:
@@ -280,13 +281,23 @@ class Files:
         stored, started = self._publication_starts(node, spool)
         appending = spool.append_only and spool.base is not None and spool.size > spool.base.logical_size
         try:
-            entry = await self.workers.run(spool.publish_blocking, stored)
+            entry, published = await self.workers.run(self._publish_blocking, spool, stored, appending)
         except Exception as exc:
             error = self._publication_failed(node, spool, why, exc, started)
             if error is exc:
                 raise
             raise error from None
+        if published is not None:
+            self.fetcher.keep_published(entry, published)
         self._publication_done(node, spool, entry, started, appending=appending, last_close=last_close)
+
+    @staticmethod
+    def _publish_blocking(spool: Spool, stored, appending: bool):
+        """Publish the spool; (the PathEntry, and a small file's bytes as published or None)."""
+        # The default mode's first stat after a write drops the file's pages (see the README's
+        # Known limits): the bytes the next read asks for are kept, read under the spool's lock.
+        published = None if appending else spool.whole_body(KEEP_PUBLISHED_MAX)
+        return spool.publish_blocking(stored), published
 
     async def publish_group(self, nodes: list, why: str, last_closes: list) -> list:
         """Publish the spools of several nodes with group commit (nokvfs.workspace.publish

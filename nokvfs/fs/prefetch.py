@@ -14,6 +14,7 @@ touches and prefetches nothing. Concurrent requests for one block share one fetc
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 from collections import OrderedDict
 
@@ -147,6 +148,18 @@ class BlockFetcher:
             if self._inflight.get(key) is event:
                 del self._inflight[key]
             event.set()
+
+    def keep_published(self, entry, data: bytes) -> None:
+        """Keep the bytes this mount has just published as `entry`'s revision when they are its
+        one block (checked against the manifest's digest): the first read of a file the mount
+        wrote is then served from memory."""
+        _, rows = self.rows(entry)
+        if len(rows) != 1 or rows[0].object_offset != 0 or rows[0].length != len(data):
+            return
+        if rows[0].digest_uri != "sha256:" + hashlib.sha256(data).hexdigest():
+            log.warning("the bytes published as %s are not its block's digest", entry.artifact_revision_id.hex())
+            return
+        self._keep(_key(rows[0]), data)
 
     def _keep(self, key, data: bytes) -> None:
         if len(data) > self.memory_bytes or key in self._memory:
