@@ -259,9 +259,10 @@ def test_a_publish_leaked_by_an_outage_is_reported_and_gc_leaves_no_unreferenced
     transition."
 
     The endpoint goes away after 10 of 14 blocks: the publish fails, its cleanup cannot delete,
-    and the 10 (to 13: those in flight) objects stay in the bucket owned by a Quarantined ledger. fsck reports the operation
-    and its bytes; gc leaves it alone while the store does not answer, and once it answers
-    deletes them: the bucket then holds only objects a manifest references."""
+    and 10 objects (to 13: those in flight) stay in the bucket owned by a Quarantined ledger.
+    fsck reports the operation and its bytes; gc leaves it alone while the store does not
+    answer, and once it answers deletes them: the bucket then holds only objects a manifest
+    references."""
     root = s3_root
     kept = namespace.put(root, WB, "outputs/kept.bin", b"k" * 5_000)
     body = os.urandom(14 * BLOCK)
