@@ -1,5 +1,5 @@
 """When a command is durable: LMDB runs with MDB_NOMETASYNC and the shard flushes the meta page
-itself after every commit (nokvfs.engine.shard._SyncingEnv), except for a command applied with
+itself after every commit (nokvfs.engine.environment.SyncingEnv), except for a command applied with
 `durable=False`, whose flush the next durable commit, `sync`, `close`, or any reader that ships
 outbox records (`outbox_after`, `outbox_entries`, `copy_to`) does first.
 
@@ -50,7 +50,7 @@ class RecordingWrite:
 
 
 def _syncing(shard: Shard):
-    """The shard's _SyncingEnv (behind the compaction gate where there is one)."""
+    """The shard's SyncingEnv (behind the compaction gate where there is one)."""
     env = shard._env
     return getattr(env, "inner", env)
 

@@ -44,6 +44,7 @@ from nokvfs.engine.command import (
     State,
     ValueEquals,
 )
+from nokvfs.engine.environment import GatedEnv, SyncingEnv
 from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
 from nokvfs.engine.mvcc import ReadView
 from nokvfs.engine.records import (
@@ -202,157 +203,13 @@ def _schema_marker(path: str, raw: bytes | None) -> SchemaMarker:
         raise SchemaMismatch(f"{path}: the schema marker is malformed: {exc}") from None
 
 
-class _SyncingEnv:
-    """An LMDB environment opened with MDB_NOMETASYNC whose write transactions are durable when
-    they return anyway: after the commit (LMDB fdatasyncs the data pages, then writes the meta page
-    unsynced) one more fdatasync flushes the meta page -- the two flushes, in the order, LMDB's
-    default makes. `begin(write=True, durable=False)` leaves out the second flush: that commit is
-    atomic and consistent (LMDB's guarantee for NOMETASYNC) but a power loss may undo it, until
-    the next durable commit or `sync` flushes it with its own. Only a command whose loss recovery
-    resolves by itself may ask for that (publish.finalize, followed by the durable publication).
-    Read transactions are LMDB's own, untouched; every other call goes to the environment."""
-
-    def __init__(self, env: lmdb.Environment, *, flush: bool):
-        self._env = env
-        self._flush = flush  # False: an environment opened with sync=False (`Shard.sync` flushes)
-
-    def __getattr__(self, name):
-        return getattr(self._env, name)
-
-    def begin(self, *args, write: bool = False, durable: bool = True, **kwargs):
-        txn = self._env.begin(*args, write=write, **kwargs)
-        if not write or kwargs.get("parent") is not None:
-            return txn  # a read, or a nested transaction: its top-level one flushes
-        return _SyncedWrite(self._env, txn, durable and self._flush)
-
-
-class _SyncedWrite:
-    __slots__ = ("_env", "_txn", "_durable")
-
-    def __init__(self, env, txn, durable: bool):
-        self._env, self._txn, self._durable = env, txn, durable
-
-    def __enter__(self):
-        return self._txn.__enter__()
-
-    def __exit__(self, kind, exc, tb):
-        self._txn.__exit__(kind, exc, tb)
-        if kind is None and self._durable:
-            self._env.sync(True)
-        return False
-
-
-class _GatedEnv:
-    """The LMDB environment behind a gate, so that `Shard.compact_live` can close and reopen it
-    while the process runs. Every transaction enters the gate. `exclusive` waits until none is
-    open and holds new ones back while the environment is replaced; `hold_writes` holds new write
-    transactions back (reads go on) while a copy is made. A thread that already has a
-    transaction open is never held back from opening another (nesting cannot deadlock on the
-    gate): at worst its write commits after the copy, which the compactor sees and gives up.
-    Everything else is the environment's own."""
-
-    def __init__(self, env: lmdb.Environment):
-        self.inner = env
-        self._cond = threading.Condition()
-        self._open = 0
-        self._open_writes = 0
-        self._swapping = False
-        self._writes_held = False
-        self._depth = threading.local()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def begin(self, **kwargs) -> "_GatedTxn":
-        return _GatedTxn(self, kwargs)
-
-    def _enter(self, write: bool) -> None:
-        depth = getattr(self._depth, "n", 0)
-        with self._cond:
-            if not depth:
-                while self._swapping or (write and self._writes_held):
-                    self._cond.wait()
-            self._open += 1
-            self._open_writes += write
-        self._depth.n = depth + 1
-
-    def _leave(self, write: bool) -> None:
-        self._depth.n -= 1
-        with self._cond:
-            self._open -= 1
-            self._open_writes -= write
-            self._cond.notify_all()
-
-    def _wait_until(self, done, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(what)
-            self._cond.wait(left)
-
-    def hold_writes(self, timeout: float):
-        """No write transaction open, and none begins (but nested ones), inside the block;
-        TimeoutError when one stayed open for `timeout` seconds."""
-        return self._barred("_writes_held", lambda: not self._open_writes, timeout, "a write transaction stayed open")
-
-    def exclusive(self, timeout: float):
-        """No transaction open, and none begins, inside the block; TimeoutError when some stayed
-        open for `timeout` seconds. Lets held writes go (a nested one must not wait for this)."""
-        return self._barred("_swapping", lambda: not self._open, timeout, "transactions stayed open", free_writes=True)
-
-    @contextlib.contextmanager
-    def _barred(self, flag: str, done, timeout: float, what: str, *, free_writes: bool = False):
-        with self._cond:
-            setattr(self, flag, True)
-            if free_writes:
-                self._writes_held = False
-                self._cond.notify_all()
-            try:
-                self._wait_until(done, timeout, what)
-            except BaseException:
-                setattr(self, flag, False)
-                self._cond.notify_all()
-                raise
-        try:
-            yield
-        finally:
-            with self._cond:
-                setattr(self, flag, False)
-                self._cond.notify_all()
-
-
-class _GatedTxn:
-    __slots__ = ("_gate", "_kwargs", "_txn", "_write")
-
-    def __init__(self, gate: _GatedEnv, kwargs: dict):
-        self._gate = gate
-        self._kwargs = kwargs
-        self._write = bool(kwargs.get("write"))
-
-    def __enter__(self):
-        self._gate._enter(self._write)
-        try:
-            self._txn = self._gate.inner.begin(**self._kwargs)
-            return self._txn.__enter__()
-        except BaseException:
-            self._gate._leave(self._write)
-            raise
-
-    def __exit__(self, *exc):
-        try:
-            return self._txn.__exit__(*exc)
-        finally:
-            self._gate._leave(self._write)
-
-
 class Shard:
     """The LMDB environment of one logical shard. One instance per process and path."""
 
     def __init__(self, path: str, env: lmdb.Environment, dbs: dict, *, witnessed: bool = True, lock=None):
         self.path = path
         self._lock = lock  # the shared ShardLock (nokvfs.engine.compact), released at close
-        self._env = _GatedEnv(env)
+        self._env = GatedEnv(env)
         self._options: dict = {}  # how the environment was opened (a live compaction reopens it so)
         self._bind(dbs)
         self._alarm = IntegrityAlarm(path)
@@ -484,7 +341,7 @@ class Shard:
         # sync=False is only for building a shard that is not live yet (a restore assembling in
         # a temporary directory): commits are not flushed one by one, `Shard.sync` flushes all.
         # A live shard is opened with LMDB's MDB_NOMETASYNC and flushes the meta page itself
-        # (_SyncingEnv): durable at return unless the command asked otherwise.
+        # (SyncingEnv): durable at return unless the command asked otherwise.
         env = lmdb.open(
             path,
             map_size=map_size,
@@ -497,7 +354,7 @@ class Shard:
             max_readers=256,
             mode=filemodes.DIR_MODE,  # the directory if LMDB creates it; data.mdb and lock.mdb 0600
         )
-        return _SyncingEnv(env, flush=sync and not readonly)
+        return SyncingEnv(env, flush=sync and not readonly)
 
     @staticmethod
     def _initialise(env, logical_shard_id: bytes) -> dict:
@@ -906,7 +763,7 @@ class Shard:
         """Validate and apply one MetadataCommand atomically, or raise and apply nothing.
 
         Durable on return, unless `durable=False`: then a power loss may undo this command (and
-        only while no later durable commit or `sync` has happened; see _SyncingEnv). Nothing
+        only while no later durable commit or `sync` has happened; see SyncingEnv). Nothing
         outside the shard learns of such a command before it is durable: it is not witnessed,
         and the outbox readers that ship records (`outbox_after`, `outbox_entries`, `copy_to`)
         flush it first."""
