@@ -143,12 +143,15 @@ class _HashChain:
     def __init__(self):
         self._lock = threading.Lock()  # held while items are applied, so they apply in order
         self._items: collections.deque = collections.deque()
-        self._queued = 0  # bytes of the pieces waiting
+        self._queued = 0  # bytes of the pieces waiting (under _count_lock: two threads change it)
+        self._count_lock = threading.Lock()
 
     def submit(self, apply, piece, *, background: bool) -> None:
+        with self._count_lock:
+            self._queued += len(piece)
+            queued = self._queued
         self._items.append((apply, piece))
-        self._queued += len(piece)
-        if not background or len(piece) < HASH_IN_BACKGROUND_MIN or self._queued > HASH_BACKLOG_MAX:
+        if not background or len(piece) < HASH_IN_BACKGROUND_MIN or queued > HASH_BACKLOG_MAX:
             self.settle()  # small (a pool round trip would cost more), or too much waiting
         else:
             self.pool().submit(self.settle)
@@ -158,7 +161,8 @@ class _HashChain:
             while self._items:
                 apply, piece = self._items.popleft()
                 apply(piece)
-                self._queued -= len(piece)
+                with self._count_lock:
+                    self._queued -= len(piece)
 
     @classmethod
     def pool(cls) -> concurrent.futures.ThreadPoolExecutor:
