@@ -610,19 +610,21 @@ def upload(root, pub: Publication, *, staged=None) -> None:
             send(block)
             sent(block)
         return
+    in_flight = collections.deque()
+
+    def settle_oldest() -> None:
+        block, future = in_flight.popleft()
+        future.result()
+        sent(block)
+
     with concurrent.futures.ThreadPoolExecutor(UPLOAD_BLOCKS_IN_FLIGHT, thread_name_prefix="nokvfs-block") as pool:
-        in_flight = collections.deque()
         try:
             for block in blocks:
                 if len(in_flight) >= UPLOAD_BLOCKS_IN_FLIGHT:
-                    done = in_flight.popleft()
-                    done[1].result()
-                    sent(done[0])
+                    settle_oldest()
                 in_flight.append((block, pool.submit(send, block)))
             while in_flight:
-                done = in_flight.popleft()
-                done[1].result()
-                sent(done[0])
+                settle_oldest()
         except BaseException:
             for _, future in in_flight:
                 future.cancel()  # not started: never sent; the running ones end before the raise
