@@ -533,6 +533,8 @@ def test_a_write_that_fails_or_is_discarded_leaves_no_key_directory(store, monke
     [result] = store.put_many([("many/rev/blocks/0", b"lost")])
     assert isinstance(result, StoreError)
     monkeypatch.setattr(os, "write", real_write)
+    with pytest.raises(PreconditionFailed):
+        store.put("refused/rev/blocks/0", b"no", if_match="0" * 32)  # nothing there to match
     assert _dirs_under(store.root) == ["keep"]
 
 

@@ -247,7 +247,13 @@ class StagedPut:
             self.discard()
             raise
         fd, self._fd = self._fd, -1
-        self._settling = self._store._commit(fd, self._tmp, final, key, False, None, wait=wait, created=self._created)
+        try:
+            self._settling = self._store._commit(
+                fd, self._tmp, final, key, False, None, wait=wait, created=self._created
+            )
+        except BaseException:
+            self._store._unmake_key_dir(self._near)
+            raise
         return self.etag
 
     def wait(self) -> None:
@@ -627,10 +633,10 @@ class LocalStore(ObjectStore):
         near, created = self._prepare_key_dir(final)
         try:
             fd, tmp, etag, _ = self._write_temp([data], metadata, near=near)
+            self._commit(fd, tmp, final, key, if_none_match, if_match, created=created)
         except BaseException:
-            self._unmake_key_dir(near)
+            self._unmake_key_dir(near)  # a refused condition too: nothing was linked
             raise
-        self._commit(fd, tmp, final, key, if_none_match, if_match, created=created)
         return etag
 
     def stage_put(self, data, *, metadata=None, key_hint: str | None = None) -> StagedPut:
@@ -669,7 +675,11 @@ class LocalStore(ObjectStore):
             except BaseException:
                 self._unmake_key_dir(near)
                 raise
-        self._commit(fd, tmp, final, key, if_none_match, if_match, created=created)
+        try:
+            self._commit(fd, tmp, final, key, if_none_match, if_match, created=created)
+        except BaseException:
+            self._unmake_key_dir(near)
+            raise
         return etag
 
     def put_many(self, items, *, if_none_match=False, metadata=None) -> list:
