@@ -557,3 +557,21 @@ def test_empty_key_directories_a_crash_left_go_after_a_day_with_everywhere(store
     store.remove_stale_temp_files(everywhere=True)
     assert _dirs_under(store.root) == ["k", "k/recent", "k/recent/blocks", "k/rev0", "k/rev0/blocks"]
     assert store.get("k/rev0/blocks/0") == b"1"
+
+
+def test_the_whole_tree_walk_runs_at_most_once_an_hour_per_open_store(store, monkeypatch):
+    """A mount's maintenance collects every few minutes; the walk finds only day-old leftovers."""
+    old = os.path.join(store.root, "k", ".nokv-tmp-0ld")
+    os.makedirs(os.path.dirname(old))
+    walks = []
+    real_walk = os.walk
+    monkeypatch.setattr(os, "walk", lambda *a, **k: walks.append(a) or real_walk(*a, **k))
+    for _ in range(3):
+        store.remove_stale_temp_files(everywhere=True)
+    assert len(walks) == 1
+    with open(old, "wb") as f:
+        f.write(b"partial")
+    _age(old, 2 * 86400)
+    monkeypatch.setattr(store, "_walked_at", time.monotonic() - 3601)
+    assert store.remove_stale_temp_files(everywhere=True) == 1
+    assert len(walks) == 2 and not os.path.exists(old)

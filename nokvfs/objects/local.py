@@ -103,6 +103,10 @@ TMP_DIR = ".nokv-tmp"
 TMP_PREFIX = ".nokv-tmp-"
 STALE_TEMP_GRACE = 60.0  # seconds: a temp younger than this may be between creation and its lock
 LEGACY_TEMP_AGE = 24 * 3600.0  # temps beside their keys were written without a lock
+# The whole-tree walk for what crashes left beside keys (items older than LEGACY_TEMP_AGE) runs
+# at most this often per open store: a mount's maintenance collects every few minutes, and on a
+# large store a walk is seconds of interpreter time that finds nothing new within the hour.
+TREE_WALK_EVERY = 3600.0
 RESERVED_PREFIX = ".nokv-"
 TRAILER_MAGIC = b"NOKVOBJ1"
 TRAILER_VERSION = 1
@@ -286,6 +290,7 @@ class LocalStore(ObjectStore):
         self._multipart_root = os.path.join(root, MULTIPART_DIR)
         self._tmp_root = os.path.join(root, TMP_DIR)
         self._remover = removal.Remover()  # delete_many's helper process, started when needed
+        self._walked_at: float | None = None  # monotonic time of the last whole-tree walk
         # Unnamed (O_TMPFILE) temps where the filesystem has them; `unnamed_temps=False` names
         # every temp, as on a filesystem without them.
         self._tmpfile_ok = unnamed_temps and hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
@@ -970,9 +975,10 @@ class LocalStore(ObjectStore):
     ) -> int:
         """Delete the temp files of writers that are gone; return how many. A temp in the temp
         directory goes when no writer holds its lock and it is older than `grace_seconds`. With
-        `everywhere`, the whole tree is walked too, for temps an older nokvfs wrote beside their
-        keys without a lock, and for key directories left empty (a write that made one for its
-        temp and never linked its object): those go once older than `legacy_age_seconds`."""
+        `everywhere`, the whole tree is walked too (at most once per TREE_WALK_EVERY), for temps
+        an older nokvfs wrote beside their keys without a lock, and for key directories left empty
+        (a write that made one for its temp and never linked its object): those go once older
+        than `legacy_age_seconds`."""
         removed = 0
         now = time.time()
         try:
@@ -984,8 +990,9 @@ class LocalStore(ObjectStore):
         for name in names:
             if name.startswith(TMP_PREFIX):
                 removed += _remove_if_abandoned(os.path.join(self._tmp_root, name), now - grace_seconds)
-        if not everywhere:
+        if not everywhere or (self._walked_at is not None and time.monotonic() - self._walked_at < TREE_WALK_EVERY):
             return removed
+        self._walked_at = time.monotonic()
         cutoff = now - legacy_age_seconds
         directories = []
         for directory, dirs, files in os.walk(self.root):
