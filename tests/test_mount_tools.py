@@ -3,12 +3,19 @@ with what a local disk gives (SEMANTICS.md's contract; "Known limits" in README.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import os
 import shutil
 import struct
+import subprocess
+import sys
+import time
 
-from tests.mount_fixtures import mount, needs_fuse  # noqa: F401 - the fixture
+import pytest
+
+from tests.mount_fixtures import REPO, env, mount, mounted, needs_fuse  # noqa: F401 - the fixture
 
 pytestmark = needs_fuse
 
@@ -59,3 +66,61 @@ def test_a_directory_listed_while_its_new_files_are_published_lists_each_once(mo
     assert sorted(listed) == sorted(names + ["f005p"])
     shutil.rmtree(d)
     assert not os.path.exists(d)
+
+
+def _published(m, relative: str) -> bytes | None:
+    """What `nokvfs get` reads at wb:relative (None: nothing there)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "get", f"wb:{relative}"],
+        capture_output=True,
+        env=env(),
+        cwd=REPO,
+        timeout=120,
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
+def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path):
+    """A close(2) whose publication outlives the syscall deadline answers EIO while the
+    publication goes on; until it ends nothing else may touch the file's spool. A write through
+    another descriptor then waits (or fails) and is published by the next close, never dropped
+    with the spool of the first publication; and `truncate -s` (whose release publishes again)
+    never conflicts with its own publication (a kept spool)."""
+    body = bytes(range(256)) * (256 * 1024)  # 64 MiB: its publication takes about 0.4 s here
+    with mounted(str(tmp_path), extra_args=("--syscall-timeout", "0.1")) as m:
+        path = m.path("wb", "outputs", "slow.bin")
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+        for offset in range(0, len(body), 1 << 20):
+            os.pwrite(fd, body[offset : offset + (1 << 20)], offset)
+        with pytest.raises(OSError) as exc:
+            os.close(os.dup(fd))  # `exec 3>&1 ...`: a duplicate's close publishes, and gives up
+        assert exc.value.errno == errno.EIO
+        deadline = time.monotonic() + 60
+        while True:  # a careful writer retries a write that failed
+            try:
+                os.pwrite(fd, b"more", len(body))
+                break
+            except OSError as exc:
+                assert exc.errno == errno.EIO and time.monotonic() < deadline
+        with contextlib.suppress(OSError):
+            os.close(fd)  # may give up waiting too: the release publishes then
+        deadline = time.monotonic() + 60
+        while _published(m, "outputs/slow.bin") != body + b"more":
+            assert time.monotonic() < deadline, "the write through the second descriptor was never published"
+            time.sleep(0.2)
+
+        truncated = m.path("wb", "outputs", "image")
+        done = subprocess.run(["truncate", "-s", "48M", truncated], capture_output=True, text=True)
+        assert done.returncode in (0, 1), done.stderr  # 1: its close gave up waiting (EIO)
+        deadline = time.monotonic() + 60
+        while _published(m, "outputs/image") != bytes(48 << 20):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        spools = subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "spool", "list"],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+        )
+        assert spools.returncode == 0 and "kept" not in spools.stdout, spools.stdout + spools.stderr
