@@ -5,6 +5,9 @@ control/) and live state (run/). Every directory nokvfs creates there is 0700 an
 0600. The mode is given when the directory or file is created (`os.mkdir`, `os.open`, LMDB's
 `mode`), so the caller's umask can only narrow it, never widen it.
 
+`fsync_directory` and `replace_durably` are the two durable-write steps every local record
+(roles, owner records, sidecars, installed shards) shares.
+
 `audit` finds what is wider on an existing data directory (one made before this rule, or
 chmod'ed since): any group or other permission bit. fsck reports it (WIDE_MODE) and, with
 --repair, `narrow` clears those bits (owner bits are kept).
@@ -31,6 +34,27 @@ def makedirs(path: str) -> None:
 def opener(path: str, flags: int) -> int:
     """For `open(path, mode, opener=opener)`: a file it creates is 0600."""
     return os.open(path, flags, FILE_MODE)
+
+
+def fsync_directory(path: str) -> None:
+    """Make the entries of directory `path` durable (a file created, renamed or removed there)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(path: str, data: bytes) -> None:
+    """Put `data` at `path` atomically and durably: a private temporary file beside it, fsynced,
+    renamed over `path`, then the directory fsynced. A crash leaves the old file or the new one
+    (and at worst the temporary, which the next replace overwrites)."""
+    with open(path + ".tmp", "wb", opener=opener) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(path + ".tmp", path)
+    fsync_directory(os.path.dirname(path) or ".")
 
 
 @dataclass

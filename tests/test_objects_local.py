@@ -494,3 +494,66 @@ def test_temps_an_older_version_left_beside_their_keys_go_after_a_day_with_every
     assert store.remove_stale_temp_files(everywhere=True) == 1
     assert not os.path.exists(old) and os.path.exists(recent)
     assert store.get("k/obj") == b"1"
+
+
+# --- temps born in their key's directory --------------------------------------------------------
+
+
+def _dirs_under(root):
+    return sorted(
+        os.path.relpath(os.path.join(d, name), root)
+        for d, dirs, _ in os.walk(root)
+        for name in dirs
+        if not name.startswith(".nokv-")
+    )
+
+
+def test_a_staged_put_makes_its_key_directory_and_lands_even_if_a_delete_pruned_it(store):
+    staged = store.stage_put(b"block", key_hint="r/rev1/blocks/0")
+    assert _dirs_under(store.root) == ["r", "r/rev1", "r/rev1/blocks"]  # the temp lives there, unnamed
+    # Deleting a key that is absent prunes its empty directory, the temp's home included.
+    assert store.delete_many(["r/rev1/blocks/9"]) == [None]
+    assert _dirs_under(store.root) == []
+    staged.commit("r/rev1/blocks/0")  # the link makes the directories again
+    assert store.get("r/rev1/blocks/0") == b"block"
+    assert _temp_files(store.root) == []
+
+
+def test_a_write_that_fails_or_is_discarded_leaves_no_key_directory(store, monkeypatch):
+    store.put("keep/obj", b"1")
+    store.stage_put(b"never committed", key_hint="gone/rev/blocks/0").discard()
+    real_write = os.write
+
+    def failing_write(fd, data):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(StoreError):
+        store.put("broken/rev/blocks/0", b"lost")
+    [result] = store.put_many([("many/rev/blocks/0", b"lost")])
+    assert isinstance(result, StoreError)
+    monkeypatch.setattr(os, "write", real_write)
+    with pytest.raises(PreconditionFailed):
+        store.put("refused/rev/blocks/0", b"no", if_match="0" * 32)  # nothing there to match
+    assert _dirs_under(store.root) == ["keep"]
+
+
+def test_empty_key_directories_a_crash_left_go_after_a_day_with_everywhere(store):
+    store.put("k/rev0/blocks/0", b"1")
+    for name in ("old", "recent"):
+        os.makedirs(os.path.join(store.root, "k", name, "blocks"))
+    for path in ("k/old/blocks", "k/old", "k/recent/blocks", "k/recent"):
+        _age(os.path.join(store.root, path), 2 * 86400 if "old" in path else 3600)
+    assert store.remove_stale_temp_files() == 0
+    assert _dirs_under(store.root) == [
+        "k",
+        "k/old",
+        "k/old/blocks",
+        "k/recent",
+        "k/recent/blocks",
+        "k/rev0",
+        "k/rev0/blocks",
+    ]
+    store.remove_stale_temp_files(everywhere=True)
+    assert _dirs_under(store.root) == ["k", "k/recent", "k/recent/blocks", "k/rev0", "k/rev0/blocks"]
+    assert store.get("k/rev0/blocks/0") == b"1"

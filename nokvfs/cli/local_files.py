@@ -23,6 +23,7 @@ import stat as stat_module
 import tempfile
 from dataclasses import dataclass
 
+from nokvfs import filemodes
 from nokvfs.cli.common import warn
 from nokvfs.errors import InvalidInput, NotADirectory
 
@@ -159,7 +160,7 @@ def _installed(tmp: str, dest: str):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_directory(os.path.dirname(os.path.abspath(dest)))
+    filemodes.fsync_directory(os.path.dirname(os.path.abspath(dest)))
 
 
 def write_link(dest: str, target: str, *, attributes=None, owner: bool = False) -> None:
@@ -192,11 +193,3 @@ def set_directory(path: str, attributes, *, owner: bool = False) -> None:
 
 def _id(value: int | None) -> int:
     return -1 if value is None else value  # -1: leave it as it is
-
-
-def fsync_directory(directory: str) -> None:
-    dirfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dirfd)
-    finally:
-        os.close(dirfd)

@@ -190,7 +190,7 @@ def _put_back(path: str) -> None:
             os.rename(candidate, path)
         except (FileNotFoundError, FileExistsError, IsADirectoryError, OSError):
             continue  # absent, or another process put one back first
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        filemodes.fsync_directory(os.path.dirname(os.path.abspath(path)))
         return
 
 
@@ -214,14 +214,6 @@ def _crash(step: str) -> None:
         os._exit(137)
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(directory: str) -> None:
     for name in os.listdir(directory):
         fd = os.open(os.path.join(directory, name), os.O_RDONLY)
@@ -229,7 +221,7 @@ def _fsync_tree(directory: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    _fsync_dir(directory)
+    filemodes.fsync_directory(directory)
 
 
 def _copy_verified(source, path: str, *, side_files: bool) -> "CopyPoint":  # noqa: F821
@@ -270,13 +262,13 @@ def _swap(path: str) -> None:
     """Steps 2-5 (module docstring), each rename made durable before the next."""
     parent = os.path.dirname(path)
     os.rename(path + ".compact-tmp", path + ".compact-new")
-    _fsync_dir(parent)
+    filemodes.fsync_directory(parent)
     _crash("new")
     os.rename(path, path + ".compact-old")
-    _fsync_dir(parent)
+    filemodes.fsync_directory(parent)
     _crash("old")
     os.rename(path + ".compact-new", path)
-    _fsync_dir(parent)
+    filemodes.fsync_directory(parent)
     _crash("swapped")
     shutil.rmtree(path + ".compact-old")
 

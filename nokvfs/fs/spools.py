@@ -99,15 +99,7 @@ def _atomic_json(path: str, record: dict, *, durable: bool = False) -> None:
             os.fsync(f.fileno())
     os.replace(tmp, path)
     if durable:  # the rename, and the spool file's own entry, are in the directory
-        fsync_directory(os.path.dirname(path))
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        filemodes.fsync_directory(os.path.dirname(path))
 
 
 class Spool:
@@ -248,7 +240,7 @@ class Spool:
         """The spool file's bytes and its directory entry on disk."""
         try:
             os.fsync(self.fd)
-            fsync_directory(os.path.dirname(self.path))
+            filemodes.fsync_directory(os.path.dirname(self.path))
         except OSError as exc:
             raise _storage_error(f"sync the spool {self.path}", exc) from None
 

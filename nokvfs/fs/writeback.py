@@ -124,7 +124,7 @@ class Journal:
             self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, filemodes.FILE_MODE
         )
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: the next mount leaves it alone
-        spools.fsync_directory(directory)
+        filemodes.fsync_directory(directory)
         self.size = 0
 
     def append(self, record: bytes, *, sync: bool) -> None:

@@ -24,11 +24,11 @@ class MeteredStore(ObjectStore):
         with self.meters["put"].timing():
             return self.inner.put(key, data, **kwargs)
 
-    def stage_put(self, data):
+    def stage_put(self, data, *, key_hint=None):
         """The inner store's staged put (nokvfs.objects.store.stage_put), or None: staging is
         metered as `stage_put`, the commit that links the bytes at their key as `put`."""
         with self.meters["stage_put"].timing():
-            staged = stage_put(self.inner, data)
+            staged = stage_put(self.inner, data, key_hint)
         return None if staged is None else _MeteredStaged(staged, self.meters["put"])
 
     def put_file(self, key, path, **kwargs):

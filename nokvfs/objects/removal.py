@@ -2,7 +2,8 @@
 
 `remove(root, paths)` unlinks each file, removes the directories that leaves empty (deepest
 first, never `root`), then fsyncs once each directory where a removal ends, and answers per
-path: None once the file is gone durably (or was absent), else why not. The local store's
+path: None once the file is gone durably (or was absent: its directory is pruned too when
+empty), else why not. The local store's
 `delete_many` (nokvfs.objects.local) runs it under its lock.
 
 Where it runs. Each unlink and rmdir waits on the filesystem's journal, so a few threads issue
@@ -97,13 +98,18 @@ def remove(root: str, paths: list) -> tuple[list, list]:
     synced: list = []
     with Syscalls(len(paths)) as syscalls:
         unlinked = []  # (position, the directory that held the file)
+        emptied = set()  # directories that may hold nothing now
         for position, error in enumerate(syscalls.each(os.unlink, paths)):
             if error is None:
                 unlinked.append((position, os.path.dirname(paths[position])))
             elif error.errno not in ABSENT_ERRNOS:
                 results[position] = ("delete", paths[position], error.errno, error.strerror)
-            # else absent already: nothing to make durable
-        removed = _prune_empty(root, {directory for _, directory in unlinked}, syscalls)
+            elif error.errno == errno.ENOENT:
+                # Absent already: nothing to make durable, but a write may have made its key's
+                # directory for a temp and never linked the object (nokvfs.objects.local).
+                emptied.add(os.path.dirname(paths[position]))
+        emptied.update(directory for _, directory in unlinked)
+        removed = _prune_empty(root, emptied, syscalls)
     # A removal is durable once the nearest directory that stays is fsynced.
     durable_at: dict[str, list[int]] = {}
     for position, directory in unlinked:

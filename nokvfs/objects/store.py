@@ -225,13 +225,13 @@ class ObjectStore(abc.ABC):
 # --- argument checks shared by the backends ---------------------------------------------------
 
 
-def stage_put(store, data):
+def stage_put(store, data, key_hint: str | None = None):
     """The first half of a put where the store's class offers one (LocalStore.stage_put): the
-    bytes durable under no key, an object with `commit(key)` and `discard()`; None otherwise (the
-    caller then puts). Looked up on the class, so a wrapper that forwards calls by `__getattr__`
-    keeps its own `put` in the path."""
+    bytes durable under no key (`key_hint` says which key they are meant for), an object with
+    `commit(key)` and `discard()`; None otherwise (the caller then puts). Looked up on the class,
+    so a wrapper that forwards calls by `__getattr__` keeps its own `put` in the path."""
     method = getattr(type(store), "stage_put", None)
-    return None if method is None else method(store, data)
+    return None if method is None else method(store, data, key_hint=key_hint)
 
 
 def check_key(key: str) -> str:

@@ -292,7 +292,7 @@ class Follower:
             raise
         os.rename(shard_dir, retired)
         os.rename(fresh, shard_dir)
-        _fsync_dir(self.data_dir)
+        filemodes.fsync_directory(self.data_dir)
         old = self.shard.replace(Shard.open(shard_dir, verify=False, sync=False))
         self._retired.append((time.monotonic(), old, retired))
         self.rebootstraps += 1
@@ -402,14 +402,6 @@ def _plan(manifest: Manifest, local_lsn: int) -> list[IncrementDescriptor] | Non
         if increment.first_lsn <= local_lsn + 1 <= increment.last_lsn:
             return flat[index:]
     return None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- the status file ----------------------------------------------------------------------------

@@ -232,16 +232,7 @@ class Replicator:
         """Record (durably, atomically) that this local shard publishes as `owner_id`."""
         path = self._owner_path()
         record = {"logicalShardId": self.shard.logical_shard_id.hex(), "ownerId": owner_id}
-        with open(path + ".tmp", "wb", opener=filemodes.opener) as f:
-            f.write(canonical_json.dumps(record))
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(path + ".tmp", path)
-        fd = os.open(self.shard.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        filemodes.replace_durably(path, canonical_json.dumps(record))
         self.owner_id = owner_id
 
     def _is_owner(self, manifest: Manifest, *, claiming: bool = False) -> bool:

@@ -357,16 +357,16 @@ def _install(work: str, target: str) -> None:
     for name in os.listdir(work):
         if name != "data.mdb":
             os.unlink(os.path.join(work, name))  # lock.mdb: recreated on open
-    _fsync(os.path.join(work, "data.mdb"))
-    _fsync(work, directory=True)
+    _fsync_file(os.path.join(work, "data.mdb"))
+    filemodes.fsync_directory(work)
     if os.path.isdir(target):
         os.rmdir(target)  # empty, checked before we started
     os.rename(work, target)
-    _fsync(os.path.dirname(target), directory=True)
+    filemodes.fsync_directory(os.path.dirname(target))
 
 
-def _fsync(path: str, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -241,7 +241,8 @@ def _stage_during_begin(root, pub: Publication):
     threshold = getattr(root.store, "multipart_threshold", None)
     if threshold is not None and block.length > threshold:
         return None
-    staged = stage_put(root.store, pub.body.read_block(block))
+    key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
+    staged = stage_put(root.store, pub.body.read_block(block), key)
     crash_point("after-stage")
     return staged
 

@@ -140,17 +140,7 @@ def write_role(data_dir: str, role: ReplicaRole) -> None:
     """Record `role` durably and atomically (temporary file, fsync, rename, fsync of the directory)."""
     data = canonical_json.dumps(role.to_json())
     parse_role(data)  # never write what this build would refuse to read
-    path = role_path(data_dir)
-    with open(path + ".tmp", "wb", opener=filemodes.opener) as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(path + ".tmp", path)
-    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    filemodes.replace_durably(role_path(data_dir), data)
 
 
 # --- the guards ----------------------------------------------------------------------------------
