@@ -161,6 +161,35 @@ class Kernel:
             self.call("releasedir", fh)
         return names
 
+    def listdir_in_batches(self, path: str, batch: int, between) -> list[str]:
+        """readdir as the kernel pages it (`batch` entries a call, each call from the offset the
+        last accepted entry carried), calling `between()` after the first call."""
+        fh = self.call("opendir", self.ino(path), self.ctx)
+        names, offset, original = [], 0, pyfuse3.readdir_reply
+        try:
+            while True:
+                taken = []
+
+                def reply(token, name, attr, next_id, taken=taken):
+                    if len(taken) == batch:
+                        return False
+                    taken.append((name.decode(), next_id))
+                    return True
+
+                pyfuse3.readdir_reply = reply
+                self.call("readdir", fh, offset, None)
+                pyfuse3.readdir_reply = original
+                if not taken:
+                    return names
+                names += [name for name, _ in taken]
+                offset = taken[-1][1]
+                if between is not None:
+                    between()
+                    between = None
+        finally:
+            pyfuse3.readdir_reply = original
+            self.call("releasedir", fh)
+
 
 @pytest.fixture
 def kernel(tmp_path):
@@ -434,3 +463,27 @@ def test_a_directory_stays_when_its_last_entry_goes(kernel):
     k.call("unlink", d, b"f", k.ctx)
     k.call("rename", k.ino("wb/outputs"), b"d", k.ino("wb/outputs"), b"d2", 0, k.ctx)
     assert "d2" in k.listdir("wb/outputs")
+
+
+def test_a_listing_hands_over_every_entry_once_while_created_files_get_published(kernel):
+    """`find d -delete` / `shutil.rmtree(d)` right after a shell loop of `: > d/fN`: the files
+    created here are pending (listed from the overlay) until their release publishes them, and a
+    listing that pages while they are published must still return each exactly once -- a missed
+    entry leaves rmdir with ENOTEMPTY."""
+    k = kernel
+    k.mkdir("wb/outputs/d")
+    published = [f"f{i:02d}" for i in range(40)]
+    for name in published:
+        k.put(f"wb/outputs/d/{name}", b"x")
+    early = k.create("wb/outputs/d/f05p")  # created, not yet published (listed before f06)
+    late = k.create("wb/outputs/d/f35p")  # listed long after the first page
+    k.mkdir("wb/outputs/d/f07sub")  # made by mkdir: the overlay's until a file is published below
+
+    def publish_them():
+        k.close(early)
+        k.close(late)
+        k.put("wb/outputs/d/f07sub/x", b"x")
+
+    listed = k.listdir_in_batches("wb/outputs/d", 10, publish_them)
+    assert sorted(listed) == sorted(published + ["f05p", "f35p", "f07sub"])
+    assert len(listed) == len(set(listed))

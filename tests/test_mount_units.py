@@ -149,6 +149,41 @@ def test_a_directory_handle_remembers_a_bounded_history_of_positions():
     assert not handle.restore(5)
 
 
+def test_work_that_outlives_its_syscall_keeps_the_lock_until_it_ends():
+    """A close(2) whose publication outlives the deadline answers EIO (SyscallTimeout); the
+    publication keeps the spool's lock until it ends, so a write meanwhile gives up too instead
+    of landing in a spool the publication then marks published, and runs once it is over."""
+    events = []
+
+    async def scenario():
+        workers = Workers(syscall_timeout=0.05)
+        lock = trio.Semaphore(1)
+        finish = trio.Event()
+
+        async def publication():
+            events.append("publishing")
+            await finish.wait()
+            events.append("published")
+
+        async def write():
+            events.append("written")
+
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            with pytest.raises(E.SyscallTimeout):
+                await workers.bounded_holding("publication at close", lock, publication)
+            with pytest.raises(E.SyscallTimeout):
+                await workers.bounded_holding("write", lock, write, inline=True)
+            assert lock.value == 0 and events == ["publishing"]
+            finish.set()
+            await workers.bounded_holding("write", lock, write, inline=True)
+            assert lock.value == 1
+        return workers.timeouts
+
+    assert trio.run(scenario) == 2
+    assert events == ["publishing", "published", "written"]
+
+
 # --- with a real root (no kernel) ----------------------------------------------------------------
 
 

@@ -22,6 +22,8 @@ ROW = re.compile(r"^\| ([a-z0-9-]+) \| .* \| ([A-Z0-9]+) \|$")
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+FALLOC_FL_KEEP_SIZE = 1
+FALLOC_FL_PUNCH_HOLE = 2
 
 
 def documented() -> dict[str, str]:
@@ -95,6 +97,41 @@ def mmap_shared_write(p: Place):
     os.close(fd)
     with open(path, "rb") as f:
         assert f.read(5) == b"MAPPD"
+
+
+def fallocate(mode: int):
+    def check(p: Place):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        fd = os.open(p.fresh(data=b"x" * 8192), os.O_RDWR)
+        try:
+            if libc.fallocate(fd, mode, 0, 4096) != 0:
+                number = ctypes.get_errno()
+                raise OSError(number, os.strerror(number))
+        finally:
+            os.close(fd)
+
+    return check
+
+
+def posix_fallocate(p: Place):
+    path = p.fresh(data=b"head")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, 10000)
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        assert f.read() == b"head" + bytes(9996)
+
+
+def seek_hole(p: Place):
+    fd = os.open(p.fresh(data=b"x" * 10000), os.O_RDONLY)
+    try:
+        assert os.lseek(fd, 0, os.SEEK_DATA) == 0
+        assert os.lseek(fd, 0, os.SEEK_HOLE) == 10000
+    finally:
+        os.close(fd)
 
 
 def statfs(p: Place):
@@ -195,6 +232,11 @@ CHECKS = {
     "flock": flock,
     "fcntl-lock": fcntl_lock,
     "mmap-shared-write": mmap_shared_write,
+    "fallocate": fallocate(0),
+    "fallocate-punch-hole": fallocate(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE),
+    "posix-fallocate": posix_fallocate,
+    "seek-hole": seek_hole,
+    "open-tmpfile": lambda p: os.close(os.open(p.path("wb", "outputs"), os.O_TMPFILE | os.O_WRONLY, 0o600)),
     "statfs": statfs,
 }
 READ_ONLY_ROWS = {"create-read-only"}

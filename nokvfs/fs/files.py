@@ -109,8 +109,7 @@ class Files:
                     spool.start_appending()
             spool.writers += 1
             if flags & os.O_TRUNC:  # libfuse negotiates atomic O_TRUNC: the flag arrives here
-                async with spool.locked():
-                    spool.truncated_on_open()
+                await self._holding(f"open(O_TRUNC) of {spool.describe()}", spool, _now(spool.truncated_on_open))
         node.handles += 1
         node.open_count += 1
         return handle, keep_cache
@@ -197,28 +196,32 @@ class Files:
         where the spool holds nothing yet."""
         if spool.filled and not spool.append_only:
             return spool.pread(offset, size)  # publications only read the spool: no lock needed
-        async with spool.locked():  # not while it is being filled
-            size = max(0, min(size, spool.size - offset))
-            if size == 0 or spool.closed:
-                return b""
-            if spool.filled:
-                return spool.pread(offset, size)
-            if not spool.append_only:
-                return await self.workers.bounded("read", self.fetcher.read, spool.base, offset, size, stream)
-            split = spool.base.logical_size
-            head = (
-                b""
-                if offset >= split
-                else await self.workers.bounded(
-                    "read", self.fetcher.read, spool.base, offset, min(size, split - offset), stream
-                )
+        # Not while it is being filled.
+        return await self._holding(f"read of {spool.describe()}", spool, self._read_held, spool, offset, size, stream)
+
+    async def _read_held(self, spool: Spool, offset: int, size: int, stream) -> bytes:
+        """(spool locked) The spool's bytes, and its base revision's where it holds none yet."""
+        size = max(0, min(size, spool.size - offset))
+        if size == 0 or spool.closed:
+            return b""
+        if spool.filled:
+            return spool.pread(offset, size)
+        if not spool.append_only:
+            return await self.workers.bounded("read", self.fetcher.read, spool.base, offset, size, stream)
+        split = spool.base.logical_size
+        head = (
+            b""
+            if offset >= split
+            else await self.workers.bounded(
+                "read", self.fetcher.read, spool.base, offset, min(size, split - offset), stream
             )
-            tail = (
-                b""
-                if offset + size <= split
-                else os.pread(spool.fd, offset + size - max(offset, split), max(offset, split) - split)
-            )
-            return b"".join((head, tail))
+        )
+        tail = (
+            b""
+            if offset + size <= split
+            else os.pread(spool.fd, offset + size - max(offset, split), max(offset, split) - split)
+        )
+        return b"".join((head, tail))
 
     async def write(self, handle: FileHandle, offset: int, data) -> int:
         with self.meters["write"].timing():
@@ -228,13 +231,35 @@ class Files:
         if not handle.writable:
             raise refuse(errno.EBADF, f"write on a descriptor of {handle.node.describe()} not opened for writing")
         spool = handle.node.spool
-        async with spool.locked():
-            if spool.needs_fill_for_write(offset):
-                await self.workers.bounded(f"fill of {spool.describe()}", self.workers.run, spool.fill_blocking)
-            spool.write(offset, data)
-            if spool.attributes is not None:  # a write sets the modification time again
-                spool.attributes.pop("mtime_ns", None)
+        await self._holding(
+            f"write to {spool.describe()}",
+            spool,
+            self._write_held,
+            spool,
+            offset,
+            data,
+            cheap=not spool.needs_fill_for_write(offset),
+        )
         return len(data)
+
+    async def _write_held(self, spool: Spool, offset: int, data) -> None:
+        """(spool locked) Fill the spool from its base when the write needs it, then write."""
+        if spool.needs_fill_for_write(offset):
+            await self.workers.run(spool.fill_blocking)
+        spool.write(offset, data)
+        if spool.attributes is not None:  # a write sets the modification time again
+            spool.attributes.pop("mtime_ns", None)
+
+    async def _holding(self, what: str, spool: Spool, async_fn, *args, cheap: bool = True):
+        """async_fn(*args) with the spool's lock, within the syscall deadline.
+
+        The lock is taken in this call's turn and released by the work when it ends, never by a
+        syscall that gave up waiting: a publication (or a fill, a truncate) whose close(2) answered
+        EIO keeps the spool to itself until it ends, so no write lands in a spool that its end
+        marks published, and no second publication of the same bytes races it. A `cheap` call
+        (no I/O, or I/O it bounds itself) runs in this task.
+        """
+        return await self.workers.bounded_holding(what, spool.lock, async_fn, *args, inline=cheap)
 
     # --- publication -------------------------------------------------------------------------------
 
@@ -257,25 +282,28 @@ class Files:
         spool = node.spool
         if spool is None:
             return
-        async with spool.locked():
-            if spool.orphaned:
-                return
-            if not spool.dirty:
-                if spool.attributes:
-                    await self._apply_attributes(node, spool.attributes)
-                    spool.attributes = None
-                return
-            if closing and (spool.truncated_only or (spool.base is None and not spool.written)):
-                return  # an empty new or O_TRUNC-emptied file is published at release (module docstring)
-            await self.workers.bounded(
-                f"{why} of {spool.describe()}", self._publish_locked, node, spool, why, closing and spool.writers <= 1
-            )
+        await self._holding(
+            f"{why} of {spool.describe()}", spool, self._publish_held, node, spool, why, closing, cheap=False
+        )
         if self.ship is not None:
             # --sync: close(2) returns once the increment holding the publication is in the
             # bucket (an error here leaves it published on this machine, shipped later).
             lsn = self.root.shard.recovery_tail.applied_lsn
             timeout = self.workers.syscall_timeout
             await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
+
+    async def _publish_held(self, node: Node, spool: Spool, why: str, closing: bool) -> None:
+        """(spool locked) Publish what the spool holds unpublished, if anything."""
+        if spool.orphaned or spool.closed or node.spool is not spool:
+            return  # unlinked, or settled while this waited for the lock
+        if not spool.dirty:
+            if spool.attributes:
+                await self._apply_attributes(node, spool.attributes)
+                spool.attributes = None
+            return
+        if closing and (spool.truncated_only or (spool.base is None and not spool.written)):
+            return  # an empty new or O_TRUNC-emptied file is published at release (module docstring)
+        await self._publish_locked(node, spool, why, closing and spool.writers <= 1)
 
     async def _publish_locked(self, node: Node, spool: Spool, why: str, last_close: bool = False) -> None:
         stored, started = self._publication_starts(node, spool)
@@ -457,12 +485,8 @@ class Files:
             return
         spool = node.spool
         if spool is not None and (spool.dirty or spool.base is None or spool.orphaned):
-            async with spool.locked():
-                # An unlinked or replaced file's attributes vanish with it, as its bytes do (the
-                # kernel's writeback cache sets its times at close).
-                if spool.dirty or spool.base is None or spool.orphaned:
-                    spool.attributes = {**(spool.attributes or {}), **changes}
-                    return
+            if await self._holding(f"setattr of {spool.describe()}", spool, _now(_attributes_to_spool, spool, changes)):
+                return
         if node.detached:
             # Removed or renamed over: the file lives on only for its open descriptors (and the
             # kernel's cache of it, whose times the writeback cache flushes at a reader's close).
@@ -507,17 +531,12 @@ class Files:
             raise refuse(errno.EINVAL, f"{node.describe()} is a symbolic link")
         tree.check_writable(f"truncate {node.describe()}", node)
         names.check_publishable(self.root, node, node.components)
-        spool = node.spool
-        if spool is not None:
-            async with spool.locked():
-                await self.workers.bounded(
-                    f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size
-                )
-                if spool.attributes is not None:
-                    spool.attributes.pop("mtime_ns", None)
-            if spool.writers == 0:
-                await self.publish(node, why="truncate")  # nobody will close it: publish now
-            return
+        while (spool := node.spool) is not None:
+            if await self._holding(
+                f"truncate of {spool.describe()}", spool, self._truncate_held, node, spool, size, cheap=False
+            ):
+                return
+            # Its last descriptor's release settled the spool while this waited: as below.
         # truncate(2) of a file nobody here has open: publish the truncated body now.
         entry = tree.current_entry(node)
         if entry is None:
@@ -530,13 +549,24 @@ class Files:
         node.learn(entry)
         spool = node.spool = self._new_spool(node, entry)
         try:
-            async with spool.locked():
-                await self.workers.bounded(
-                    f"truncate of {spool.describe()}", self.workers.run, spool.truncate_blocking, size
-                )
-            await self.publish(node, why="truncate")
+            await self._holding(
+                f"truncate of {spool.describe()}", spool, self._truncate_held, node, spool, size, cheap=False
+            )
         finally:
             await self.settle(node, spool)
+
+    async def _truncate_held(self, node: Node, spool: Spool, size: int) -> bool:
+        """(spool locked) Set the spool's size (which sets the modification time) and, when nobody
+        has the file open for writing, publish it in the same hold: a release settling the spool
+        in between would keep it as unpublished. False: the spool was settled meanwhile."""
+        if node.spool is not spool or spool.closed:
+            return False
+        await self.workers.run(spool.truncate_blocking, size)
+        if spool.attributes is not None:
+            spool.attributes.pop("mtime_ns", None)
+        if spool.writers == 0:
+            await self._publish_held(node, spool, "truncate", closing=False)  # nobody will close it
+        return True
 
     # --- names -------------------------------------------------------------------------------------
 
@@ -550,8 +580,7 @@ class Files:
             if spool is not None:
                 if self.writeback is not None:
                     await self.writeback.settled(spool)
-                async with spool.locked():
-                    pass
+                await self._holding(f"publication of {spool.describe()}", spool, _now(lambda: None))
 
     async def unlink(self, parent: Node, name: str) -> None:
         tree = self.tree
@@ -773,3 +802,22 @@ def changed_facts(facts, changes: dict):
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+def _now(fn, *args):
+    """An async function that calls fn(*args): a step that needs the spool's lock and no I/O."""
+
+    async def call():
+        return fn(*args)
+
+    return call
+
+
+def _attributes_to_spool(spool: Spool, changes: dict) -> bool:
+    """(spool locked) Keep attribute changes with the spool's unpublished bytes (True), unless it
+    was published meanwhile. An unlinked or replaced file's attributes vanish with it, as its
+    bytes do (the kernel's writeback cache sets its times at close)."""
+    if spool.dirty or spool.base is None or spool.orphaned:
+        spool.attributes = {**(spool.attributes or {}), **changes}
+        return True
+    return False

@@ -3,7 +3,10 @@
 Directories with a short, fixed or facade-listed set of names (the root's workbenches, a
 workbench's sections and views, `.snapshots/`, `.commits/`, `.tags/`) are listed from a list
 taken at opendir; the others page the engine's delimiter scan, at most 255 children a call,
-then the daemon's overlay (directories made by mkdir and files created but not yet published).
+merged in the same name order with the daemon's overlay (directories made by mkdir and files
+created but not yet published). The anchor is the ordered name of the last entry handed over,
+so an entry that moves from the overlay to the shard while the listing pages (a file created
+here and published by its release) is handed over exactly once, wherever the listing stands.
 A directory's attribute marker is never listed.
 """
 
@@ -27,7 +30,7 @@ LIVE = views_.LIVE
 class DirHandle:
     """One open directory: where its listing stands, so readdir pages from an anchor."""
 
-    __slots__ = ("fh", "node", "pos", "anchor", "buffer", "phase", "overlay_index", "history", "static")
+    __slots__ = ("fh", "node", "pos", "anchor", "buffer", "phase", "history", "static")
 
     HISTORY = 1024  # positions remembered for seekdir/rewinddir (bounded)
 
@@ -41,15 +44,14 @@ class DirHandle:
 
     def reset(self) -> None:
         self.pos = 0  # readdir offset of the last entry handed to the kernel
-        self.anchor = None  # scan anchor after that entry
+        self.anchor = None  # the ordered name of that entry (an index into a static listing)
         self.buffer = collections.deque()  # fetched children not handed over yet
-        self.phase = "scan"  # scan -> overlay -> done
-        self.overlay_index = 0
+        self.phase = "scan"  # scan -> done
         self.history = collections.OrderedDict()
 
     def remember(self, phase: str) -> None:
         """Record how to resume right after the entry at self.pos (in `phase`)."""
-        self.history[self.pos] = (self.anchor, phase, self.overlay_index)
+        self.history[self.pos] = (self.anchor, phase)
         if len(self.history) > self.HISTORY:
             self.history.popitem(last=False)  # positions only grow between resets
 
@@ -58,7 +60,7 @@ class DirHandle:
         if state is None:
             return False
         self.pos = pos
-        self.anchor, self.phase, self.overlay_index = state
+        self.anchor, self.phase = state
         self.buffer = collections.deque()
         return True
 
@@ -112,7 +114,7 @@ class Listing:
     def fill(self, handle: DirHandle) -> bool:
         """Fetch the next page of children into handle.buffer; False at the end of the listing.
 
-        Items are (name, kind, PathEntry | Workbench | view | None, overlay index | None).
+        Items are (name, kind, PathEntry | Workbench | view | None, listed from the overlay).
         """
         tree = self.tree
         node = handle.node
@@ -124,47 +126,48 @@ class Listing:
             if not handle.buffer:
                 handle.phase = "done"
             return bool(handle.buffer)
-        if handle.phase == "scan":
-            view = tree.view_of(node)
-            with view.read() as v:
-                workbench = view.require(v, node.workbench_id, node.incarnation)
-                children, anchor = view.children(v, workbench, node.components, start_after=handle.anchor, limit=PAGE)
-            child_kind = Kind.SECTION if node.kind in (Kind.WORKBENCH, Kind.VIEW) else Kind.DIR
-            for child in children:
-                if child.entry is not None:
-                    if child.name == attributes.DIRECTORY_MARKER:
-                        continue
-                    kind = Kind.LINK if attributes.is_symlink(child.entry) else Kind.FILE
-                    handle.buffer.append((child.name, kind, child.entry, None))
-                else:
-                    handle.buffer.append((child.name, child_kind, None, None))
-            if anchor is None:
-                handle.phase = "overlay"
+        view = tree.view_of(node)
+        with view.read() as v:
+            workbench = view.require(v, node.workbench_id, node.incarnation)
+            children, anchor = view.children(v, workbench, node.components, start_after=handle.anchor, limit=PAGE)
+        child_kind = Kind.SECTION if node.kind in (Kind.WORKBENCH, Kind.VIEW) else Kind.DIR
+        items, scanned = [], set()
+        for child in children:
+            scanned.add(child.name)
+            if child.entry is not None:
+                if child.name == attributes.DIRECTORY_MARKER:
+                    continue
+                kind = Kind.LINK if attributes.is_symlink(child.entry) else Kind.FILE
+                items.append((child.name, kind, child.entry, False))
             else:
-                handle.anchor = anchor if not handle.buffer else handle.anchor
-                if not handle.buffer:
-                    return self.fill(handle)  # a page of only the marker: the next one
-            if handle.buffer:
-                return True
-        if handle.phase == "overlay":
-            if node.kind is not Kind.WORKBENCH and node.view == LIVE:
-                listed = tree.overlay.children(node.incarnation, node.components)
-                with tree.view.read() as v:
-                    for index in range(handle.overlay_index, len(listed)):
-                        name, kind = listed[index]
-                        components = node.components + (name,)
-                        if tree.view.entry(v, node.incarnation, components) is None and not tree.view.has_children(
-                            v, node.incarnation, components
-                        ):
-                            handle.buffer.append((name, Kind.FILE if kind == overlays.FILE else Kind.DIR, None, index))
+                items.append((child.name, child_kind, None, False))
+        if node.view == LIVE:
+            # The overlay's entries in the range this page covers (all the rest after the last
+            # page) that the scan did not list. The scan is read first: a file published since
+            # is still pending in the overlay (which changes only on this thread), so it is
+            # listed here, never lost between the two.
+            upper = None
+            if anchor is not None:
+                upper = ordered_component(children[-1].name) if children else anchor
+            for name, kind in tree.overlay.children(node.incarnation, node.components):
+                key = ordered_component(name)
+                if name in scanned or (handle.anchor is not None and key <= handle.anchor):
+                    continue
+                if upper is None or key <= upper:
+                    items.append((name, Kind.FILE if kind == overlays.FILE else Kind.DIR, None, True))
+        items.sort(key=lambda item: ordered_component(item[0]))
+        handle.buffer.extend(items)
+        if anchor is None:
             handle.phase = "done"
-            return bool(handle.buffer)
-        return False
+        elif not handle.buffer:
+            handle.anchor = anchor
+            return self.fill(handle)  # a page of only the marker: the next one
+        return bool(handle.buffer)
 
     def entry_node(self, handle: DirHandle, item) -> Node | None:
         """The node of a buffered listing item (None: it is gone, skip it)."""
         tree = self.tree
-        name, kind, extra, overlay_index = item
+        name, kind, extra, from_overlay = item
         parent = handle.node
         if kind is Kind.WORKBENCH:
             return tree.workbench_node(extra)
@@ -172,8 +175,9 @@ class Listing:
             return tree.history_node(parent, name)
         if kind is Kind.VIEW:
             return tree.view_root(extra)
-        if overlay_index is not None and kind is Kind.FILE:
-            return tree.overlay.pending(parent.incarnation, parent.components + (name,))
+        if from_overlay and kind is Kind.FILE:
+            pending = tree.overlay.pending(parent.incarnation, parent.components + (name,))
+            return pending if pending is not None else tree.lookup(parent, name)  # published since
         if kind in (Kind.FILE, Kind.LINK):
             return tree.path_node(parent, name, extra)
         return tree.child(parent, kind, name)
@@ -181,17 +185,11 @@ class Listing:
     def advance(self, handle: DirHandle, item) -> None:
         """`item` (just taken from the head of the buffer) was handed to the kernel."""
         handle.pos += 1
-        if item[3] is not None:
-            handle.overlay_index = item[3] + 1
-        elif handle.static is not None:
+        if handle.static is not None:
             handle.anchor = (handle.anchor or 0) + 1
         else:
             handle.anchor = ordered_component(item[0])
-        if handle.buffer:
-            resume = "overlay" if handle.buffer[0][3] is not None else "scan"
-        else:
-            resume = handle.phase
-        handle.remember(resume)
+        handle.remember("scan" if handle.buffer else handle.phase)
 
     def releasedir(self, handle: DirHandle) -> None:
         self.tree.inodes.closed(handle.node)

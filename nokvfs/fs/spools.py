@@ -123,7 +123,9 @@ class Spool:
         self.mtime_ns = time.time_ns()
         self.attributes = None  # attribute changes waiting for the next publication
         self.writers = 0  # descriptors open for writing
-        self.lock = trio.Lock()
+        # The spool's lock: a Semaphore, which has no owner, so a publication's syscall can take
+        # it and its work release it (Workers.bounded_holding).
+        self.lock = trio.Semaphore(1)
         # The spool file's blocks, hashed as they are written (publication reads only the rest).
         self.hashes = bodies.WrittenBody(root.block_size)
         self._owner = owner

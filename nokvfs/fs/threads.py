@@ -9,8 +9,9 @@ A syscall never waits longer than the deadline (`--syscall-timeout`, default 30 
 the work as a task of the daemon's own nursery and waits for it at most that long. When the
 deadline passes the syscall answers ETIMEDOUT-as-EIO (`SyscallTimeout`) while the work goes on and
 finishes what it started (a publication still lands, or fails and keeps its spool); the work
-itself updates the mount's state, so nothing depends on the waiter still being there. The daemon
-keeps serving other requests meanwhile. (pyfuse3 does not deliver FUSE interrupts, so a caller's
+itself updates the mount's state, so nothing depends on the waiter still being there, and work
+that needs a lock holds it itself (`bounded_holding`): a waiter giving up never frees it early.
+The daemon keeps serving other requests meanwhile. (pyfuse3 does not deliver FUSE interrupts, so a caller's
 signal cannot shorten the wait; the deadline bounds it.)
 """
 
@@ -49,11 +50,12 @@ class Workers:
         """Run fn(*args) in a worker thread for work nobody waits on yet (prefetch)."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.background)
 
-    async def bounded(self, what: str, async_fn, *args):
-        """await async_fn(*args), but give up waiting after the syscall deadline.
+    async def bounded(self, what: str, async_fn, *args, timeout: float | None = None):
+        """await async_fn(*args), but give up waiting after the syscall deadline (or `timeout`).
 
         Without a nursery (kernel-less tests before start) the work is simply awaited.
         """
+        timeout = self.syscall_timeout if timeout is None else timeout
         if self._nursery is None:
             return await async_fn(*args)
         done = trio.Event()
@@ -70,7 +72,7 @@ class Workers:
                 done.set()
 
         self._nursery.start_soon(work)
-        with trio.move_on_after(self.syscall_timeout):
+        with trio.move_on_after(timeout):
             await done.wait()
         if not done.is_set():
             box["abandoned"] = True
@@ -81,3 +83,36 @@ class Workers:
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    async def bounded_holding(self, what: str, lock: trio.Semaphore, async_fn, *args, inline: bool = False):
+        """bounded(), with `lock` taken by the syscall and released by the work when it ends.
+
+        The syscall takes the lock in its turn (at once, without yielding, when it is free: calls
+        on one file keep the order they arrived in), both waits within one deadline. The lock is a
+        trio.Semaphore(1) because it has no owner: a syscall that gives up waiting leaves it held
+        until the work ends, so nothing else runs on what it guards meanwhile (a second
+        publication of the same spool, a write that the first one's end would mark published).
+        `inline` runs the work in the syscall's own task (for work without I/O, or that bounds
+        its own).
+        """
+        started = trio.current_time()
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.move_on_after(self.syscall_timeout) as waiting:
+                await lock.acquire()
+            if waiting.cancelled_caught:
+                self.timeouts += 1
+                raise SyscallTimeout(
+                    f"{what} did not start within {self.syscall_timeout:g} s (the file is busy with a publication)"
+                ) from None
+
+        async def holding():
+            try:
+                return await async_fn(*args)
+            finally:
+                lock.release()
+
+        if inline:
+            return await holding()
+        return await self.bounded(what, holding, timeout=self.syscall_timeout - (trio.current_time() - started))

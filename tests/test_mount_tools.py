@@ -1,0 +1,126 @@
+"""Real tools' sequences on a real mount that the other mount tests do not run: each is compared
+with what a local disk gives (SEMANTICS.md's contract; "Known limits" in README.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.mount_fixtures import REPO, env, mount, mounted, needs_fuse  # noqa: F401 - the fixture
+
+pytestmark = needs_fuse
+
+SYS_GETDENTS64 = 217  # x86_64
+
+
+def getdents(fd: int, size: int = 2048) -> list[str]:
+    """One getdents64(2) call with a `size`-byte buffer (Go's os.ReadDir reads 8 KiB a call;
+    glibc's readdir reads st_blksize, 1 MiB on this mount): the names it returned."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(size)
+    n = libc.syscall(SYS_GETDENTS64, fd, buf, size)
+    if n < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    names, at = [], 0
+    while at < n:
+        reclen = struct.unpack_from("<H", buf.raw, at + 16)[0]
+        name = buf.raw[at + 19 : at + reclen].split(b"\0", 1)[0].decode()
+        if name not in (".", ".."):
+            names.append(name)
+        at += reclen
+    return names
+
+
+def test_a_directory_listed_while_its_new_files_are_published_lists_each_once(mount):
+    """`for i in ...; do : > d/fN; done; rm -r d` (shutil.rmtree, `find d -delete`): the last
+    files created are published by their release while the listing pages, and each must still be
+    listed once, or rmdir fails with ENOTEMPTY. Here a file created before the listing stays open
+    (pending) until the listing has read its first buffer, then fsync publishes it."""
+    d = mount.path("wb", "outputs", "d")
+    os.mkdir(d)
+    names = [f"f{i:03d}" for i in range(120)]
+    for name in names:
+        with open(os.path.join(d, name), "wb"):
+            pass
+    fd = os.open(os.path.join(d, "f005p"), os.O_CREAT | os.O_WRONLY, 0o644)
+    listing = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listed = getdents(listing)
+        assert 0 < len(listed) < len(names)
+        os.write(fd, b"x")
+        os.fsync(fd)  # published while the listing stands after its first buffer
+        while batch := getdents(listing):
+            listed += batch
+    finally:
+        os.close(listing)
+        os.close(fd)
+    assert sorted(listed) == sorted(names + ["f005p"])
+    shutil.rmtree(d)
+    assert not os.path.exists(d)
+
+
+def _published(m, relative: str) -> bytes | None:
+    """What `nokvfs get` reads at wb:relative (None: nothing there)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "get", f"wb:{relative}"],
+        capture_output=True,
+        env=env(),
+        cwd=REPO,
+        timeout=120,
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
+def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path):
+    """A close(2) whose publication outlives the syscall deadline answers EIO while the
+    publication goes on; until it ends nothing else may touch the file's spool. A write through
+    another descriptor then waits (or fails) and is published by the next close, never dropped
+    with the spool of the first publication; and `truncate -s` (whose release publishes again)
+    never conflicts with its own publication (a kept spool)."""
+    body = bytes(range(256)) * (256 * 1024)  # 64 MiB: its publication takes about 0.4 s here
+    with mounted(str(tmp_path), extra_args=("--syscall-timeout", "0.1")) as m:
+        path = m.path("wb", "outputs", "slow.bin")
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+        for offset in range(0, len(body), 1 << 20):
+            os.pwrite(fd, body[offset : offset + (1 << 20)], offset)
+        with pytest.raises(OSError) as exc:
+            os.close(os.dup(fd))  # `exec 3>&1 ...`: a duplicate's close publishes, and gives up
+        assert exc.value.errno == errno.EIO
+        deadline = time.monotonic() + 60
+        while True:  # a careful writer retries a write that failed
+            try:
+                os.pwrite(fd, b"more", len(body))
+                break
+            except OSError as exc:
+                assert exc.errno == errno.EIO and time.monotonic() < deadline
+        with contextlib.suppress(OSError):
+            os.close(fd)  # may give up waiting too: the release publishes then
+        deadline = time.monotonic() + 60
+        while _published(m, "outputs/slow.bin") != body + b"more":
+            assert time.monotonic() < deadline, "the write through the second descriptor was never published"
+            time.sleep(0.2)
+
+        truncated = m.path("wb", "outputs", "image")
+        done = subprocess.run(["truncate", "-s", "48M", truncated], capture_output=True, text=True)
+        assert done.returncode in (0, 1), done.stderr  # 1: its close gave up waiting (EIO)
+        deadline = time.monotonic() + 60
+        while _published(m, "outputs/image") != bytes(48 << 20):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        spools = subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "spool", "list"],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+        )
+        assert spools.returncode == 0 and "kept" not in spools.stdout, spools.stdout + spools.stderr
