@@ -251,13 +251,9 @@ class StagedPut:
             self.discard()
             raise
         fd, self._fd = self._fd, -1
-        try:
-            self._settling = self._store._commit(
-                fd, self._tmp, final, key, False, None, wait=wait, created=self._created
-            )
-        except BaseException:
-            self._store._unmake_key_dir(self._near)
-            raise
+        self._settling = self._store._commit(
+            fd, self._tmp, final, key, False, None, wait=wait, near=self._near, created=self._created
+        )
         return self.etag
 
     def wait(self) -> None:
@@ -457,10 +453,11 @@ class LocalStore(ObjectStore):
         sync: bool = True,
         near: str | None = None,
     ) -> tuple[int, str | None, str, int]:
-        """Write body chunks and the trailer to a fsynced temp file (unnamed ones in directory
-        `near` when given): (fd, path or None when unnamed, etag, size). The descriptor stays
-        open, holding the temp's lock, until the caller commits or drops it. `sync=False` leaves
-        the fsync to the caller."""
+        """Write body chunks and the trailer to a fsynced temp file (unnamed ones in `near`, the
+        key directory `_prepare_key_dir` made for this write, removed again if the write fails):
+        (fd, path or None when unnamed, etag, size). The descriptor stays open, holding the
+        temp's lock, until the caller commits or drops it. `sync=False` leaves the fsync to the
+        caller."""
         fd, path = self._create_temp(named=named, near=near)
         try:
             md5 = hashlib.md5(usedforsecurity=False)
@@ -477,6 +474,7 @@ class LocalStore(ObjectStore):
         except BaseException:
             os.close(fd)
             _unlink_quietly(path)
+            self._unmake_key_dir(near)
             raise
         return fd, path, etag, size
 
@@ -490,12 +488,14 @@ class LocalStore(ObjectStore):
         if_match: str | None,
         *,
         wait=True,
+        near: str | None = None,
         created: list[str] = (),
     ) -> list[Future]:
         """Publish the temp at `final` under the lock, honouring the write condition, then fsync
         the directories that changed (with `created`, those `_prepare_key_dir` gave new entries);
         the temp's descriptor (and lock) is released last. With `wait=False` the directory fsyncs
-        are left running: the caller waits (`_wait_all`)."""
+        are left running: the caller waits (`_wait_all`). A commit that fails (a refused
+        condition too) removes `near`, the key directory made for the write, if it is empty."""
         changed: list[str] = list(created)
         try:
             with self._locked():
@@ -504,6 +504,9 @@ class LocalStore(ObjectStore):
                 return _start_fsync_dirs([os.path.dirname(final)] + changed)
             _fsync_dirs([os.path.dirname(final)] + changed)
             return []
+        except BaseException:
+            self._unmake_key_dir(near)
+            raise
         finally:
             _unlink_quietly(tmp)
             os.close(fd)
@@ -636,12 +639,8 @@ class LocalStore(ObjectStore):
         metadata = check_metadata(metadata)
         data = _byte_view(data)
         near, created = self._prepare_key_dir(final)
-        try:
-            fd, tmp, etag, _ = self._write_temp([data], metadata, near=near)
-            self._commit(fd, tmp, final, key, if_none_match, if_match, created=created)
-        except BaseException:
-            self._unmake_key_dir(near)  # a refused condition too: nothing was linked
-            raise
+        fd, tmp, etag, _ = self._write_temp([data], metadata, near=near)
+        self._commit(fd, tmp, final, key, if_none_match, if_match, near=near, created=created)
         return etag
 
     def stage_put(self, data, *, metadata=None, key_hint: str | None = None) -> StagedPut:
@@ -656,11 +655,7 @@ class LocalStore(ObjectStore):
         metadata = check_metadata(metadata)
         data = _byte_view(data)
         near, created = self._prepare_key_dir(self._path(key_hint)) if key_hint is not None else (None, [])
-        try:
-            fd, tmp, etag, _ = self._write_temp([data], metadata, sync=False, near=near)
-        except BaseException:
-            self._unmake_key_dir(near)
-            raise
+        fd, tmp, etag, _ = self._write_temp([data], metadata, sync=False, near=near)
         flushing = _start(_fsync_file, fd, tmp or f"a temp file in {near or self._tmp_root}")
         return StagedPut(self, fd, tmp, etag, flushing, near, created)
 
@@ -675,16 +670,8 @@ class LocalStore(ObjectStore):
             f = open(source, "rb")
         with f:
             near, created = self._prepare_key_dir(final)
-            try:
-                fd, tmp, etag, _ = self._write_temp(_chunks(f, source), metadata, near=near)
-            except BaseException:
-                self._unmake_key_dir(near)
-                raise
-        try:
-            self._commit(fd, tmp, final, key, if_none_match, if_match, created=created)
-        except BaseException:
-            self._unmake_key_dir(near)
-            raise
+            fd, tmp, etag, _ = self._write_temp(_chunks(f, source), metadata, near=near)
+        self._commit(fd, tmp, final, key, if_none_match, if_match, near=near, created=created)
         return etag
 
     def put_many(self, items, *, if_none_match=False, metadata=None) -> list:
@@ -700,13 +687,8 @@ class LocalStore(ObjectStore):
                     final = self._path(key)
                     data = _byte_view(data)
                     near, created = self._prepare_key_dir(final)
-                except Exception as exc:  # noqa: BLE001 - reported per item
-                    results.append(exc)
-                    continue
-                try:
                     fd, tmp, etag, _ = self._write_temp([data], metadata, near=near)
                 except Exception as exc:  # noqa: BLE001 - reported per item
-                    self._unmake_key_dir(near)
                     results.append(exc)
                     continue
                 changed += created
