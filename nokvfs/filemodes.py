@@ -5,7 +5,7 @@ control/) and live state (run/). Every directory nokvfs creates there is 0700 an
 0600. The mode is given when the directory or file is created (`os.mkdir`, `os.open`, LMDB's
 `mode`), so the caller's umask can only narrow it, never widen it.
 
-`fsync_directory` and `replace_durably` are the two durable-write steps every local record
+`fsync_directory` and `replace_atomically` are the two durable-write steps every local record
 (roles, owner records, sidecars, installed shards) shares.
 
 `audit` finds what is wider on an existing data directory (one made before this rule, or
@@ -45,16 +45,18 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def replace_durably(path: str, data: bytes) -> None:
-    """Put `data` at `path` atomically and durably: a private temporary file beside it, fsynced,
-    renamed over `path`, then the directory fsynced. A crash leaves the old file or the new one
-    (and at worst the temporary, which the next replace overwrites)."""
+def replace_atomically(path: str, data: bytes, *, durable: bool = True) -> None:
+    """Put `data` at `path` atomically: a private temporary file beside it, renamed over `path`;
+    `durable`, the temporary fsynced first and the directory after. A crash leaves the old file
+    or the new one (and at worst the temporary, which the next replace overwrites)."""
     with open(path + ".tmp", "wb", opener=opener) as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(path + ".tmp", path)
-    fsync_directory(os.path.dirname(path) or ".")
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    if durable:
+        fsync_directory(os.path.dirname(path) or ".")
 
 
 @dataclass

@@ -90,16 +90,9 @@ def _exclusive_json(path: str, record: dict) -> None:
 
 
 def _atomic_json(path: str, record: dict, *, durable: bool = False) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", opener=filemodes.opener) as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:  # the rename, and the spool file's own entry, are in the directory
-        filemodes.fsync_directory(os.path.dirname(path))
+    # durable: the directory fsync also covers the spool file's own entry beside it.
+    data = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    filemodes.replace_atomically(path, data.encode(), durable=durable)
 
 
 class Spool:

@@ -232,7 +232,7 @@ class Replicator:
         """Record (durably, atomically) that this local shard publishes as `owner_id`."""
         path = self._owner_path()
         record = {"logicalShardId": self.shard.logical_shard_id.hex(), "ownerId": owner_id}
-        filemodes.replace_durably(path, canonical_json.dumps(record))
+        filemodes.replace_atomically(path, canonical_json.dumps(record))
         self.owner_id = owner_id
 
     def _is_owner(self, manifest: Manifest, *, claiming: bool = False) -> bool:

@@ -140,7 +140,7 @@ def write_role(data_dir: str, role: ReplicaRole) -> None:
     """Record `role` durably and atomically (temporary file, fsync, rename, fsync of the directory)."""
     data = canonical_json.dumps(role.to_json())
     parse_role(data)  # never write what this build would refuse to read
-    filemodes.replace_durably(role_path(data_dir), data)
+    filemodes.replace_atomically(role_path(data_dir), data)
 
 
 # --- the guards ----------------------------------------------------------------------------------
