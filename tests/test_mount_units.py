@@ -193,6 +193,117 @@ def root(tmp_path):
         yield r
 
 
+def test_a_write_back_acceptance_outliving_its_close_keeps_the_file_until_it_is_recorded(root, monkeypatch):
+    """close(2) on a write-back mount whose acceptance (the journal's fdatasync) outlives the
+    deadline answers EIO; the acceptance keeps the file to itself until its record is durable and
+    then queues the file, so a write through another descriptor meanwhile gives up too (instead
+    of landing while the record is taken, or racing the journal's reset), the journal and the
+    queue agree, and the later write is published over the accepted bytes."""
+    import os
+    import threading
+
+    from nokvfs.fs import writeback
+
+    disk = threading.Event()
+    append = writeback.Journal.append
+
+    def slow_append(self, record, *, sync):  # a local disk whose flush outlasts the deadline
+        disk.wait(10)
+        append(self, record, sync=sync)
+
+    monkeypatch.setattr(writeback.Journal, "append", slow_append)
+
+    async def scenario():
+        workers = Workers(syscall_timeout=0.2)
+        fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+        publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
+        section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+        fs.tree.inodes.remember(section)
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            fh, attr = await fs.create(section.ino, b"f", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+            await fs.write(fh, 0, b"accepted")
+            other, _ = await fs.open(attr.st_ino, os.O_WRONLY)
+            spool = fs.tree.node(attr.st_ino).spool
+            with pytest.raises(E.SyscallTimeout):
+                await fs.flush(fh)
+            with pytest.raises(E.SyscallTimeout):
+                await fs.write(other, 0, b"LATER")
+            assert not publisher.holds(spool)
+            disk.set()
+            with trio.fail_after(10):
+                while not publisher.holds(spool):
+                    await trio.sleep(0.01)
+            await fs.release(fh)
+            await fs.write(other, 0, b"LATER")
+            await fs.flush(other)
+            await fs.release(other)
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return publisher
+
+    publisher = trio.run(scenario)
+    assert (publisher.accepted, publisher.published, publisher.failed) == (1, 1, 0)
+    from nokvfs.workspace import listing, reading
+
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/f").entry
+    assert reading.read(root, entry) == b"LATERted"
+
+
+def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome(root, monkeypatch):
+    """fsync(2) on a write-back mount waits for the file's publication within the deadline and
+    answers EIO when it is slower; the publication itself has no deadline (no syscall runs it),
+    so when it lands the file counts as published, not failed, and the next fsync succeeds."""
+    import os
+    import threading
+
+    from nokvfs.fs import spools, writeback
+    from nokvfs.workspace import listing, reading
+
+    namespace.put(root, "wb", "outputs/log", b"one\n")
+    store = threading.Event()
+    publish_blocking = spools.Spool.publish_blocking
+
+    def slow_publication(self, attributes=None):  # a store slower than the syscall deadline
+        store.wait(10)
+        return publish_blocking(self, attributes)
+
+    monkeypatch.setattr(spools.Spool, "publish_blocking", slow_publication)
+
+    async def scenario():
+        workers = Workers(syscall_timeout=0.2)
+        fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+        publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
+        section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+        fs.tree.inodes.remember(section)
+        node = fs.tree.lookup(section, "log")
+        fs.tree.inodes.remember(node)
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            nursery.start_soon(publisher.run)
+            fh, _ = await fs.open(node.ino, os.O_WRONLY | os.O_APPEND)
+            await fs.write(fh, 4, b"two\n")
+            with pytest.raises(E.SyscallTimeout):
+                await fs.fsync(fh)  # the append's publication is not a plain put: published alone
+            store.set()
+            with trio.fail_after(10):
+                while publisher.published + publisher.failed == 0:
+                    await trio.sleep(0.01)
+            await fs.fsync(fh)
+            await fs.flush(fh)
+            await fs.release(fh)
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return publisher
+
+    publisher = trio.run(scenario)
+    assert (publisher.published, publisher.failed) == (1, 0)
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/log").entry
+    assert reading.read(root, entry) == b"one\ntwo\n"
+
+
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):
     body = random.Random(5).randbytes(40 * 64 * 1024 + 17)  # 41 blocks
     entry = namespace.put(root, "wb", "input/blob", body)

@@ -45,7 +45,7 @@ import trio
 import xxhash
 
 from nokvfs import filemodes
-from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
+from nokvfs.errors import CorruptRecord, GenerationConflict, SyscallTimeout, UnknownVersion
 from nokvfs.fs import spools
 from nokvfs.schema.ids import new_id16
 from nokvfs.workspace import publish
@@ -258,25 +258,24 @@ class Publisher:
             if self._room.is_set():
                 self._room = trio.Event()
             await self._room.wait()
+        await files.workers.bounded_holding(
+            f"acceptance of {spool.describe()}", spool.lock, self._accept_held, node, spool, inline=spool.path is None
+        )
+
+    async def _accept_held(self, node, spool) -> None:
+        """(spool locked, by the work: a close that gave up waiting leaves the lock held until the
+        acceptance ends, so no write lands while its record is taken, and the journal record and
+        the queue always agree) Record the acceptance in the journal and queue the spool."""
+        if spool.orphaned or node.spool is not spool or (not spool.dirty and not spool.attributes):
+            return
         self._accepting += 1
         try:
-            async with spool.locked():
-                if not spool.dirty and not spool.attributes:
-                    return
-                if spool.path is None:
-                    pass  # attributes only, nothing in a file: the publication applies them
-                else:
-                    record = spool.pending_record(files.attributes_to_publish(node, spool))
-                    record["spool"] = os.path.basename(spool.path)
-                    async with self._journal_lock:
-                        await files.workers.bounded(
-                            f"acceptance of {spool.describe()}",
-                            files.workers.run,
-                            self._record_acceptance,
-                            spool,
-                            record,
-                        )
-                    self._journal_names[spool] = record["spool"]
+            if spool.path is not None:  # else attributes only, nothing in a file: the publication applies them
+                record = spool.pending_record(self.files.attributes_to_publish(node, spool))
+                record["spool"] = os.path.basename(spool.path)
+                async with self._journal_lock:
+                    await self.files.workers.run(self._record_acceptance, spool, record)
+                self._journal_names[spool] = record["spool"]
             if spool not in self._queue:
                 self._queue[spool] = node
                 self._done[spool] = trio.Event()
@@ -317,7 +316,15 @@ class Publisher:
             return
         if spool not in self._queue:
             await self.accept(node)
-        await self.settled(spool)
+        timeout = self.files.workers.syscall_timeout
+        with trio.move_on_after(timeout) as waiting:
+            await self.settled(spool)
+        if waiting.cancelled_caught:  # still queued or publishing: the publication goes on
+            self.files.workers.timeouts += 1
+            raise SyscallTimeout(
+                f"the write-back publication of {spool.describe()} did not finish within {timeout:g} s "
+                "(it goes on in the background; fsync again to wait for it)"
+            )
         error = self._outcome.get(spool)
         if error is not None:
             raise error
@@ -396,7 +403,7 @@ class Publisher:
             spool, node = head[0]
             error = None
             try:
-                await files.publish(node, why="write-back publication", closing=_closing(spool))
+                await files.publish(node, why="write-back publication", closing=_closing(spool), deadline=False)
             except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
                 error = exc
             group, errors = [(spool, node)], [error]
