@@ -115,6 +115,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "damages_store(reason): the test leaves its data directory damaged on purpose (no fsck after it)"
     )
+    config.addinivalue_line(
+        "markers", "block_cache: the test's local data directory has a block cache (one asked for at init)"
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
