@@ -193,6 +193,18 @@ def root(tmp_path):
         yield r
 
 
+def write_back_filesystem(root, *, syscall_timeout: float):
+    """A write-back mount's FileSystem without a kernel: (fs, workers, publisher, wb/outputs)."""
+    from nokvfs.fs import writeback
+
+    workers = Workers(syscall_timeout=syscall_timeout)
+    fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+    publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    fs.tree.inodes.remember(section)
+    return fs, workers, publisher, section
+
+
 def test_a_write_back_acceptance_outliving_its_close_keeps_the_file_until_it_is_recorded(root, monkeypatch):
     """close(2) on a write-back mount whose acceptance (the journal's fdatasync) outlives the
     deadline answers EIO; the acceptance keeps the file to itself until its record is durable and
@@ -214,11 +226,7 @@ def test_a_write_back_acceptance_outliving_its_close_keeps_the_file_until_it_is_
     monkeypatch.setattr(writeback.Journal, "append", slow_append)
 
     async def scenario():
-        workers = Workers(syscall_timeout=0.2)
-        fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
-        publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
-        section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
-        fs.tree.inodes.remember(section)
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.2)
         async with trio.open_nursery() as nursery:
             workers.start(nursery)
             fh, attr = await fs.create(section.ino, b"f", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
@@ -258,7 +266,7 @@ def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome
     import os
     import threading
 
-    from nokvfs.fs import spools, writeback
+    from nokvfs.fs import spools
     from nokvfs.workspace import listing, reading
 
     namespace.put(root, "wb", "outputs/log", b"one\n")
@@ -272,11 +280,7 @@ def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome
     monkeypatch.setattr(spools.Spool, "publish_blocking", slow_publication)
 
     async def scenario():
-        workers = Workers(syscall_timeout=0.2)
-        fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
-        publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
-        section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
-        fs.tree.inodes.remember(section)
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.2)
         node = fs.tree.lookup(section, "log")
         fs.tree.inodes.remember(node)
         async with trio.open_nursery() as nursery:
