@@ -4,14 +4,17 @@ fetcher and the change-feed follower."""
 from __future__ import annotations
 
 import errno
+import os
 import random
+import shutil
+import tempfile
 
 import pytest
 import trio
 
 from nokvfs import errors as E
 from nokvfs.fs import errors as fs_errors
-from nokvfs.fs import inodes
+from nokvfs.fs import inodes, spools
 from nokvfs.fs.filesystem import FileSystem
 from nokvfs.fs.freshness import ChangeFollower
 from nokvfs.fs.inodes import InodeTable, Kind
@@ -475,3 +478,88 @@ def test_a_file_renamed_there_and_back_is_two_changes_of_this_mount(root):
     invalidator.calls.clear()
     follower.poll()
     assert invalidator.calls == [] and not node.detached
+
+
+# --- memory spools ---------------------------------------------------------------------------------
+
+
+def _new_file(fs, name: str):
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    fs.tree.inodes.remember(section)
+    fh, attr = trio.run(fs.create, section.ino, name.encode(), 0o100644, os.O_RDWR | os.O_CREAT, 0, 0)
+    return fh, fs.tree.node(attr.st_ino).spool
+
+
+def _kernel_less(root):
+    workers = Workers()
+    return FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+
+
+@pytest.mark.skipif(spools.memory_spool_path("/") is None, reason="no tmpfs at /dev/shm")
+def test_a_small_files_spool_lives_in_memory_and_moves_to_disk_before_it_outgrows_it(root):
+    fs = _kernel_less(root)
+    fh, spool = _new_file(fs, "grows")
+    memory = spools.memory_spool_path(root.data_dir)
+    assert spool.in_memory and os.path.dirname(spool.path) == memory and os.path.exists(spool.sidecar)
+    assert [s.path for s in spools.scan(root.data_dir)] == [spool.path]  # `nokvfs spool list` sees it
+    head = b"h" * 1000
+    trio.run(fs.write, fh, 0, head)
+    name = os.path.basename(spool.path)
+    trio.run(fs.write, fh, spools.MEMORY_SPOOL_MAX, b"tail")  # past the memory limit
+    assert not spool.in_memory and spool.path == os.path.join(spools.spool_dir(root.data_dir), name)
+    assert os.path.exists(spool.sidecar) and not os.listdir(memory)
+    with open(spool.path, "rb") as f:
+        assert f.read() == head + bytes(spools.MEMORY_SPOOL_MAX - len(head)) + b"tail"
+    trio.run(fs.flush, fh)
+    trio.run(fs.release, fh)
+    from nokvfs.workspace import listing, reading
+
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/grows").entry
+    assert reading.read(root, entry) == head + bytes(spools.MEMORY_SPOOL_MAX - len(head)) + b"tail"
+    assert spools.scan(root.data_dir) == []
+
+
+@pytest.mark.skipif(spools.memory_spool_path("/") is None, reason="no tmpfs at /dev/shm")
+def test_a_kept_memory_spool_is_moved_to_disk_and_the_budget_sends_spools_there(root, monkeypatch):
+    fs = _kernel_less(root)
+    _, kept = _new_file(fs, "kept")
+    trio.run(fs.write, _, 0, b"unpublished")
+    kept.keep("a test keeps it")
+    (found,) = spools.scan(root.data_dir)
+    assert os.path.dirname(found.path) == spools.spool_dir(root.data_dir) and not found.live
+    assert found.record["state"] == spools.KEPT and open(found.path, "rb").read() == b"unpublished"
+    # Beyond the process's memory budget a growing spool goes to disk.
+    monkeypatch.setattr(spools, "MEMORY_SPOOL_BUDGET", spools._memory_held + 100)
+    fh_a, a = _new_file(fs, "a")
+    fh_b, b = _new_file(fs, "b")
+    trio.run(fs.write, fh_a, 0, b"x" * 60)
+    trio.run(fs.write, fh_b, 0, b"y" * 60)
+    assert a.in_memory and not b.in_memory
+    for fh in (fh_a, fh_b):
+        trio.run(fs.flush, fh)
+        trio.run(fs.release, fh)
+
+
+def test_memory_spools_stay_off_unless_their_directory_is_private(root, monkeypatch, tmp_path):
+    """Another user could make the directory first in the shared /dev/shm: a directory that is
+    not this user's alone (or no tmpfs at all) keeps spools on disk."""
+    shm = spools.memory_spool_path("/") and "/dev/shm"
+    if shm is None:
+        pytest.skip("no tmpfs at /dev/shm")
+    base = tempfile.mkdtemp(dir=shm)
+    try:
+        monkeypatch.setenv(spools.MEMORY_SPOOL_ENV, base)
+        spools._memory_dirs.clear()
+        os.mkdir(os.path.dirname(spools.memory_spool_path(root.data_dir)), 0o777)
+        os.chmod(os.path.dirname(spools.memory_spool_path(root.data_dir)), 0o777)
+        fh, spool = _new_file(_kernel_less(root), "shared")
+        assert not spool.in_memory and os.path.dirname(spool.path) == spools.spool_dir(root.data_dir)
+        monkeypatch.setenv(spools.MEMORY_SPOOL_ENV, str(tmp_path))  # not a tmpfs
+        spools._memory_dirs.clear()
+        assert spools.memory_spool_path(root.data_dir) is None
+        monkeypatch.setenv(spools.MEMORY_SPOOL_ENV, "")  # turned off
+        assert spools.memory_spool_path(root.data_dir) is None
+    finally:
+        spools._memory_dirs.clear()
+        shutil.rmtree(base, ignore_errors=True)

@@ -475,6 +475,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if replication is not None:
             replication.stop_blocking()  # the kernel has let go: nothing more can be written
         _remove_pid_file(data_dir, mountpoint)
+        spools.remove_memory_dir(data_dir)  # unless a spool is left there for the next mount
         cache = getattr(root.blocks, "cache", None)
         if cache is not None:
             cache.close()

@@ -67,7 +67,8 @@ log = logging.getLogger(__name__)
 JOURNAL_MAGIC = b"NKWB"
 JOURNAL_VERSION = 1
 ACCEPTED, PUBLISHED = 1, 2
-INLINE_MAX = 256 * 1024
+# A memory spool (nokvfs.fs.spools) is never larger: its bytes always travel in the journal.
+INLINE_MAX = spools.MEMORY_SPOOL_MAX
 _HEAD = struct.Struct(">4sBBI")
 _BODY = struct.Struct(">BQ")
 _SUM = struct.Struct(">Q")
@@ -182,6 +183,7 @@ def restore_journals(data_dir: str) -> int:
                 continue  # published and dropped; its published record did not reach the disk
             record = {k: v for k, v in meta.items() if k != "spool"}
             spools._atomic_json(spool_path + ".json", record, durable=True)
+            spools.forget_memory_copy(data_dir, spool_name)  # superseded by the journal's bytes
             restored += 1
         os.unlink(path)
     return restored
