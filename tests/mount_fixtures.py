@@ -39,10 +39,10 @@ def env() -> dict:
     return out
 
 
-def init_data_dir(data_dir: str, workbenches=("wb",)) -> None:
+def init_data_dir(data_dir: str, workbenches=("wb",), **options) -> None:
     from nokvfs.workspace import datadir, workbench
 
-    datadir.init(data_dir)
+    datadir.init(data_dir, **options)
     root = datadir.open_root(data_dir, verify=False, recover=False)
     try:
         for name in workbenches:

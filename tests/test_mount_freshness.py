@@ -11,6 +11,7 @@ from tests.mount_fixtures import (  # noqa: F401
     REPO,
     WORKBENCH_LISTING,
     env,
+    init_data_dir,
     mount,
     mounted,
     needs_fuse,
@@ -102,7 +103,9 @@ def test_an_append_from_another_process_is_seen_by_a_reader_that_reopens(mount):
 
 def test_two_mounts_of_one_data_directory_see_each_other(tmp_path):
     base = str(tmp_path)
-    with mounted(base) as first:
+    # A block cache asked for at init (a local store has none otherwise): one directory, one owner.
+    init_data_dir(os.path.join(base, "data"), cache_bytes=64 * 1024 * 1024)
+    with mounted(base, init=False) as first:
         second_mnt = os.path.join(base, "mnt2")
         os.makedirs(second_mnt)
         log = os.path.join(base, "daemon2.log")

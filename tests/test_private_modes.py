@@ -12,6 +12,7 @@ import pytest
 
 from nokvfs.cli.main import main
 from nokvfs.filemodes import DIR_MODE, FILE_MODE
+from nokvfs.fs import spools
 from tests.mount_fixtures import REPO, env, init_data_dir, needs_fuse, unmount
 
 
@@ -103,10 +104,14 @@ def test_a_mount_keeps_its_spools_sidecars_log_and_pid_file_private(tmp_path, op
         with open(os.path.join(mnt, "wb", "outputs", "f"), "wb") as f:
             f.write(b"x" * 100)
             f.flush()
-            found = assert_private(data)  # the open file's spool and sidecar, the pid file
+            found = assert_private(data)  # the pid file
             names = [os.path.basename(p) for p in found]
-            assert any(n.endswith(".spool") for n in names) and any(n.endswith(".spool.json") for n in names), names
             assert any(n.startswith("mount-") and n.endswith(".json") for n in names), names
+            # A small file's spool and sidecar: in memory, in a directory as private as the rest.
+            spool_home = spools.memory_spool_path(data)
+            spool_home = os.path.dirname(spool_home) if spool_home else data
+            names = [os.path.basename(p) for p in assert_private(spool_home)]
+            assert any(n.endswith(".spool") for n in names) and any(n.endswith(".spool.json") for n in names), names
         assert_private(data)  # published: the operation lock's directory
         nokvfs("umount", mnt, "--data-dir", data)
     finally:
