@@ -371,8 +371,15 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: i
                         size,
                         revision.block_count,
                         revision.dependency_count,
-                        operation_id(root.root_id, decoded.artifact_revision_id, decoded.reference_epoch),
-                        _Seen(key, value, candidate, revision_key, raw_revision, revision),
+                        _Seen(
+                            operation_id(root.root_id, decoded.artifact_revision_id, decoded.reference_epoch),
+                            key,
+                            value,
+                            candidate,
+                            revision_key,
+                            raw_revision,
+                            revision,
+                        ),
                     )
                 )
             if page.next_marker is None:
@@ -447,6 +454,7 @@ class _Seen:
     """The candidate and revision rows as the scan read them (raw and decoded): a claim that
     reads the same bytes again need not decode them again."""
 
+    op_id: bytes
     candidate_key: bytes
     raw_candidate: bytes
     candidate: GcCandidate
@@ -464,8 +472,11 @@ class _Work:
     size: int  # its own objects' bytes (dry runs only)
     manifest_rows: int
     dependencies: int
-    op_id: bytes
     seen: _Seen
+
+    @property
+    def op_id(self) -> bytes:
+        return self.seen.op_id
 
 
 def _batches(work, revisions: int):
@@ -492,6 +503,7 @@ class _Collection:
     finish's predicates: the finish reads none of them again) and what the finish removes."""
 
     op_id: bytes
+    op_key: bytes
     operation: GcOperation
     raw_operation: bytes
     revision: ArtifactRevision
@@ -527,6 +539,7 @@ def _collection(view, root, op_id: bytes) -> _Collection:
     manifest_keys, own = _manifest(view, root, revision_id)
     return _Collection(
         op_id,
+        ROWS.key(root, op_id),
         operation,
         raw_operation,
         ArtifactRevision.decode(raw_revision),
@@ -543,13 +556,13 @@ def _collection(view, root, op_id: bytes) -> _Collection:
 def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int, seen: _Seen | None = None):
     """(predicates, mutations, the _Collection it starts) claiming one revision, or
     PredicateFailed when it is not collectable. `seen`: the rows as a scan read them."""
-    op_id = operation_id(root.root_id, revision_id, epoch)
-    op_key = ROWS.key(root, op_id)
     if seen is None:
+        op_id = operation_id(root.root_id, revision_id, epoch)
         candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
         revision_key = _revision_key(root, revision_id)
     else:
-        candidate_key, revision_key = seen.candidate_key, seen.revision_key
+        op_id, candidate_key, revision_key = seen.op_id, seen.candidate_key, seen.revision_key
+    op_key = ROWS.key(root, op_id)
     raw_candidate = view.get("gc_candidate", candidate_key)
     raw_revision = view.get("artifact_revision", revision_key)
     if raw_candidate is None or raw_revision is None:
@@ -588,6 +601,7 @@ def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int, seen: _S
     claimed = dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)
     collection = _Collection(
         op_id,
+        op_key,
         operation,
         operation.encode(),
         deleting,
@@ -850,20 +864,17 @@ def _finish_many(root, collections: list) -> None:
             revision_id = c.operation.artifact_revision_id
             # The child's own objects are gone: now, and only now, release its dependency set
             # (sealed with its count: a revision that depends on nothing has none to look for).
-            dependency_prefix = keys.revision_ref_prefix(
-                root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
-            )
-            dependencies = (
-                scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items
-                if c.revision.dependency_count
-                else ()
-            )
-            for key, _ in dependencies:
-                refs.remove(
-                    ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id
+            if c.revision.dependency_count:
+                dependency_prefix = keys.revision_ref_prefix(
+                    root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
                 )
-            op_key = ROWS.key(root, c.op_id)
-            revision_key = c.revision_key
+                for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+                    refs.remove(
+                        ReferenceKind.RevisionDependency,
+                        revision_id,
+                        keys.RevisionRefKey.decode(key).artifact_revision_id,
+                    )
+            op_key, revision_key = c.op_key, c.revision_key
             predicates += [
                 ValueEquals("operation", op_key, c.raw_operation),
                 ValueEquals("artifact_revision", revision_key, c.raw_revision),
