@@ -356,9 +356,7 @@ def _compile_init(cls):
     decoding a short row costs beyond the parse. Falls back to the dataclass's own __init__
     for a field it would treat differently (a default factory, init=False, keyword-only)."""
     fields = dataclasses.fields(cls)
-    if any(
-        f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only or f.name == "self" for f in fields
-    ):
+    if any(f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only or f.name == "self" for f in fields):
         return cls.__init__
     env = {}
     params, body = [], []
