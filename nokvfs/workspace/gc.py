@@ -199,10 +199,11 @@ def collect(
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
         released = _pass(root, report, dry_run=dry_run, progress=progress, batch_revisions=batch_revisions)
-        # Only a freed revision's released dependencies can make another revision collectable
-        # in this run: without one, another pass would find what this one left (re-reading
-        # every candidate to say so).
-        if dry_run or report.freed_revisions == freed or not released:
+        # What makes another pass free more: a freed revision's released dependencies, or the
+        # floor, which this pass's own commands moved past candidates it held (the configured
+        # retention counts back from the current version). Without either, another pass would
+        # find what this one left, re-reading every candidate to say so.
+        if dry_run or report.freed_revisions == freed or not (released or report.held):
             break
     if not dry_run:
         report.records_pruned = prune_finished(root, audit_versions=_audit_versions(root))
