@@ -152,3 +152,27 @@ def test_a_list_where_the_declaration_says_tuple_still_encodes_as_declared():
         as_lists.__fast_encode__(as_lists, bytearray())
     assert as_lists.encode() == as_tuples.encode() == _checked(as_tuples)
     assert CommandRecord.decode(as_lists.encode()) == as_tuples
+
+
+def test_every_records_init_has_the_dataclass_signature_and_keeps_it_frozen():
+    import dataclasses
+    import inspect
+
+    for cls in codec.ALL_RECORDS:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        fields = dataclasses.fields(cls)
+        assert [p.name for p in params] == [f.name for f in fields], cls
+        for p, f in zip(params, fields, strict=True):
+            assert p.default == (inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default), cls
+    publish = GOLDEN[R.PublishOperation][0]
+    values = {f.name: getattr(publish, f.name) for f in dataclasses.fields(R.PublishOperation)}
+    values.pop("expected_revision_id")
+    assert R.PublishOperation(**values).expected_revision_id is None  # the declared default
+    assert R.PublishOperation(**values, expected_revision_id=b"\x05" * 16).expected_revision_id == b"\x05" * 16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        publish.phase = PublishPhase.Finalizing
+    with pytest.raises(TypeError):
+        R.PublishOperation(**values, no_such_field=1)
+    restore = GOLDEN[R.RestoreOperation][0]
+    with pytest.raises(CorruptRecord):  # its __post_init__ still runs
+        dataclasses.replace(restore, source_selector=b"\x01")

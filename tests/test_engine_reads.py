@@ -183,3 +183,49 @@ def test_mvcc_reads_and_scans_equal_a_replayed_model(shard_env, ops, seed):
             assert {i.child for i in listed.items} == top
     with shard_env.shard.read(base) as view:
         assert scan_prefix(view, "path_current", prefix).items == ()
+
+
+def _seek_each(view, tree: str, prefix: bytes, start_after: bytes | None, limit: int):
+    """What a prefix page holds, by one `seek` per row (the model `walk` must equal)."""
+    items, position = [], prefix if start_after is None else start_after + b"\x00"
+    while len(items) < limit:
+        found = view.seek(tree, position, within=prefix)
+        if found is None:
+            return items, None
+        items.append(found)
+        position = found[0] + b"\x00"
+    return items, items[-1][0]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7, MAX_ITEMS_PER_CALL])
+def test_prefix_pages_at_the_current_version_equal_one_seek_per_row(shard_env, limit):
+    put(shard_env, *[f"a/{i}" for i in range(9)], *[f"b/{i}" for i in range(4)], "c", "a0")
+    with shard_env.shard.read() as view:
+        for prefix_path in ("a", "b", "c", "zz"):
+            prefix = ROOT + subtree_prefix((prefix_path,))
+            marker, pages = None, 0
+            while True:
+                page = scan_prefix(view, "path_current", prefix, start_after=marker, limit=limit)
+                assert (list(page.items), page.next_marker) == _seek_each(view, "path_current", prefix, marker, limit)
+                pages += 1
+                if page.next_marker is None:
+                    break
+                marker = page.next_marker
+        first = scan_prefix(view, "path_current", ROOT, limit=limit)  # lands on the tree's first row
+        assert (list(first.items), first.next_marker) == _seek_each(view, "path_current", ROOT, None, limit)
+
+
+@pytest.mark.parametrize("damaged", ["a/3", "a/0", "b/0"])
+def test_a_prefix_scan_refuses_a_damaged_row_in_or_beside_its_range(shard_env, damaged):
+    from nokvfs.errors import RowCorrupt
+
+    put(shard_env, *[f"a/{i}" for i in range(5)], *[f"b/{i}" for i in range(2)])
+    key = pkey(damaged)
+    db = shard_env.shard._family_dbs["path_current"]
+    with shard_env.shard._env.begin(write=True) as txn:
+        stored = txn.get(key, db=db)
+        txn.put(key, stored[:-1] + bytes([stored[-1] ^ 1]), db=db)  # one bit of the value flipped
+    with shard_env.shard.read() as view:
+        with pytest.raises(RowCorrupt):
+            # a/3 inside the range, a/0 its first row, b/0 the row just past it
+            scan_prefix(view, "path_current", ROOT + subtree_prefix(("a",)))

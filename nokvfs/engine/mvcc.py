@@ -252,6 +252,48 @@ class ReadView:
                 return candidate, value
             probe = candidate + b"\x00"
 
+    @lmdb_errors_translated
+    def walk(self, tree: str, key: bytes, within: bytes, limit: int) -> tuple[list, bool]:
+        """(up to `limit` rows (key, value) in key order from `key` on, all starting with
+        `within`; whether they ran out before `limit`): exactly what `seek` returns when called
+        again and again just past the row it found, verified the same way (each row returned,
+        and the rows on both sides of the range). At the current version that is one pass of
+        the cursor, not a new seek per row."""
+        if not self.is_current:
+            items, position = [], key
+            while len(items) < limit:
+                found = self.seek(tree, position, within)
+                if found is None:
+                    return items, True
+                items.append(found)
+                position = found[0] + b"\x00"
+            return items, False
+        cursor = self._cursor(tree)
+        self.ops += 2
+        if not cursor.set_range(key):
+            if cursor.last():
+                rows.unseal(tree, cursor.key(), cursor.value())
+            return [], True
+        # The row before the landing point, as `seek` verifies it: a row whose key was damaged
+        # sorts wrongly and would be stepped over without this check.
+        if cursor.prev():
+            rows.unseal(tree, cursor.key(), cursor.value())
+            cursor.next()
+        else:
+            cursor.first()  # the landing row is the first (a failed step leaves the cursor nowhere)
+        items = []
+        while True:
+            found = cursor.key()
+            value = rows.unseal(tree, found, cursor.value())
+            if not found.startswith(within):
+                return items, True
+            items.append((found, value))
+            if len(items) == limit:
+                return items, False
+            self.ops += 1
+            if not cursor.next():
+                return items, True
+
     def _length_groups(self, tag: int) -> tuple[int, ...]:
         groups = self._groups.get(tag)
         if groups is None:

@@ -86,15 +86,7 @@ def scan_prefix(
     limit = _bounded(limit)
     ops_before = view.ops
     position = prefix if start_after is None else start_after + b"\x00"
-    items = []
-    exhausted = False
-    while len(items) < limit:
-        found = view.seek(tree, position, within=prefix)
-        if found is None:
-            exhausted = True
-            break
-        items.append(found)
-        position = found[0] + b"\x00"
+    items, exhausted = view.walk(tree, position, prefix, limit)
     next_marker = None if exhausted else items[-1][0]
     return Page(tuple(items), view.version, next_marker, view.ops - ops_before)
 

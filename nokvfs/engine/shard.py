@@ -127,6 +127,7 @@ DEFAULT_MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as it
 _DIGEST_MOD = 1 << 256
 _TREE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _U32 = struct.Struct(">I")
+_UNCHECKED = object()  # a row no predicate of the command has read
 
 
 def _expected_registry() -> TreeRegistry:
@@ -900,20 +901,23 @@ class Shard:
         tail = self._system(txn, SYS_RECOVERY, RecoveryTail)
         lsn = tail.applied_lsn + 1
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
-        written_history: set = set()
+        written: set = set()  # (tree, key) of every row written so far
         mutated = []
 
         def write(tree: str, key: bytes, value: bytes | None) -> None:
             # The old value is read verified: nothing is written over a damaged row.
             db = self._family_dbs[tree]
-            old = checked.pop((tree, key)) if (tree, key) in checked else rows.get(txn, db, tree, key)
-            history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-            first = history_key not in written_history
-            written_history.add(history_key)
+            row = (tree, key)
+            old = checked.pop(row, _UNCHECKED)
+            if old is _UNCHECKED:
+                old = rows.get(txn, db, tree, key)
+            first = row not in written
+            written.add(row)
             if first and history.records_change(tree, old, value, commit_version):
                 # The first write of a key in a command records the value before the command.
                 # Its History key (at the new commit version) is new but for damage: the row
                 # found there, if any, is read (verified) and replaced.
+                history_key = family_keys.history_key(self._tags[tree], key, commit_version)
                 hvalue = history.encode_value(old)
                 history_db = self._dbs[HISTORY_TREE]
                 prior = None

@@ -332,6 +332,7 @@ def record(version: int | None):
 
     def wrap(cls):
         cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        cls.__init__ = _compile_init(cls)
         module = sys.modules[cls.__module__]
         hints = typing.get_type_hints(cls, globalns=vars(module), include_extras=True)
         cls.__codec_fields__ = tuple((f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls))
@@ -345,6 +346,35 @@ def record(version: int | None):
         return cls
 
     return wrap
+
+
+def _compile_init(cls):
+    """The record's __init__: the dataclass's own signature (field names, order and defaults)
+    and __post_init__ call, each field stored through its slot descriptor. A frozen dataclass's
+    generated __init__ stores each through object.__setattr__, which costs about twice as much;
+    a record is made for every row decoded and every key built, so this is most of what
+    decoding a short row costs beyond the parse. Falls back to the dataclass's own __init__
+    for a field it would treat differently (a default factory, init=False, keyword-only)."""
+    fields = dataclasses.fields(cls)
+    if any(f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only or f.name == "self" for f in fields):
+        return cls.__init__
+    env = {}
+    params, body = [], []
+    for index, f in enumerate(fields):
+        env[f"S{index}"] = cls.__dict__[f.name].__set__
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            env[f"D{index}"] = f.default
+            params.append(f"{f.name}=D{index}")
+        body.append(f"    S{index}(self, {f.name})")
+    if hasattr(cls, "__post_init__"):
+        body.append("    self.__post_init__()")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(body) or "    pass"), env)
+    init = env["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    return init
 
 
 class _FixedRun:

@@ -77,7 +77,7 @@ from nokvfs.schema.records import (
     HistoryHold,
 )
 from nokvfs.workspace import publish
-from nokvfs.workspace.operations import OperationLock, Rows, crash_point, drive_each
+from nokvfs.workspace.operations import OperationLocks, Rows, crash_point, drive_each
 from nokvfs.workspace.refs import References
 from nokvfs.workspace.root import Built, intent_digest
 
@@ -198,8 +198,12 @@ def collect(
         _reconcile_operations(root, report)
     for _ in range(1 if dry_run else MAX_PASSES):
         freed = report.freed_revisions
-        _pass(root, report, dry_run=dry_run, progress=progress, batch_revisions=batch_revisions)
-        if dry_run or report.freed_revisions == freed:
+        released = _pass(root, report, dry_run=dry_run, progress=progress, batch_revisions=batch_revisions)
+        # What makes another pass free more: a freed revision's released dependencies, or the
+        # floor, which this pass's own commands moved past candidates it held (the configured
+        # retention counts back from the current version). Without either, another pass would
+        # find what this one left, re-reading every candidate to say so.
+        if dry_run or report.freed_revisions == freed or not (released or report.held):
             break
     if not dry_run:
         report.records_pruned = prune_finished(root, audit_versions=_audit_versions(root))
@@ -323,7 +327,9 @@ def _needs_barrier(root) -> bool:
     return False
 
 
-def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: int) -> None:
+def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: int) -> bool:
+    """One scan of the candidates and the collection of those collectable. Whether any of them
+    depends on other revisions (whose references its finish releases)."""
     report.candidates = report.collectable = report.stale_candidates = report.held = 0
     if not dry_run and _needs_barrier(root):
         _advance_barrier(root)
@@ -341,7 +347,8 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: i
                 if candidate.claim_state != GcClaimState.Candidate:
                     continue
                 report.candidates += 1
-                raw_revision = view.get("artifact_revision", _revision_key(root, decoded.artifact_revision_id))
+                revision_key = _revision_key(root, decoded.artifact_revision_id)
+                raw_revision = view.get("artifact_revision", revision_key)
                 revision = None if raw_revision is None else ArtifactRevision.decode(raw_revision)
                 if (
                     revision is None
@@ -365,6 +372,15 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: i
                         size,
                         revision.block_count,
                         revision.dependency_count,
+                        _Seen(
+                            operation_id(root.root_id, decoded.artifact_revision_id, decoded.reference_epoch),
+                            key,
+                            value,
+                            candidate,
+                            revision_key,
+                            raw_revision,
+                            revision,
+                        ),
                     )
                 )
             if page.next_marker is None:
@@ -375,28 +391,26 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: i
         for item in work:
             report.freed.append(item.revision_id.hex())
             report.freed_bytes += item.size
-        return
+        return False
     # One batch's objects are deleted (on the deleter thread: the store mostly waits on I/O)
     # while this thread finishes the batch before and claims the next; each batch's order is
     # the seed's all the same -- claim committed, then its deletes, then its finish.
     in_flight = []  # at most two: (claimed collections, their locks, the future of their deletes)
+    claimed_total = 0
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gc-delete") as deleter:
         try:
             for batch in _batches(work, batch_revisions):
-                locks, items = [], []
-                for item in batch:
-                    lock = OperationLock(root.run_dir, operation_id(root.root_id, item.revision_id, item.epoch))
-                    if lock.try_acquire():
-                        locks.append(lock)
-                        items.append((item.revision_id, item.epoch))
-                    # else another collector drives it
+                locks = OperationLocks(root.run_dir)
+                # Another collector drives those whose lock it holds.
+                items = [item for item in batch if locks.try_acquire(item.op_id)]
                 try:
                     claimed = _claim_many(root, items) if items else []
                     if claimed:
                         crash_point("gc-claimed")
                 except BaseException:
-                    _release(locks)
+                    locks.release()
                     raise
+                claimed_total += len(claimed)
                 in_flight.append((claimed, locks, deleter.submit(_delete_objects, root, claimed)))
                 if len(in_flight) == 2:
                     _finish_deleted(root, in_flight.pop(0), report, progress, freed_before + len(work))
@@ -405,12 +419,11 @@ def _pass(root, report: GcReport, *, dry_run: bool, progress, batch_revisions: i
         finally:
             for _, locks, deleting in in_flight:  # only when something failed: nothing more is finished
                 concurrent.futures.wait([deleting])
-                _release(locks)
-
-
-def _release(locks) -> None:
-    for lock in locks:
-        lock.release(remove=True)
+                locks.release()
+    # What is left, as the next pass would find it: the claimed candidates are candidates no more.
+    report.candidates -= claimed_total
+    report.collectable -= claimed_total
+    return any(item.dependencies for item in work)
 
 
 def _finish_deleted(root, in_flight, report: GcReport, progress, total: int) -> None:
@@ -422,7 +435,7 @@ def _finish_deleted(root, in_flight, report: GcReport, progress, total: int) -> 
         crash_point("gc-deleted")
         _settle(root, collections, failures, report)
     finally:
-        _release(locks)
+        locks.release()
     if progress is not None:
         progress("collect", report.freed_revisions, total, report.freed_bytes, None)
 
@@ -438,6 +451,20 @@ GC_BATCH_PREDICATES = 3072
 
 
 @dataclass(frozen=True)
+class _Seen:
+    """The candidate and revision rows as the scan read them (raw and decoded): a claim that
+    reads the same bytes again need not decode them again."""
+
+    op_id: bytes
+    candidate_key: bytes
+    raw_candidate: bytes
+    candidate: GcCandidate
+    revision_key: bytes
+    raw_revision: bytes
+    revision: ArtifactRevision
+
+
+@dataclass(frozen=True)
 class _Work:
     """A revision the scan found collectable."""
 
@@ -446,6 +473,11 @@ class _Work:
     size: int  # its own objects' bytes (dry runs only)
     manifest_rows: int
     dependencies: int
+    seen: _Seen
+
+    @property
+    def op_id(self) -> bytes:
+        return self.seen.op_id
 
 
 def _batches(work, revisions: int):
@@ -472,10 +504,12 @@ class _Collection:
     finish's predicates: the finish reads none of them again) and what the finish removes."""
 
     op_id: bytes
+    op_key: bytes
     operation: GcOperation
     raw_operation: bytes
     revision: ArtifactRevision
     raw_revision: bytes
+    revision_key: bytes
     candidate_key: bytes
     candidate: GcCandidate | None  # None: the candidate row is gone
     raw_candidate: bytes | None
@@ -506,10 +540,12 @@ def _collection(view, root, op_id: bytes) -> _Collection:
     manifest_keys, own = _manifest(view, root, revision_id)
     return _Collection(
         op_id,
+        ROWS.key(root, op_id),
         operation,
         raw_operation,
         ArtifactRevision.decode(raw_revision),
         raw_revision,
+        _revision_key(root, revision_id),
         candidate_key,
         None if raw_candidate is None else GcCandidate.decode(raw_candidate),
         raw_candidate,
@@ -518,19 +554,28 @@ def _collection(view, root, op_id: bytes) -> _Collection:
     )
 
 
-def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
+def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int, seen: _Seen | None = None):
     """(predicates, mutations, the _Collection it starts) claiming one revision, or
-    PredicateFailed when it is not collectable."""
-    op_id = operation_id(root.root_id, revision_id, epoch)
+    PredicateFailed when it is not collectable. `seen`: the rows as a scan read them."""
+    if seen is None:
+        op_id = operation_id(root.root_id, revision_id, epoch)
+        candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
+        revision_key = _revision_key(root, revision_id)
+    else:
+        op_id, candidate_key, revision_key = seen.op_id, seen.candidate_key, seen.revision_key
     op_key = ROWS.key(root, op_id)
-    candidate_key = keys.GcCandidateKey(root.root_id, revision_id, epoch).encode()
-    revision_key = _revision_key(root, revision_id)
     raw_candidate = view.get("gc_candidate", candidate_key)
     raw_revision = view.get("artifact_revision", revision_key)
     if raw_candidate is None or raw_revision is None:
         raise PredicateFailed("the candidate or its revision is gone")
-    candidate = GcCandidate.decode(raw_candidate)
-    revision = ArtifactRevision.decode(raw_revision)
+    if seen is not None and raw_candidate == seen.raw_candidate:
+        candidate = seen.candidate
+    else:
+        candidate = GcCandidate.decode(raw_candidate)
+    if seen is not None and raw_revision == seen.raw_revision:
+        revision = seen.revision
+    else:
+        revision = ArtifactRevision.decode(raw_revision)
     if (
         candidate.claim_state != GcClaimState.Candidate
         or revision.state != RevisionState.Available
@@ -557,10 +602,12 @@ def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int):
     claimed = dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)
     collection = _Collection(
         op_id,
+        op_key,
         operation,
         operation.encode(),
         deleting,
         deleting.encode(),
+        revision_key,
         candidate_key,
         claimed,
         claimed.encode(),
@@ -597,16 +644,18 @@ class _NothingClaimed(Exception):
 
 
 def _claim_many(root, items) -> list:
-    """One command claiming every (revision, epoch) of `items` that is still collectable (each
+    """One command claiming every revision of `items` (_Work) that is still collectable (each
     claim exactly as `_claim`'s); the _Collection of each claimed. No command when none is
     collectable any more."""
 
     def build(view):
         floor = history_floor(view, root)
         predicates, mutations, claimed = [], [], []
-        for revision_id, epoch in items:
+        for item in items:
             try:
-                more_predicates, more_mutations, collection = _claim_rows(view, root, revision_id, epoch, floor)
+                more_predicates, more_mutations, collection = _claim_rows(
+                    view, root, item.revision_id, item.epoch, floor, item.seen
+                )
             except PredicateFailed:
                 continue  # a reference came back, or another collector claimed it
             predicates += more_predicates
@@ -616,7 +665,7 @@ def _claim_many(root, items) -> list:
             raise _NothingClaimed
         return Built(predicates=predicates, mutations=mutations, value=claimed)
 
-    ids = [operation_id(root.root_id, revision_id, epoch) for revision_id, epoch in items]
+    ids = [item.op_id for item in items]
     try:
         _, built = root.apply(build, digest=intent_digest("gc.claim-batch", *ids))
     except _NothingClaimed:
@@ -816,20 +865,17 @@ def _finish_many(root, collections: list) -> None:
             revision_id = c.operation.artifact_revision_id
             # The child's own objects are gone: now, and only now, release its dependency set
             # (sealed with its count: a revision that depends on nothing has none to look for).
-            dependency_prefix = keys.revision_ref_prefix(
-                root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
-            )
-            dependencies = (
-                scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items
-                if c.revision.dependency_count
-                else ()
-            )
-            for key, _ in dependencies:
-                refs.remove(
-                    ReferenceKind.RevisionDependency, revision_id, keys.RevisionRefKey.decode(key).artifact_revision_id
+            if c.revision.dependency_count:
+                dependency_prefix = keys.revision_ref_prefix(
+                    root.root_id, ReferenceKind.RevisionDependency, keys.dependency_reference_owner(revision_id)
                 )
-            op_key = ROWS.key(root, c.op_id)
-            revision_key = _revision_key(root, revision_id)
+                for key, _ in scan_prefix(view, "revision_ref", dependency_prefix, limit=255).items:
+                    refs.remove(
+                        ReferenceKind.RevisionDependency,
+                        revision_id,
+                        keys.RevisionRefKey.decode(key).artifact_revision_id,
+                    )
+            op_key, revision_key = c.op_key, c.revision_key
             predicates += [
                 ValueEquals("operation", op_key, c.raw_operation),
                 ValueEquals("artifact_revision", revision_key, c.raw_revision),

@@ -71,24 +71,15 @@ class OperationLock:
     sharing one (odds 2**-62) only make a recovery leave the second for later."""
 
     def __init__(self, run_dir: str, operation_id: bytes):
-        directory = os.path.join(run_dir, "ops")
-        if directory not in _made_directories:
-            filemodes.makedirs(directory)
-            _made_directories.add(directory)
-        self.path = os.path.join(directory, LOCK_FILE)
-        digest = hashlib.blake2b(operation_id, digest_size=8).digest()
-        self.offset = int.from_bytes(digest, "big") >> (64 - _OFFSET_BITS)
+        self.path = _lock_path(run_dir)
+        self.offset = _lock_offset(operation_id)
         self._fd = None
 
     def try_acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE)
-        try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, self.offset, 1, 0))
-        except OSError as exc:
+        fd = _open_lock_file(self.path)
+        if not _try_lock(fd, self.offset):
             os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise
+            return False
         self._fd = fd
         return True
 
@@ -99,6 +90,54 @@ class OperationLock:
             return
         os.close(self._fd)
         self._fd = None
+
+
+class OperationLocks:
+    """The locks of several operations held through one descriptor, exactly as one
+    OperationLock each would hold them (a batch of GC claims takes one per revision): taken one
+    by one, all let go at once by `release`, which closes the descriptor."""
+
+    def __init__(self, run_dir: str):
+        self.path = _lock_path(run_dir)
+        self._fd = None
+
+    def try_acquire(self, operation_id: bytes) -> bool:
+        if self._fd is None:
+            self._fd = _open_lock_file(self.path)
+        return _try_lock(self._fd, _lock_offset(operation_id))
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _lock_path(run_dir: str) -> str:
+    directory = os.path.join(run_dir, "ops")
+    if directory not in _made_directories:
+        filemodes.makedirs(directory)
+        _made_directories.add(directory)
+    return os.path.join(directory, LOCK_FILE)
+
+
+def _lock_offset(operation_id: bytes) -> int:
+    digest = hashlib.blake2b(operation_id, digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - _OFFSET_BITS)
+
+
+def _open_lock_file(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, filemodes.FILE_MODE)
+
+
+def _try_lock(fd: int, offset: int) -> bool:
+    """Take the write lock on byte `offset` through `fd`; False when another descriptor holds it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
 
 
 class driving:
