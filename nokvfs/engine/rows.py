@@ -1,7 +1,13 @@
 """The row envelope: every value the engine stores is sealed, and verified whenever it is read.
 
     stored value = u8 envelope version (1) | u64 checksum (big-endian) | value
-    checksum     = xxh3-64, seed 0, of  u8 len(tree name) | tree name | u32 len(key) | key | value
+                 | u8 envelope version (2) | u64 checksum | u32 len(value) | zlib stream of value
+    checksum     = xxh3-64, seed 0, of  u8 len(tree name) | tree name | u32 len(key) | key | body
+                   (body: everything after the checksum)
+
+Version 2 holds the value deflated with the preset dictionary of nokvfs.engine.compression: it is
+written only for the trees of DEFLATED_TREES and only when it is smaller. Readers get the value
+itself either way; the checksum is verified before anything is inflated.
 
 The checksum binds the value to its tree and key, so a changed byte anywhere in the value, a
 value moved under another key or tree, and a key changed under its value all fail the check. It
@@ -24,14 +30,24 @@ import struct
 import lmdb
 import xxhash
 
+from nokvfs.engine import compression
 from nokvfs.errors import NokvError, RowCorrupt, ShardCorrupt, StoreError, StoreFull
 from nokvfs.schema import keys as family_keys
 
 ENVELOPE_VERSION = 1
+DEFLATED_ENVELOPE_VERSION = 2
 ENVELOPE_BYTES = 1 + 8
 _U32 = struct.Struct(">I")
 _VERSION = bytes([ENVELOPE_VERSION])
+_DEFLATED = bytes([DEFLATED_ENVELOPE_VERSION])
 _hash = xxhash.xxh3_64_digest
+
+# The families whose rows are stored deflated when that is smaller: rows a small publish adds
+# for good (its terminal Operation row, its manifest rows) that are not read on every lookup
+# (PathCurrent is, and is rewritten in place, not added). Not ArtifactRevision: its rows are
+# appended, then rewritten in place when their references change; a deflated row would then grow
+# by a few bytes and split the full page it was appended to (measured: more pages, not fewer).
+DEFLATED_TREES = frozenset({"operation", "artifact_manifest"})
 
 
 def _tree_prefix(name: str) -> bytes:
@@ -49,7 +65,12 @@ def checksum(tree: str, key: bytes, value: bytes) -> bytes:
 
 
 def seal(tree: str, key: bytes, value: bytes) -> bytes:
-    """The stored form of `value` at `key` in `tree`."""
+    """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller)."""
+    if tree in DEFLATED_TREES:
+        deflated = compression.deflate(value)
+        if deflated is not None and len(deflated) + _U32.size < len(value):
+            body = _U32.pack(len(value)) + deflated
+            return _DEFLATED + checksum(tree, key, body) + body
     return _VERSION + checksum(tree, key, value) + value
 
 
@@ -57,16 +78,24 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     """The value sealed in `stored` (None stays None), or RowCorrupt if it fails its check."""
     if stored is None:
         return None
-    if len(stored) < ENVELOPE_BYTES or stored[0] != ENVELOPE_VERSION:
-        if len(stored) >= 1 and stored[0] != ENVELOPE_VERSION:
-            why = f"an unknown row envelope version {stored[0]}"
+    version = stored[0] if stored else None
+    if len(stored) < ENVELOPE_BYTES or version not in (ENVELOPE_VERSION, DEFLATED_ENVELOPE_VERSION):
+        if version is not None and version not in (ENVELOPE_VERSION, DEFLATED_ENVELOPE_VERSION):
+            why = f"an unknown row envelope version {version}"
         else:
             why = f"{len(stored)} bytes, shorter than the row envelope"
         raise _corrupt(tree, key, why)
-    value = stored[ENVELOPE_BYTES:]
-    if checksum(tree, key, value) != stored[1:ENVELOPE_BYTES]:
+    body = stored[ENVELOPE_BYTES:]
+    if checksum(tree, key, body) != stored[1:ENVELOPE_BYTES]:
         raise _corrupt(tree, key, "a checksum that does not match its tree, key and value")
-    return value
+    if version == ENVELOPE_VERSION:
+        return body
+    if len(body) < _U32.size:
+        raise _corrupt(tree, key, "a deflated value shorter than its length")
+    try:
+        return compression.inflate(body[_U32.size :], _U32.unpack_from(body)[0])
+    except ValueError as exc:
+        raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
 
 
 def _corrupt(tree: str, key: bytes, why: str) -> RowCorrupt:
