@@ -60,9 +60,10 @@ OPERATION_VALUE = b"\x02" + (b"sha256:" + b"ab" * 32) * 3 + b"application/octet-
 
 def test_golden_bytes_of_a_deflated_row():
     # u8 envelope version 2 | u64 xxh3-64 of u8 len(tree) | tree | u32 len(key) | key | body, the
-    # body being u32 len(value) | the value deflated with compression.DICTIONARY_1 (level 6)
+    # body being u32 len(value) | u8 len(raw tail) (0 for an Operation) | the value deflated with
+    # compression.DICTIONARY_1 (level 6)
     stored = rows.seal("operation", OPERATION_KEY, OPERATION_VALUE)
-    body = struct.pack(">I", len(OPERATION_VALUE)) + compression.deflate(OPERATION_VALUE)
+    body = struct.pack(">IB", len(OPERATION_VALUE), 0) + compression.deflate(OPERATION_VALUE)
     expected = xxhash.xxh3_64_digest(b"\x09operation" + struct.pack(">I", len(OPERATION_KEY)) + OPERATION_KEY + body)
     assert stored == b"\x02" + expected + body
     assert stored.hex() == GOLDEN_DEFLATED_ROW
@@ -70,7 +71,21 @@ def test_golden_bytes_of_a_deflated_row():
     assert rows.unseal("operation", OPERATION_KEY, stored) == OPERATION_VALUE
 
 
-GOLDEN_DEFLATED_ROW = "02634c3e8b6fbe43f60000011678bb75233b996382ba2931893238b88c219463090100ca7858f7"
+GOLDEN_DEFLATED_ROW = "020ef5859b6a88a95e000001160078bb75233b996382ba2931893238b88c219463090100ca7858f7"
+
+
+def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
+    # An ArtifactRevision's last 33 bytes (state, reference epoch, count, last-zero version,
+    # created version) stay raw after the stream: rewriting them in place keeps the row's size.
+    value = OPERATION_VALUE[:-33] + bytes(range(33))
+    stored = rows.seal("artifact_revision", OPERATION_KEY, value)
+    body = struct.pack(">IB", len(value), 33) + compression.deflate(value[:-33]) + bytes(range(33))
+    assert stored == b"\x02" + rows.checksum("artifact_revision", OPERATION_KEY, body) + body
+    assert stored[:14].hex() == "029f581c997af7c600" + "00000116" + "21"
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value
+    changed = value[:-33] + bytes(33)
+    assert len(rows.seal("artifact_revision", OPERATION_KEY, changed)) == len(stored)
+    assert rows.unseal("artifact_revision", OPERATION_KEY, rows.seal("artifact_revision", OPERATION_KEY, changed)) == changed
 
 
 def test_only_the_deflated_trees_and_only_when_smaller():
@@ -104,12 +119,16 @@ def test_a_deflated_row_whose_stream_or_length_lies_is_row_corrupt_even_with_a_v
         return b"\x02" + rows.checksum("operation", OPERATION_KEY, body) + body
 
     stream = compression.deflate(OPERATION_VALUE)
+    length = len(OPERATION_VALUE)
     for body, why in [
-        (struct.pack(">I", len(OPERATION_VALUE) - 1) + stream, "does not inflate"),
-        (struct.pack(">I", len(OPERATION_VALUE) + 1) + stream, "does not inflate"),
-        (struct.pack(">I", len(OPERATION_VALUE)) + stream[:-3], "does not inflate"),
-        (struct.pack(">I", len(OPERATION_VALUE)) + stream + b"\x00", "does not inflate"),
-        (b"\x00\x00", "shorter than its length"),
+        (struct.pack(">IB", length - 1, 0) + stream, "does not inflate"),
+        (struct.pack(">IB", length + 1, 0) + stream, "does not inflate"),
+        (struct.pack(">IB", length, 0) + stream[:-3], "does not inflate"),
+        (struct.pack(">IB", length, 0) + stream + b"\x00", "does not inflate"),
+        (struct.pack(">IB", length, 1) + stream, "does not inflate"),  # the stream's last byte taken as the tail
+        (struct.pack(">IB", 2, 3) + b"abc", "raw tail is longer"),
+        (struct.pack(">IB", length, 200) + stream[:10], "raw tail is longer"),
+        (b"\x00\x00\x00\x01", "shorter than its length"),
     ]:
         with pytest.raises(RowCorrupt, match=why):
             rows.unseal("operation", OPERATION_KEY, sealed(body))

@@ -212,6 +212,29 @@ class StoredOutboxHeader:
     chain_digest: Id32
 
 
+@record(version=3)
+class InlineOutboxRecord:
+    """The stored form of an outbox record from format 3 on: one row (key 0x00 | u64 lsn) that
+    holds the record's stored payload itself (in `encoding`), for a stored payload of at most
+    OUTBOX_CHUNK_BYTES; a longer one is a StoredOutboxHeader and its chunks. One row instead of
+    a header and a chunk: a small publish's three records each spared a key, an envelope and an
+    LMDB node. The logical OutboxHeader is rebuilt as for StoredOutboxHeader, with the chunk
+    count format 2 would have stored."""
+
+    record_kind: Enum(OutboxRecordKind)
+    commit_version: U64
+    payload_length: U64
+    payload_sha256: Id32
+    encoding: Enum(OutboxPayloadEncoding)
+    chain_digest: Id32
+    stored: Bytes
+
+    @property
+    def chunk_count(self) -> int:
+        """Chunk rows following this row: none."""
+        return 0
+
+
 @record(version=1)
 class OutboxChunk:
     data: Bytes

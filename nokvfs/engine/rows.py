@@ -1,7 +1,8 @@
 """The row envelope: every value the engine stores is sealed, and verified whenever it is read.
 
     stored value = u8 envelope version (1) | u64 checksum (big-endian) | value
-                 | u8 envelope version (2) | u64 checksum | u32 len(value) | zlib stream of value
+                 | u8 envelope version (2) | u64 checksum | u32 len(value) | u8 len(tail)
+                   | zlib stream of the value but its tail | tail (the value's last bytes, raw)
     checksum     = xxh3-64, seed 0, of  u8 len(tree name) | tree name | u32 len(key) | key | body
                    (body: everything after the checksum)
 
@@ -38,16 +39,19 @@ ENVELOPE_VERSION = 1
 DEFLATED_ENVELOPE_VERSION = 2
 ENVELOPE_BYTES = 1 + 8
 _U32 = struct.Struct(">I")
+_DEFLATED_HEAD = struct.Struct(">IB")  # len(value), len(tail)
 _VERSION = bytes([ENVELOPE_VERSION])
 _DEFLATED = bytes([DEFLATED_ENVELOPE_VERSION])
 _hash = xxhash.xxh3_64_digest
 
-# The families whose rows are stored deflated when that is smaller: rows a small publish adds
-# for good (its terminal Operation row, its manifest rows) that are not read on every lookup
-# (PathCurrent is, and is rewritten in place, not added). Not ArtifactRevision: its rows are
-# appended, then rewritten in place when their references change; a deflated row would then grow
-# by a few bytes and split the full page it was appended to (measured: more pages, not fewer).
-DEFLATED_TREES = frozenset({"operation", "artifact_manifest"})
+# The families whose rows are stored deflated when that is smaller -- rows a small publish adds
+# for good that are not read on every lookup (PathCurrent is, and is rewritten in place, not
+# added) -- each with the length of the tail kept raw. An ArtifactRevision is appended, then
+# rewritten in place when its references or state change: its last 33 bytes (state, reference
+# epoch and count, last-zero version, created version: fixed width) stay raw, so a rewrite keeps
+# the row's size and does not split the full page its creation was appended to (a wholly
+# deflated row grew by a few bytes there: more pages, not fewer).
+DEFLATED_TREES = {"operation": 0, "artifact_manifest": 0, "artifact_revision": 33}
 
 
 def _tree_prefix(name: str) -> bytes:
@@ -66,10 +70,12 @@ def checksum(tree: str, key: bytes, value: bytes) -> bytes:
 
 def seal(tree: str, key: bytes, value: bytes) -> bytes:
     """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller)."""
-    if tree in DEFLATED_TREES:
-        deflated = compression.deflate(value)
-        if deflated is not None and len(deflated) + _U32.size < len(value):
-            body = _U32.pack(len(value)) + deflated
+    tail = DEFLATED_TREES.get(tree)
+    if tail is not None and len(value) > tail:
+        head = value[: len(value) - tail]
+        deflated = compression.deflate(head)
+        if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
+            body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
             return _DEFLATED + checksum(tree, key, body) + body
     return _VERSION + checksum(tree, key, value) + value
 
@@ -90,12 +96,16 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
         raise _corrupt(tree, key, "a checksum that does not match its tree, key and value")
     if version == ENVELOPE_VERSION:
         return body
-    if len(body) < _U32.size:
+    if len(body) < _DEFLATED_HEAD.size:
         raise _corrupt(tree, key, "a deflated value shorter than its length")
+    length, tail = _DEFLATED_HEAD.unpack_from(body)
+    if tail > min(length, len(body) - _DEFLATED_HEAD.size):
+        raise _corrupt(tree, key, "a deflated value whose raw tail is longer than it")
     try:
-        return compression.inflate(body[_U32.size :], _U32.unpack_from(body)[0])
+        head = compression.inflate(body[_DEFLATED_HEAD.size : len(body) - tail], length - tail)
     except ValueError as exc:
         raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
+    return head + body[len(body) - tail :]
 
 
 def _corrupt(tree: str, key: bytes, why: str) -> RowCorrupt:
