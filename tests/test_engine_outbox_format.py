@@ -387,3 +387,17 @@ def test_a_damaged_inline_record_refuses_to_open_saying_where(shard_env):
         txn.delete(outbox.chunk_key(lsn - 1, 0), db=env.open_db(TREE.encode(), txn=txn, create=False))
     env.close()
     shard_env.shard = Shard.open(shard_env.path, verify=True)
+
+
+def test_shipping_refuses_a_damaged_inline_record(shard_env):
+    _commands(shard_env, 4)
+    shard = shard_env.shard
+    lsn = shard.recovery_tail.applied_lsn - 1
+    good = _stored(shard, outbox.header_key(lsn))
+    with shard._env.begin(write=True) as txn:
+        rows.put(txn, shard._dbs[TREE], TREE, outbox.header_key(lsn), good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(OutboxCorrupt, match=f"record {lsn}"):
+        shard.outbox_after(lsn - 1)
+    with shard._env.begin(write=True) as txn:
+        rows.put(txn, shard._dbs[TREE], TREE, outbox.header_key(lsn), good)
+    assert [e.lsn for e in shard.outbox_after(lsn - 1)[1]] == [lsn, lsn + 1]
