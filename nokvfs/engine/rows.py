@@ -73,7 +73,7 @@ def seal(tree: str, key: bytes, value: bytes) -> bytes:
     tail = DEFLATED_TREES.get(tree)
     if tail is not None and len(value) > tail:
         head = value[: len(value) - tail]
-        deflated = compression.deflate(head)
+        deflated = compression.deflate_row(head)
         if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
             body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
             return _DEFLATED + checksum(tree, key, body) + body
