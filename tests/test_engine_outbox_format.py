@@ -294,13 +294,13 @@ def test_a_small_record_is_one_inline_row():
     previous = b"\x11" * 32
     framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, b"abc", previous)
     assert digest == outbox.chain_digest(previous, 5, OutboxRecordKind.MetadataCommand, 7, b"abc")
-    sha = hashlib.sha256(b"abc").hexdigest()
-    # u8 version 3 | u8 kind | u64 commit version | u64 payload length | 32 payload SHA-256 |
-    # u8 encoding | 32 chain digest | u32 length | stored payload
+    check = hashlib.sha256(b"abc").hexdigest()[:16]
+    # u8 version 3 | u8 kind | u64 commit version | u64 payload length | 8 first bytes of the
+    # payload's SHA-256 | u8 encoding | 32 chain digest | u32 length | stored payload
     assert [(k.hex(), v.hex()) for k, v in framed] == [
         (
             "000000000000000005",
-            "03" + "01" + "0000000000000007" + "0000000000000003" + sha + "01" + digest.hex() + "00000003" + "616263",
+            "03" + "01" + "0000000000000007" + "0000000000000003" + check + "01" + digest.hex() + "00000003" + "616263",
         )
     ]
     record = InlineOutboxRecord.decode(framed[0][1])
@@ -370,7 +370,7 @@ def test_a_damaged_inline_record_refuses_to_open_saying_where(shard_env):
     shard_env.shard.close()
     for patched, why in (
         (b"\x04" + good[1:], "version 4"),
-        (good[:50] + bytes([good[50] ^ 1]) + good[51:], f"record {lsn}: payload SHA-256"),
+        (good[:20] + bytes([good[20] ^ 1]) + good[21:], f"record {lsn}: payload SHA-256"),
         (good[:-1] + bytes([good[-1] ^ 1]), f"record {lsn}"),
         (good + b"\x00", "trailing"),
     ):

@@ -76,8 +76,10 @@ def legacy_chunk_key(lsn: int, index: int) -> bytes:
     return OUTBOX_CHUNK_PREFIX + _CHUNK.pack(lsn, index)
 
 
-# A record whose stored payload is at most this long is one row (InlineOutboxRecord).
+# A record whose stored payload is at most this long is one row (InlineOutboxRecord), which
+# keeps the first PAYLOAD_CHECK_BYTES of the payload's SHA-256.
 INLINE_BYTES = OUTBOX_CHUNK_BYTES
+PAYLOAD_CHECK_BYTES = 8
 
 # Payloads this long or shorter are stored raw (as before the preset dictionary).
 COMPRESS_ABOVE = compression.COMPRESS_ABOVE
@@ -129,7 +131,7 @@ def frame(
             record_kind=kind,
             commit_version=commit_version,
             payload_length=len(payload),
-            payload_sha256=hashlib.sha256(payload).digest(),
+            payload_check=hashlib.sha256(payload).digest()[:PAYLOAD_CHECK_BYTES],
             encoding=encoding,
             chain_digest=digest,
             stored=stored,
@@ -210,15 +212,16 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes, windo
     `window` as for `stored_payload`."""
     payload = stored_payload(lsn, header, chunk_values, window)
     if isinstance(header, (StoredOutboxHeader, InlineOutboxRecord)):
-        chunks = header.chunk_count
+        chunks, sha256 = header.chunk_count, getattr(header, "payload_sha256", None)
         if isinstance(header, InlineOutboxRecord):
             chunks = -(-len(header.stored) // OUTBOX_CHUNK_BYTES)  # what format 2 would have stored
+            sha256 = payload_sha256(lsn, header, payload)
         logical = OutboxHeader(
             record_kind=header.record_kind,
             commit_version=header.commit_version,
             chunk_count=chunks,
             payload_length=header.payload_length,
-            payload_sha256=header.payload_sha256,
+            payload_sha256=sha256,
             previous_chain_digest=previous,
             chain_digest=header.chain_digest,
         )
@@ -258,8 +261,9 @@ def payloads(txn, db, first: int, last: int) -> list[bytes] | None:
                     f"outbox record {lsn} is stored against records before it that are not kept"
                 ) from None
         payload = stored_payload(lsn, header, _chunk_values(txn, db, lsn, header), window)
-        if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
+        if len(payload) != header.payload_length:
             raise OutboxCorrupt(f"outbox record {lsn}: payload length or SHA-256 differs from its header")
+        payload_sha256(lsn, header, payload)
         known[lsn] = payload
     return [known[lsn] for lsn in range(first, last + 1)]
 
@@ -307,6 +311,20 @@ def _inflate(stream: bytes, length: int, lsn: int, dictionary: bytes = b"") -> b
         return compression.inflate(stream, length, dictionary)
     except ValueError as exc:
         raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 cannot match its header: {exc}") from None
+
+
+def payload_sha256(lsn: int, header, payload: bytes) -> bytes:
+    """The SHA-256 of record `lsn`'s payload as its stored header records it (an
+    InlineOutboxRecord keeps its first PAYLOAD_CHECK_BYTES only, the rest is computed), or
+    OutboxCorrupt when the payload does not match it."""
+    if not isinstance(header, InlineOutboxRecord):
+        if hashlib.sha256(payload).digest() != header.payload_sha256:
+            raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 differs from its header")
+        return header.payload_sha256
+    digest = hashlib.sha256(payload).digest()
+    if digest[:PAYLOAD_CHECK_BYTES] != header.payload_check:
+        raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 differs from its header")
+    return digest
 
 
 def verify_record(lsn: int, header: OutboxHeader, payload: bytes, previous: bytes) -> bytes:
