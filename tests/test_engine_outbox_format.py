@@ -310,7 +310,10 @@ def test_a_small_record_is_one_inline_row():
 def test_inline_records_keep_the_encodings_and_rebuild_the_format_2_logical_header():
     payload = b"\x02" + bytes(range(200)) + b"operation" * 20 + b"and a little more"
     window = [b"\x02" + bytes(range(200)), b"operation" * 20, b"\x02 and more"]
-    for previous, encoding in ((None, OutboxPayloadEncoding.DeflatePreset1), (window, OutboxPayloadEncoding.DeflatePrevious)):
+    for previous, encoding in (
+        (None, OutboxPayloadEncoding.DeflatePreset1),
+        (window, OutboxPayloadEncoding.DeflatePrevious),
+    ):
         framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, previous)
         (key, value), *rest = framed
         record = InlineOutboxRecord.decode(value)
@@ -324,7 +327,9 @@ def test_inline_records_keep_the_encodings_and_rebuild_the_format_2_logical_head
         assert outbox.needs_previous(record) == (encoding == OutboxPayloadEncoding.DeflatePrevious)
 
 
-def test_format_2_and_format_3_records_in_one_store_open_read_ship_and_truncate(format_2_records, shard_env, monkeypatch):
+def test_format_2_and_format_3_records_in_one_store_open_read_ship_and_truncate(
+    format_2_records, shard_env, monkeypatch
+):
     _commands(shard_env, 10)
     shard = shard_env.shard
     format_2 = shard.recovery_tail.applied_lsn

@@ -60,7 +60,9 @@ GOLDEN = {
         (1, 54),
     ),
     E.InlineOutboxRecord: (
-        E.InlineOutboxRecord(OutboxRecordKind.HistoryPrune, 6, 40, C32[:8], OutboxPayloadEncoding.DeflatePrevious, E32, b"k"),
+        E.InlineOutboxRecord(
+            OutboxRecordKind.HistoryPrune, 6, 40, C32[:8], OutboxPayloadEncoding.DeflatePrevious, E32, b"k"
+        ),
         "0304" + "0000000000000006" + "0000000000000028" + "c3" * 8 + "03" + "e5" * 32 + K_HEX,
         (1, 26),
     ),

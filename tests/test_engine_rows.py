@@ -46,7 +46,17 @@ def test_golden_bytes_of_a_sealed_row():
         (rows.seal("path_current", b"\x01" * 16 + b"j", VALUE), "checksum"),  # moved from another key
         (rows.seal("artifact_revision", KEY, VALUE), "checksum"),  # moved from another tree
     ],
-    ids=["version-3", "version-2-not-deflated", "version-0", "truncated", "empty", "short-value", "long-value", "other-key", "other-tree"],
+    ids=[
+        "version-3",
+        "version-2-not-deflated",
+        "version-0",
+        "truncated",
+        "empty",
+        "short-value",
+        "long-value",
+        "other-key",
+        "other-tree",
+    ],
 )
 def test_an_unknown_version_a_changed_length_or_a_moved_row_is_row_corrupt(stored, why):
     with pytest.raises(RowCorrupt, match=why) as caught:
@@ -88,15 +98,21 @@ def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
     assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value
     changed = value[:-33] + bytes(33)
     assert len(rows.seal("artifact_revision", OPERATION_KEY, changed)) == len(stored)
-    assert rows.unseal("artifact_revision", OPERATION_KEY, rows.seal("artifact_revision", OPERATION_KEY, changed)) == changed
+    assert (
+        rows.unseal("artifact_revision", OPERATION_KEY, rows.seal("artifact_revision", OPERATION_KEY, changed))
+        == changed
+    )
 
 
 def test_only_the_deflated_trees_and_only_when_smaller():
     assert "path_current" not in rows.DEFLATED_TREES
     assert rows.seal("path_current", OPERATION_KEY, OPERATION_VALUE)[0] == 1
     short = b"\x02" + bytes(40)  # too short to be worth deflating
-    assert rows.seal("operation", OPERATION_KEY, short) == b"\x01" + rows.checksum("operation", OPERATION_KEY, short) + short
-    assert rows.seal("operation", OPERATION_KEY, b"") [0] == 1
+    assert (
+        rows.seal("operation", OPERATION_KEY, short)
+        == b"\x01" + rows.checksum("operation", OPERATION_KEY, short) + short
+    )
+    assert rows.seal("operation", OPERATION_KEY, b"")[0] == 1
     noise = os.urandom(400)  # does not deflate smaller
     assert rows.seal("operation", OPERATION_KEY, noise)[0] == 1
     assert rows.unseal("operation", OPERATION_KEY, rows.seal("operation", OPERATION_KEY, noise)) == noise

@@ -12,9 +12,10 @@ u8 record kind | u64 commit version | u64 payload length | payload SHA-256); the
 SHA-256("nokv.recovery.genesis.v1\\0" | logical shard id).
 
 A record is written as one InlineOutboxRecord row, or (a stored payload over one chunk) as a
-StoredOutboxHeader and its chunks right after it in key order, so every row is appended (LMDB fills its pages instead of splitting them in half, as it did when headers
-and chunks were two interleaved runs). The chunks hold the payload compressed with a preset
-dictionary (nokvfs.engine.compression) when that is smaller, else raw. The logical
+StoredOutboxHeader and its chunks right after it in key order, so every row is appended (LMDB
+fills its pages instead of splitting them in half, as it did when headers and chunks were two
+interleaved runs). The stored payload is compressed with a preset dictionary
+(nokvfs.engine.compression) when that is smaller, else raw. The logical
 OutboxHeader -- what entries, replay and shipped packs carry -- is rebuilt on reading with the
 previous digest of the chain being verified, and the payload length and SHA-256 are always the
 payload's own, so the chain and the packs see the same bytes whatever the stored form. Records
@@ -34,9 +35,9 @@ from dataclasses import dataclass
 from nokvfs.engine import compression, rows
 from nokvfs.engine.records import (
     OUTBOX_CHUNK_BYTES,
-    InlineOutboxRecord,
     OUTBOX_CHUNK_PREFIX,
     OUTBOX_HEADER_PREFIX,
+    InlineOutboxRecord,
     OutboxChunk,
     OutboxDeflatedChunk,
     OutboxHeader,
