@@ -72,19 +72,19 @@ OPERATION_VALUE = b"\x02" + (b"sha256:" + b"ab" * 32) * 3 + b"application/octet-
 def test_golden_bytes_of_a_deflated_row():
     # u8 envelope version 2 | u64 xxh3-64 of u8 len(tree) | tree | u32 len(key) | key | body, the
     # body being u32 len(value) | u8 len(raw tail) (0 for an Operation) | the value deflated with
-    # compression.DICTIONARY_1 (level 6, an 8 KiB window, memory level 4)
+    # compression.DICTIONARY_1 (level 6, an 8 KiB window, memory level 4, fixed Huffman codes)
     stored = rows.seal("operation", OPERATION_KEY, OPERATION_VALUE)
     body = struct.pack(">IB", len(OPERATION_VALUE), 0) + compression.deflate_row(OPERATION_VALUE)
     expected = xxhash.xxh3_64_digest(b"\x09operation" + struct.pack(">I", len(OPERATION_KEY)) + OPERATION_KEY + body)
     assert stored == b"\x02" + expected + body
     assert stored.hex() == GOLDEN_DEFLATED_ROW
-    # RFC 1950 header 0x58a4: deflate with a 2^13-byte window, FDICT set; DICTIONARY_1's Adler-32 next.
-    assert body[5:7] == b"\x58\xa4" and body[7:11] == zlib.adler32(compression.DICTIONARY_1).to_bytes(4, "big")
+    # RFC 1950 header 0x5828: deflate with a 2^13-byte window, FDICT set; DICTIONARY_1's Adler-32 next.
+    assert body[5:7] == b"\x58\x28" and body[7:11] == zlib.adler32(compression.DICTIONARY_1).to_bytes(4, "big")
     assert len(stored) < len(rows.seal("path_current", OPERATION_KEY, OPERATION_VALUE))
     assert rows.unseal("operation", OPERATION_KEY, stored) == OPERATION_VALUE
 
 
-GOLDEN_DEFLATED_ROW = "02001c916da4688d94000001160058a475233b996382ba2931893238b88c219463090100ca7858f7"
+GOLDEN_DEFLATED_ROW = "02a46fd99218be31bf0000011600582875233b996382ba2931893238b88c219463090100ca7858f7"
 
 
 def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
@@ -94,7 +94,7 @@ def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
     stored = rows.seal("artifact_revision", OPERATION_KEY, value)
     body = struct.pack(">IB", len(value), 33) + compression.deflate_row(value[:-33]) + bytes(range(33))
     assert stored == b"\x02" + rows.checksum("artifact_revision", OPERATION_KEY, body) + body
-    assert stored[:14].hex() == "028a0808f5a26c11e1" + "00000116" + "21"
+    assert stored[:14].hex() == "029d51fe8f6f274054" + "00000116" + "21"
     assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value
     changed = value[:-33] + bytes(33)
     assert len(rows.seal("artifact_revision", OPERATION_KEY, changed)) == len(stored)
@@ -144,6 +144,8 @@ def test_a_deflated_row_whose_stream_or_length_lies_is_row_corrupt_even_with_a_v
         (struct.pack(">IB", length + 1, 0) + stream, "does not inflate"),
         (struct.pack(">IB", length, 0) + stream[:-3], "does not inflate"),
         (struct.pack(">IB", length, 0) + stream + b"\x00", "does not inflate"),
+        # A 32 KiB-window stream (compression.deflate's): rows are inflated with an 8 KiB window.
+        (struct.pack(">IB", length, 0) + compression.deflate(OPERATION_VALUE), "does not inflate"),
         (struct.pack(">IB", length, 1) + stream, "does not inflate"),  # the stream's last byte taken as the tail
         (struct.pack(">IB", 2, 3) + b"abc", "raw tail is longer"),
         (struct.pack(">IB", length, 200) + stream[:10], "raw tail is longer"),

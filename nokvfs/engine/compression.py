@@ -136,8 +136,12 @@ def deflate(data: bytes) -> bytes | None:
 # The deflater of row values (nokvfs.engine.rows, envelope version 2): DICTIONARY_1 is set once
 # and the primed deflater copied for each value, since setting a dictionary is most of the cost of
 # deflating a short value (about 12 us against 5); an 8 KiB window (wbits 13) holds the dictionary
-# and a short value and is cheap to copy. Its streams inflate like any other (`inflate`).
-_ROW_DEFLATER = zlib.compressobj(_LEVEL, zlib.DEFLATED, 13, 4, zdict=DICTIONARY_1)
+# and a short value and is cheap to copy, and to allocate when inflating (`inflate` with
+# window_bits=ROW_WINDOW_BITS; a stream with a larger window is then refused).
+ROW_WINDOW_BITS = 13
+# Fixed Huffman codes (Z_FIXED): a reader then builds no code tables, which halves the cost of
+# inflating a row (measured on Operation rows: 2.9 us against 5.6) for 1.5% more bytes.
+_ROW_DEFLATER = zlib.compressobj(_LEVEL, zlib.DEFLATED, ROW_WINDOW_BITS, 4, zlib.Z_FIXED, zdict=DICTIONARY_1)
 
 
 def deflate_row(data: bytes) -> bytes | None:
@@ -166,11 +170,15 @@ def deflate_with(data: bytes, dictionary: bytes) -> bytes:
     return deflater.compress(data) + deflater.flush()
 
 
-def inflate(stream: bytes, length: int, dictionary: bytes = DICTIONARY_1) -> bytes:
+def inflate(stream: bytes, length: int, dictionary: bytes = DICTIONARY_1, *, window_bits: int = 15) -> bytes:
     """The `length` bytes the zlib `stream` holds, or ValueError saying why not: it must be
     exactly one stream of exactly that length. Inflation stops one byte past `length`, so damage
-    cannot make it allocate more than the stored length says."""
-    inflater = zlib.decompressobj(zdict=dictionary) if dictionary else zlib.decompressobj()
+    cannot make it allocate more than the stored length says. `window_bits`: the largest window
+    the stream may use (13 for `deflate_row`'s streams: an 8 KiB window to allocate, not 32)."""
+    if dictionary:
+        inflater = zlib.decompressobj(window_bits, zdict=dictionary)
+    else:
+        inflater = zlib.decompressobj(window_bits)
     try:
         data = inflater.decompress(stream, length + 1)
     except zlib.error as exc:

@@ -84,6 +84,28 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     """The value sealed in `stored` (None stays None), or RowCorrupt if it fails its check."""
     if stored is None:
         return None
+    body = _checked_body(tree, key, stored)
+    if stored[0] == ENVELOPE_VERSION:
+        return body
+    length, tail = _DEFLATED_HEAD.unpack_from(body)
+    try:
+        head = compression.inflate(
+            body[_DEFLATED_HEAD.size : len(body) - tail], length - tail, window_bits=compression.ROW_WINDOW_BITS
+        )
+    except ValueError as exc:
+        raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
+    return head + body[len(body) - tail :]
+
+
+def verify(tree: str, key: bytes, stored: bytes) -> None:
+    """RowCorrupt unless `stored` is a sound envelope whose checksum matches its tree and key:
+    `unseal` without inflating a deflated value (for rows checked, not used: the neighbours of
+    a lookup's landing point)."""
+    _checked_body(tree, key, stored)
+
+
+def _checked_body(tree: str, key: bytes, stored: bytes) -> bytes:
+    """What follows the checksum of `stored`, its envelope and checksum verified."""
     version = stored[0] if stored else None
     if len(stored) < ENVELOPE_BYTES or version not in (ENVELOPE_VERSION, DEFLATED_ENVELOPE_VERSION):
         if version is not None and version not in (ENVELOPE_VERSION, DEFLATED_ENVELOPE_VERSION):
@@ -94,18 +116,13 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     body = stored[ENVELOPE_BYTES:]
     if checksum(tree, key, body) != stored[1:ENVELOPE_BYTES]:
         raise _corrupt(tree, key, "a checksum that does not match its tree, key and value")
-    if version == ENVELOPE_VERSION:
-        return body
-    if len(body) < _DEFLATED_HEAD.size:
-        raise _corrupt(tree, key, "a deflated value shorter than its length")
-    length, tail = _DEFLATED_HEAD.unpack_from(body)
-    if tail > min(length, len(body) - _DEFLATED_HEAD.size):
-        raise _corrupt(tree, key, "a deflated value whose raw tail is longer than it")
-    try:
-        head = compression.inflate(body[_DEFLATED_HEAD.size : len(body) - tail], length - tail)
-    except ValueError as exc:
-        raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
-    return head + body[len(body) - tail :]
+    if version == DEFLATED_ENVELOPE_VERSION:
+        if len(body) < _DEFLATED_HEAD.size:
+            raise _corrupt(tree, key, "a deflated value shorter than its length")
+        length, tail = _DEFLATED_HEAD.unpack_from(body)
+        if tail > min(length, len(body) - _DEFLATED_HEAD.size):
+            raise _corrupt(tree, key, "a deflated value whose raw tail is longer than it")
+    return body
 
 
 def _corrupt(tree: str, key: bytes, why: str) -> RowCorrupt:
@@ -128,9 +145,9 @@ def verify_neighbours(cursor, tree: str, key: bytes) -> None:
     """Verify the first row at or after `key` and the row before it (moves `cursor`)."""
     found = cursor.set_range(key)
     if found:
-        unseal(tree, cursor.key(), cursor.value())
+        verify(tree, cursor.key(), cursor.value())
     if cursor.prev() if found else cursor.last():
-        unseal(tree, cursor.key(), cursor.value())
+        verify(tree, cursor.key(), cursor.value())
 
 
 def put(txn, db, tree: str, key: bytes, value: bytes, *, overwrite: bool = True, append: bool = False) -> bool:
