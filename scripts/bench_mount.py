@@ -17,7 +17,9 @@ machine weighs on all of them alike):
     nokvfs-s3, nokvfs-s3-wb   with --s3: the same two over a loopback moto S3 server this script
                   starts itself (127.0.0.1 only)
 
-Phases, in order: create+write+close of N small files in D directories; for write-back targets
+Phases, in order: create+write+close of N small files in D directories, and on the local
+directory and the passthrough the same made durable by hand (write, fsync, the directory's fsync:
+what the nokvfs default guarantees at close, as a second reference); for write-back targets
 the wait until every accepted file is published (an fsync(2) of the last one: publication is in
 order); first read of the files just written (open+read+close each); stat of all; `ls -lR`;
 `tar x` of a tree of T small files (a tar made locally first), with its publication wait; a
@@ -229,6 +231,23 @@ def passthrough_operations():
 
         async def release(self, fd):
             os.close(fd)
+
+        # fsync(2) and a directory's fsync(2) reach the source (the durable reference phase).
+        async def fsync(self, fd, datasync):
+            try:
+                (os.fdatasync if datasync else os.fsync)(fd)
+            except OSError as exc:
+                raise FUSEError(exc.errno) from None
+
+        async def fsyncdir(self, handle, datasync):
+            path, _ = self.dirs[handle]
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise FUSEError(exc.errno) from None
+            finally:
+                os.close(fd)
 
     return Passthrough
 
@@ -507,6 +526,23 @@ def main() -> int:
                 with open(path, "wb") as f:
                     f.write(payload)
 
+        def create_durably(target):
+            # The default mode's guarantee by hand: the file's bytes and its directory entry on
+            # disk before the next file (as a careful tool without nokvfs would do it).
+            for path in small_paths(os.path.join(target.base, "durable"), args.files, args.dirs):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.write(fd, payload)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
+
         def published(target, path):
             # fsync(2) waits for the file's publication; publication is in order, so for the
             # last file written it waits for everything accepted before it.
@@ -587,6 +623,7 @@ def main() -> int:
 
         phases = [
             (f"create+write+close {args.files}", create_all, "files/s", files_phase, None),
+            ("  same, fsync + directory fsync", create_durably, "files/s", files_phase, "references"),
             ("  write-back: published", drain_small, "s", None, "later"),
             (f"first read of the {args.files}", cat_all, "files/s", files_phase, None),
             (f"stat {args.files}", stat_all, "files/s", files_phase, None),
@@ -617,6 +654,8 @@ def main() -> int:
                 if which == "later" and not target.publishes_later:
                     continue
                 if which == "mounts" and target.argv is None:
+                    continue
+                if which == "references" and target.nokvfs:
                     continue
                 if which == "drop":
                     dropped = drop_caches()
@@ -656,6 +695,19 @@ def main() -> int:
                 cell = text + (f" {ratio:5.2f}x" if ratio is not None and target.name != "passthrough" else "")
                 row += f"{cell:>22}"
             print(row)
+        durable = [i for i, (_p, fn, *_rest) in enumerate(phases) if fn is create_durably]
+        reference = results.get((durable[0], "passthrough")) if durable else None
+        if reference:
+            rate = args.files / reference
+            cells = [
+                f"{t.name} {args.files / results[(0, t.name)] / rate:.2f}x"
+                for t in targets
+                if t.nokvfs and (0, t.name) in results
+            ]
+            print(
+                f"create+write+close against the passthrough made durable by hand ({rate:,.0f} files/s): "
+                + ", ".join(cells)
+            )
         if dropped is False:
             print("(not root: the page cache was not dropped before the cold read)")
         print()

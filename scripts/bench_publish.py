@@ -9,8 +9,9 @@ Figures:
     command: three fsynced LMDB commands and one object write per publish), on the local
     directory store and on a loopback moto S3 server this script starts itself;
   * MB/s of one big put (hash, ledger, upload of every 4 MiB block, publish) and of the get of it
-    back (every block fetched and SHA-256 verified; "cold" from the store, which also fills the
-    block cache, then "warm" from the cache), local with --big-mib (default 256 MiB) and S3 with
+    back (every block fetched and SHA-256 verified, twice: on S3 "cold" from the store, which
+    also fills the block cache, then "warm" from the cache; a local store has no cache, so both
+    read the store), local with --big-mib (default 256 MiB) and S3 with
     --s3-big-mib (default 64 MiB: moto holds objects in memory and is slow, so the S3 size is
     smaller and said so in the output);
   * peak RSS of this process (resource.getrusage), after each phase.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import shutil
 import signal
 import time
 
@@ -124,6 +125,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "damages_store(reason): the test leaves its data directory damaged on purpose (no fsck after it)"
     )
+    config.addinivalue_line(
+        "markers", "block_cache: the test's local data directory has a block cache (one asked for at init)"
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -152,6 +156,20 @@ def fsck_data_dir(data_dir: str):
         return fsck.check(root)
     finally:
         root.close()
+
+
+@pytest.fixture(autouse=True)
+def memory_spools_removed(tmp_path):
+    """The memory spool directories of the test's data directories go with the test (a daemon
+    removes its own when empty; kernel-less tests and killed daemons leave theirs)."""
+    yield
+    from nokvfs.fs import spools
+
+    for data_dir in data_dirs_under(str(tmp_path)):
+        path = spools.memory_spool_path(data_dir)
+        if path is not None:
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        spools._memory_dirs.pop(data_dir, None)
 
 
 @pytest.fixture(autouse=True)

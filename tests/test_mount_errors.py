@@ -159,8 +159,7 @@ def test_a_full_store_fails_close_with_enospc_and_keeps_the_spool(tmp_path):
         datadir.init(data, store="file://" + str(store))
         root = datadir.open_root(data, verify=False)
         workbench.create(root, "wb")
-        root.blocks.cache.close()
-        root.close()
+        root.close()  # closes its block cache too
         with mounted(str(tmp_path), init=False) as m:
             body = os.urandom(5 * 1024 * 1024)
             f = open(m.path("wb", "outputs", "big.bin"), "wb")

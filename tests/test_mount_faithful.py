@@ -525,6 +525,7 @@ def test_a_silent_store_gives_eio_within_the_deadline_and_the_mount_keeps_servin
     config_path = os.path.join(data, "nokvfs.json")
     with open(config_path) as f:
         config = json.load(f)
+    assert config["cache_bytes"] == datadir.DEFAULT_CACHE_BYTES  # an S3 store's blocks are cached
     config["endpoint_url"] = silent_server.endpoint  # the bucket goes silent
     with open(config_path, "w") as f:
         json.dump(config, f)

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from nokvfs.fs import spools
 from tests.mount_fixtures import (
     REPO,
     WORKBENCH_LISTING,
@@ -174,6 +175,9 @@ def test_a_killed_daemon_leaves_nothing_the_next_mount_cannot_recover(tmp_path):
     assert record["expected_revision"] is None and record["pid"] == proc.pid
     # The published file's spool is gone: a spool whose bytes were published is deleted.
     assert len(glob.glob(os.path.join(data, "spool", "mount", "*.spool"))) == 1
+    # The unclosed file's spool was in memory (a small file's): adopted, it moved to disk.
+    memory = spools.memory_spool_path(data)
+    assert memory is None or not glob.glob(os.path.join(memory, "*.spool"))
 
 
 def test_umount_of_a_busy_mount_fails_and_lazy_detaches(tmp_path):

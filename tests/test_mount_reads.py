@@ -167,8 +167,7 @@ def test_a_directory_of_many_children_lists_completely_in_pages(tmp_path):
         names = populate_many(root, "wb", "outputs/many", 20000)
         populate_many(root, "wb", "outputs/many/sub", 3, prefix="g")
     finally:
-        root.blocks.cache.close()
-        root.close()
+        root.close()  # closes its block cache too
     with mounted(base, init=False) as m:
         rss_before = _rss_kib(m.proc.pid)
         listed = [e.name for e in os.scandir(m.path("wb", "outputs", "many"))]

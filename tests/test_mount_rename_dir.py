@@ -109,8 +109,7 @@ def test_a_tree_bigger_than_one_command_is_exdev_and_mv_copies_it(tmp_path):
     try:
         populate_many(root, "wb", "outputs/big", 1001)
     finally:
-        root.blocks.cache.close()
-        root.close()
+        root.close()  # closes its block cache too
     with mounted(str(tmp_path), init=False) as m:
         big = m.path("wb", "outputs", "big")
         with pytest.raises(OSError) as refused:

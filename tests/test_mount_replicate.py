@@ -46,8 +46,7 @@ def files_of(data_dir: str) -> dict[str, str]:
         return out
     finally:
         if root.blocks.cache is not None:
-            root.blocks.cache.close()
-        root.close()
+            root.close()  # closes its block cache too
 
 
 def replication_status(data_dir: str, url: str, endpoint: str) -> dict:
@@ -118,8 +117,7 @@ def test_files_written_through_the_mount_are_replicated_and_restore_elsewhere(tm
             entry = listing.stat(view, root, "wb", "logs/run.log").entry
             assert reading.read(root, entry, view=view) == b"started\nfinished\n"
     finally:
-        root.blocks.cache.close()
-        root.close()
+        root.close()  # closes its block cache too
 
 
 def test_a_bucket_that_cannot_be_reached_never_breaks_the_mount(tmp_path, aws_test_env, closed_loopback_port):

@@ -4,14 +4,17 @@ fetcher and the change-feed follower."""
 from __future__ import annotations
 
 import errno
+import os
 import random
+import shutil
+import tempfile
 
 import pytest
 import trio
 
 from nokvfs import errors as E
 from nokvfs.fs import errors as fs_errors
-from nokvfs.fs import inodes
+from nokvfs.fs import inodes, spools
 from nokvfs.fs.filesystem import FileSystem
 from nokvfs.fs.freshness import ChangeFollower
 from nokvfs.fs.inodes import InodeTable, Kind
@@ -193,6 +196,121 @@ def root(tmp_path):
         yield r
 
 
+def write_back_filesystem(root, *, syscall_timeout: float):
+    """A write-back mount's FileSystem without a kernel: (fs, workers, publisher, wb/outputs)."""
+    from nokvfs.fs import writeback
+
+    workers = Workers(syscall_timeout=syscall_timeout)
+    fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+    publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    fs.tree.inodes.remember(section)
+    return fs, workers, publisher, section
+
+
+def test_a_write_back_acceptance_outliving_its_close_keeps_the_file_until_it_is_recorded(root, monkeypatch):
+    """close(2) on a write-back mount whose acceptance (the journal's fdatasync) outlives the
+    deadline answers EIO; the acceptance keeps the file to itself until its record is durable and
+    then queues the file, so a write through another descriptor meanwhile gives up too (instead
+    of landing while the record is taken, or racing the journal's reset), the journal and the
+    queue agree, and the later write is published over the accepted bytes."""
+    import os
+    import threading
+
+    from nokvfs.fs import writeback
+
+    disk = threading.Event()
+    append = writeback.Journal.append
+
+    def slow_append(self, record, *, sync):  # a local disk whose flush outlasts the deadline
+        disk.wait(10)
+        append(self, record, sync=sync)
+
+    monkeypatch.setattr(writeback.Journal, "append", slow_append)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.2)
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            fh, attr = await fs.create(section.ino, b"f", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+            await fs.write(fh, 0, b"accepted")
+            other, _ = await fs.open(attr.st_ino, os.O_WRONLY)
+            spool = fs.tree.node(attr.st_ino).spool
+            with pytest.raises(E.SyscallTimeout):
+                await fs.flush(fh)
+            with pytest.raises(E.SyscallTimeout):
+                await fs.write(other, 0, b"LATER")
+            assert not publisher.holds(spool)
+            disk.set()
+            with trio.fail_after(10):
+                while not publisher.holds(spool):
+                    await trio.sleep(0.01)
+            await fs.release(fh)
+            await fs.write(other, 0, b"LATER")
+            await fs.flush(other)
+            await fs.release(other)
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return publisher
+
+    publisher = trio.run(scenario)
+    assert (publisher.accepted, publisher.published, publisher.failed) == (1, 1, 0)
+    from nokvfs.workspace import listing, reading
+
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/f").entry
+    assert reading.read(root, entry) == b"LATERted"
+
+
+def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome(root, monkeypatch):
+    """fsync(2) on a write-back mount waits for the file's publication within the deadline and
+    answers EIO when it is slower; the publication itself has no deadline (no syscall runs it),
+    so when it lands the file counts as published, not failed, and the next fsync succeeds."""
+    import os
+    import threading
+
+    from nokvfs.fs import spools
+    from nokvfs.workspace import listing, reading
+
+    namespace.put(root, "wb", "outputs/log", b"one\n")
+    store = threading.Event()
+    publish_blocking = spools.Spool.publish_blocking
+
+    def slow_publication(self, attributes=None):  # a store slower than the syscall deadline
+        store.wait(10)
+        return publish_blocking(self, attributes)
+
+    monkeypatch.setattr(spools.Spool, "publish_blocking", slow_publication)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.2)
+        node = fs.tree.lookup(section, "log")
+        fs.tree.inodes.remember(node)
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            nursery.start_soon(publisher.run)
+            fh, _ = await fs.open(node.ino, os.O_WRONLY | os.O_APPEND)
+            await fs.write(fh, 4, b"two\n")
+            with pytest.raises(E.SyscallTimeout):
+                await fs.fsync(fh)  # the append's publication is not a plain put: published alone
+            store.set()
+            with trio.fail_after(10):
+                while publisher.published + publisher.failed == 0:
+                    await trio.sleep(0.01)
+            await fs.fsync(fh)
+            await fs.flush(fh)
+            await fs.release(fh)
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return publisher
+
+    publisher = trio.run(scenario)
+    assert (publisher.published, publisher.failed) == (1, 0)
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/log").entry
+    assert reading.read(root, entry) == b"one\ntwo\n"
+
+
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):
     body = random.Random(5).randbytes(40 * 64 * 1024 + 17)  # 41 blocks
     entry = namespace.put(root, "wb", "input/blob", body)
@@ -360,3 +478,88 @@ def test_a_file_renamed_there_and_back_is_two_changes_of_this_mount(root):
     invalidator.calls.clear()
     follower.poll()
     assert invalidator.calls == [] and not node.detached
+
+
+# --- memory spools ---------------------------------------------------------------------------------
+
+
+def _new_file(fs, name: str):
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    fs.tree.inodes.remember(section)
+    fh, attr = trio.run(fs.create, section.ino, name.encode(), 0o100644, os.O_RDWR | os.O_CREAT, 0, 0)
+    return fh, fs.tree.node(attr.st_ino).spool
+
+
+def _kernel_less(root):
+    workers = Workers()
+    return FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+
+
+@pytest.mark.skipif(spools.memory_spool_path("/") is None, reason="no tmpfs at /dev/shm")
+def test_a_small_files_spool_lives_in_memory_and_moves_to_disk_before_it_outgrows_it(root):
+    fs = _kernel_less(root)
+    fh, spool = _new_file(fs, "grows")
+    memory = spools.memory_spool_path(root.data_dir)
+    assert spool.in_memory and os.path.dirname(spool.path) == memory and os.path.exists(spool.sidecar)
+    assert [s.path for s in spools.scan(root.data_dir)] == [spool.path]  # `nokvfs spool list` sees it
+    head = b"h" * 1000
+    trio.run(fs.write, fh, 0, head)
+    name = os.path.basename(spool.path)
+    trio.run(fs.write, fh, spools.MEMORY_SPOOL_MAX, b"tail")  # past the memory limit
+    assert not spool.in_memory and spool.path == os.path.join(spools.spool_dir(root.data_dir), name)
+    assert os.path.exists(spool.sidecar) and not os.listdir(memory)
+    with open(spool.path, "rb") as f:
+        assert f.read() == head + bytes(spools.MEMORY_SPOOL_MAX - len(head)) + b"tail"
+    trio.run(fs.flush, fh)
+    trio.run(fs.release, fh)
+    from nokvfs.workspace import listing, reading
+
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/grows").entry
+    assert reading.read(root, entry) == head + bytes(spools.MEMORY_SPOOL_MAX - len(head)) + b"tail"
+    assert spools.scan(root.data_dir) == []
+
+
+@pytest.mark.skipif(spools.memory_spool_path("/") is None, reason="no tmpfs at /dev/shm")
+def test_a_kept_memory_spool_is_moved_to_disk_and_the_budget_sends_spools_there(root, monkeypatch):
+    fs = _kernel_less(root)
+    _, kept = _new_file(fs, "kept")
+    trio.run(fs.write, _, 0, b"unpublished")
+    kept.keep("a test keeps it")
+    (found,) = spools.scan(root.data_dir)
+    assert os.path.dirname(found.path) == spools.spool_dir(root.data_dir) and not found.live
+    assert found.record["state"] == spools.KEPT and open(found.path, "rb").read() == b"unpublished"
+    # Beyond the process's memory budget a growing spool goes to disk.
+    monkeypatch.setattr(spools, "MEMORY_SPOOL_BUDGET", spools._memory_held + 100)
+    fh_a, a = _new_file(fs, "a")
+    fh_b, b = _new_file(fs, "b")
+    trio.run(fs.write, fh_a, 0, b"x" * 60)
+    trio.run(fs.write, fh_b, 0, b"y" * 60)
+    assert a.in_memory and not b.in_memory
+    for fh in (fh_a, fh_b):
+        trio.run(fs.flush, fh)
+        trio.run(fs.release, fh)
+
+
+def test_memory_spools_stay_off_unless_their_directory_is_private(root, monkeypatch, tmp_path):
+    """Another user could make the directory first in the shared /dev/shm: a directory that is
+    not this user's alone (or no tmpfs at all) keeps spools on disk."""
+    shm = spools.memory_spool_path("/") and "/dev/shm"
+    if shm is None:
+        pytest.skip("no tmpfs at /dev/shm")
+    base = tempfile.mkdtemp(dir=shm)
+    try:
+        monkeypatch.setenv(spools.MEMORY_SPOOL_ENV, base)
+        spools._memory_dirs.clear()
+        os.mkdir(os.path.dirname(spools.memory_spool_path(root.data_dir)), 0o777)
+        os.chmod(os.path.dirname(spools.memory_spool_path(root.data_dir)), 0o777)
+        fh, spool = _new_file(_kernel_less(root), "shared")
+        assert not spool.in_memory and os.path.dirname(spool.path) == spools.spool_dir(root.data_dir)
+        monkeypatch.setenv(spools.MEMORY_SPOOL_ENV, str(tmp_path))  # not a tmpfs
+        spools._memory_dirs.clear()
+        assert spools.memory_spool_path(root.data_dir) is None
+        monkeypatch.setenv(spools.MEMORY_SPOOL_ENV, "")  # turned off
+        assert spools.memory_spool_path(root.data_dir) is None
+    finally:
+        spools._memory_dirs.clear()
+        shutil.rmtree(base, ignore_errors=True)

@@ -16,7 +16,7 @@ import tarfile
 
 import pytest
 
-from nokvfs.fs import writeback
+from nokvfs.fs import spools, writeback
 from tests.mount_fixtures import REPO, env, init_data_dir, mounted, needs_fuse, start_daemon, unmount, wait_mounted
 
 pytestmark = needs_fuse
@@ -171,6 +171,10 @@ def test_a_daemon_killed_before_publishing_is_replayed_at_the_next_mount(tmp_pat
     # What is left is only the spool of a file whose close was never acknowledged: kept.
     left = [json.load(open(p + ".json")) for p in glob.glob(os.path.join(data, "spool", "mount", "*.spool"))]
     assert all(r["state"] == "kept" and r["path"].split("/")[-1] not in accepted for r in left)
+    # The small files' spools were in memory (the journal held their bytes): the next mount
+    # restored them from the journal and left no memory copy behind.
+    memory = spools.memory_spool_path(data)
+    assert memory is None or not glob.glob(os.path.join(memory, "*.spool"))
 
 
 def test_fsync_reports_the_publication_error_and_the_conflict_is_kept(tmp_path):

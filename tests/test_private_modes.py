@@ -45,7 +45,7 @@ def open_umask():
 
 def test_init_put_get_and_gc_leave_only_private_entries(tmp_path, open_umask, capsysbinary, monkeypatch):
     data = str(tmp_path / "data")
-    assert main(["init", "--data-dir", data]) == 0
+    assert main(["init", "--cache-size", "64MiB", "--data-dir", data]) == 0  # a local store caches only when asked
     created = assert_private(data)
     assert {"nokvfs.json", "shard/data.mdb", "shard/lock.mdb", "control/data.mdb", "objects"} <= set(created)
     assert main(["workbench", "create", "wb", "--data-dir", data]) == 0

@@ -65,6 +65,7 @@ def test_negative_ranges_are_invalid(published):
         reading.read(root, found, 0, -4)
 
 
+@pytest.mark.block_cache
 @pytest.mark.damages_store("corrupts a block")
 def test_a_corrupt_block_is_integrity_error_and_returns_no_bytes(data_dir, published):
     root, found = published
@@ -105,6 +106,16 @@ def test_a_missing_block_is_object_missing(data_dir, published):
     assert reading.read(root, found, 0, BLOCK) == DATA[:BLOCK]
 
 
+def test_a_local_store_is_read_directly_without_a_block_cache(data_dir, published):
+    """A cache of a local store would be a second copy of its blocks on the same machine,
+    written at every first read: a local data directory has none unless init was asked for one."""
+    root, found = published
+    assert root.blocks.cache is None
+    assert reading.read(root, found) == DATA
+    assert not os.path.exists(os.path.join(data_dir, "cache"))
+
+
+@pytest.mark.block_cache
 def test_a_corrupt_cache_entry_is_dropped_and_refetched(data_dir, published):
     root, found = published
     assert reading.read(root, found) == DATA  # fills the cache
@@ -117,6 +128,7 @@ def test_a_corrupt_cache_entry_is_dropped_and_refetched(data_dir, published):
     assert root.blocks.cache.stats().corrupt_drops == 1
 
 
+@pytest.mark.block_cache
 @pytest.mark.damages_store("deletes blocks the cache still serves")
 def test_a_cached_block_survives_reopen(data_dir, root_holder):
     from nokvfs.workspace import workbench as wb

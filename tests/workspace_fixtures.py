@@ -43,10 +43,12 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture(name="data_dir")
-def data_dir_fixture(tmp_path):
-    """A fresh local data directory (local directory store, 4 KiB blocks)."""
+def data_dir_fixture(tmp_path, request):
+    """A fresh local data directory (local directory store, 4 KiB blocks); under
+    @pytest.mark.block_cache with a block cache, which a local store has only when asked for."""
     path = str(tmp_path / "data")
-    datadir.init(path, block_size=BLOCK)
+    cached = request.node.get_closest_marker("block_cache") is not None
+    datadir.init(path, block_size=BLOCK, **({"cache_bytes": 64 * 1024 * 1024} if cached else {}))
     return path
 
 

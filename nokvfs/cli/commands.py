@@ -125,7 +125,13 @@ def _register_init(subparsers) -> None:
     p.add_argument(
         "--block-size", metavar="SIZE", type=_size_arg, help="artifact block size (default 4MiB; 4KiB..1GiB)"
     )
-    p.add_argument("--cache-size", metavar="SIZE", type=_size_arg, help="block cache bound (default 512MiB)")
+    p.add_argument(
+        "--cache-size",
+        metavar="SIZE",
+        type=_size_arg,
+        help="bound of the block cache of blocks read from the store (default 512MiB for an s3:// store; "
+        "none for a local store, which is read directly)",
+    )
     p.add_argument(
         "--history-retention",
         metavar="N",

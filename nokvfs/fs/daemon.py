@@ -321,7 +321,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     from nokvfs.fs.views import LiveView
     from nokvfs.meters import Meters
     from nokvfs.objects.metered import MeteredStore
-    from nokvfs.workspace.datadir import open_root
+    from nokvfs.workspace.datadir import open_root, read_config
 
     started = time.monotonic()
     maintenance = None
@@ -354,7 +354,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
         read_only = True
     listeners = []
     try:
-        if root.blocks.cache is None:
+        if root.blocks.cache is None and read_config(data_dir).get("cache_bytes"):
             log.warning("the block cache of %s is held by another process: this mount reads uncached", data_dir)
         if not read_only:
             published, kept = writeback.replay(root, data_dir)
@@ -475,6 +475,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if replication is not None:
             replication.stop_blocking()  # the kernel has let go: nothing more can be written
         _remove_pid_file(data_dir, mountpoint)
+        spools.remove_memory_dir(data_dir)  # unless a spool is left there for the next mount
         cache = getattr(root.blocks, "cache", None)
         if cache is not None:
             cache.close()

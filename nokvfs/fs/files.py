@@ -277,20 +277,29 @@ class Files:
                 return
             await self.publish(handle.node, why="publication at fsync")
 
-    async def publish(self, node: Node, *, why: str, closing: bool = False) -> None:
-        """Publish the node's spool if it holds anything unpublished (bytes or attributes)."""
+    async def publish(self, node: Node, *, why: str, closing: bool = False, deadline: bool = True) -> None:
+        """Publish the node's spool if it holds anything unpublished (bytes or attributes);
+        within the syscall deadline unless `deadline` is False (the write-back publisher, which
+        no syscall waits on directly: its outcome must be the publication's own)."""
         spool = node.spool
         if spool is None:
             return
-        await self._holding(
-            f"{why} of {spool.describe()}", spool, self._publish_held, node, spool, why, closing, cheap=False
-        )
+        if deadline:
+            await self._holding(
+                f"{why} of {spool.describe()}", spool, self._publish_held, node, spool, why, closing, cheap=False
+            )
+        else:
+            async with spool.locked():
+                await self._publish_held(node, spool, why, closing)
         if self.ship is not None:
             # --sync: close(2) returns once the increment holding the publication is in the
             # bucket (an error here leaves it published on this machine, shipped later).
             lsn = self.root.shard.recovery_tail.applied_lsn
             timeout = self.workers.syscall_timeout
-            await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
+            if deadline:
+                await self.workers.bounded(f"shipping {spool.describe()}", self.workers.run, self.ship, lsn, timeout)
+            else:
+                await self.workers.run(self.ship, lsn, timeout)
 
     async def _publish_held(self, node: Node, spool: Spool, why: str, closing: bool) -> None:
         """(spool locked) Publish what the spool holds unpublished, if anything."""

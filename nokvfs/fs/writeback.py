@@ -45,7 +45,7 @@ import trio
 import xxhash
 
 from nokvfs import filemodes
-from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
+from nokvfs.errors import CorruptRecord, GenerationConflict, SyscallTimeout, UnknownVersion
 from nokvfs.fs import spools
 from nokvfs.schema.ids import new_id16
 from nokvfs.workspace import publish
@@ -67,7 +67,8 @@ log = logging.getLogger(__name__)
 JOURNAL_MAGIC = b"NKWB"
 JOURNAL_VERSION = 1
 ACCEPTED, PUBLISHED = 1, 2
-INLINE_MAX = 256 * 1024
+# A memory spool (nokvfs.fs.spools) is never larger: its bytes always travel in the journal.
+INLINE_MAX = spools.MEMORY_SPOOL_MAX
 _HEAD = struct.Struct(">4sBBI")
 _BODY = struct.Struct(">BQ")
 _SUM = struct.Struct(">Q")
@@ -182,6 +183,7 @@ def restore_journals(data_dir: str) -> int:
                 continue  # published and dropped; its published record did not reach the disk
             record = {k: v for k, v in meta.items() if k != "spool"}
             spools._atomic_json(spool_path + ".json", record, durable=True)
+            spools.forget_memory_copy(data_dir, spool_name)  # superseded by the journal's bytes
             restored += 1
         os.unlink(path)
     return restored
@@ -258,25 +260,24 @@ class Publisher:
             if self._room.is_set():
                 self._room = trio.Event()
             await self._room.wait()
+        await files.workers.bounded_holding(
+            f"acceptance of {spool.describe()}", spool.lock, self._accept_held, node, spool, inline=spool.path is None
+        )
+
+    async def _accept_held(self, node, spool) -> None:
+        """(spool locked, by the work: a close that gave up waiting leaves the lock held until the
+        acceptance ends, so no write lands while its record is taken, and the journal record and
+        the queue always agree) Record the acceptance in the journal and queue the spool."""
+        if spool.orphaned or node.spool is not spool or (not spool.dirty and not spool.attributes):
+            return
         self._accepting += 1
         try:
-            async with spool.locked():
-                if not spool.dirty and not spool.attributes:
-                    return
-                if spool.path is None:
-                    pass  # attributes only, nothing in a file: the publication applies them
-                else:
-                    record = spool.pending_record(files.attributes_to_publish(node, spool))
-                    record["spool"] = os.path.basename(spool.path)
-                    async with self._journal_lock:
-                        await files.workers.bounded(
-                            f"acceptance of {spool.describe()}",
-                            files.workers.run,
-                            self._record_acceptance,
-                            spool,
-                            record,
-                        )
-                    self._journal_names[spool] = record["spool"]
+            if spool.path is not None:  # else attributes only, nothing in a file: the publication applies them
+                record = spool.pending_record(self.files.attributes_to_publish(node, spool))
+                record["spool"] = os.path.basename(spool.path)
+                async with self._journal_lock:
+                    await self.files.workers.run(self._record_acceptance, spool, record)
+                self._journal_names[spool] = record["spool"]
             if spool not in self._queue:
                 self._queue[spool] = node
                 self._done[spool] = trio.Event()
@@ -317,7 +318,15 @@ class Publisher:
             return
         if spool not in self._queue:
             await self.accept(node)
-        await self.settled(spool)
+        timeout = self.files.workers.syscall_timeout
+        with trio.move_on_after(timeout) as waiting:
+            await self.settled(spool)
+        if waiting.cancelled_caught:  # still queued or publishing: the publication goes on
+            self.files.workers.timeouts += 1
+            raise SyscallTimeout(
+                f"the write-back publication of {spool.describe()} did not finish within {timeout:g} s "
+                "(it goes on in the background; fsync again to wait for it)"
+            )
         error = self._outcome.get(spool)
         if error is not None:
             raise error
@@ -396,7 +405,7 @@ class Publisher:
             spool, node = head[0]
             error = None
             try:
-                await files.publish(node, why="write-back publication", closing=_closing(spool))
+                await files.publish(node, why="write-back publication", closing=_closing(spool), deadline=False)
             except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
                 error = exc
             group, errors = [(spool, node)], [error]

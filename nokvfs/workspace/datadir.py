@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 
 CONFIG_NAME = "nokvfs.json"
 CONFIG_FORMAT = 1
+# The block cache keeps verified copies of blocks read from a remote (S3) store. A local store
+# is read directly: a cache would be a second copy of the same bytes on the same machine, written
+# again at every first read (`nokvfs init --cache-size` still asks for one).
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+DEFAULT_LOCAL_CACHE_BYTES = 0
 # Nothing reads History beyond the holds (snapshots, commit builds, restores) and the change
 # feed's visibility, which pruning keeps; a longer retention is for diagnostics only.
 DEFAULT_HISTORY_RETENTION = 0
@@ -65,7 +69,7 @@ def init(
     endpoint_url: str | None = None,
     region: str | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    cache_bytes: int | None = None,
     history_retention: int = DEFAULT_HISTORY_RETENTION,
     store_options: dict | None = None,
     retention: RetentionSettings | None = None,
@@ -79,6 +83,10 @@ def init(
     _check_retention(history_retention)
     filemodes.makedirs(data_dir)
     store = store or "file://" + os.path.join(data_dir, "objects")
+    if cache_bytes is None:
+        cache_bytes = DEFAULT_CACHE_BYTES if store.startswith("s3://") else DEFAULT_LOCAL_CACHE_BYTES
+    if cache_bytes < 0:
+        raise InvalidInput("the block cache size must not be negative")
     store_options = _check_store_options(store, store_options)
     os.makedirs(data_dir, exist_ok=True)
     from nokvfs.objects.store import open_store
@@ -271,10 +279,9 @@ def open_root(
             object_store = replica.ReadOnlyStore(object_store, role)
         if store_wrapper is not None:  # a mount times its store calls (nokvfs.objects.metered)
             object_store = store_wrapper(object_store)
+        cache_bytes = int(config.get("cache_bytes", DEFAULT_CACHE_BYTES))
         try:
-            cache = BlockCache(
-                os.path.join(data_dir, "cache"), max_bytes=int(config.get("cache_bytes", DEFAULT_CACHE_BYTES))
-            )
+            cache = BlockCache(os.path.join(data_dir, "cache"), max_bytes=cache_bytes) if cache_bytes else None
         except StoreError as exc:
             # One process owns the cache directory at a time (a live mount usually does): a second
             # process (a CLI put/get next to the mount) reads through the store uncached instead
