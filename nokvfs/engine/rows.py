@@ -50,8 +50,9 @@ _hash = xxhash.xxh3_64_digest
 # rewritten in place when its references or state change: its last 33 bytes (state, reference
 # epoch and count, last-zero version, created version: fixed width) stay raw, so a rewrite keeps
 # the row's size and does not split the full page its creation was appended to (a wholly
-# deflated row grew by a few bytes there: more pages, not fewer).
-DEFLATED_TREES = {"operation": 0, "artifact_manifest": 0, "artifact_revision": 33}
+# deflated row grew by a few bytes there: more pages, not fewer). Operation rows use fixed
+# Huffman codes: opening a root scans them all (compression.deflate_row).
+DEFLATED_TREES = {"operation": (0, True), "artifact_manifest": (0, False), "artifact_revision": (33, False)}
 
 
 def _tree_prefix(name: str) -> bytes:
@@ -70,10 +71,10 @@ def checksum(tree: str, key: bytes, value: bytes) -> bytes:
 
 def seal(tree: str, key: bytes, value: bytes) -> bytes:
     """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller)."""
-    tail = DEFLATED_TREES.get(tree)
+    tail, fixed = DEFLATED_TREES.get(tree, (None, False))
     if tail is not None and len(value) > tail:
         head = value[: len(value) - tail]
-        deflated = compression.deflate_row(head)
+        deflated = compression.deflate_row(head, fixed=fixed)
         if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
             body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
             return _DEFLATED + checksum(tree, key, body) + body
