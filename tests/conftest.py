@@ -98,6 +98,15 @@ def sigkill_once_ready(target, args, *, delay: float = 0.0, timeout: float = 60.
 
 
 @pytest.fixture
+def format_2_records(monkeypatch):
+    """Outbox records written as before format 3 (a StoredOutboxHeader and its chunk rows, never
+    one InlineOutboxRecord): request it before shard_env so the shard's first records are too."""
+    from nokvfs.engine import outbox
+
+    monkeypatch.setattr(outbox, "INLINE_BYTES", -1)
+
+
+@pytest.fixture
 def shard_env(tmp_path):
     env = make_shard_env(tmp_path)
     yield env

@@ -195,7 +195,7 @@ def _rewrite_outbox(path, key, value):
 
 
 @pytest.mark.parametrize("target", ["header-digest", "chunk-byte", "missing-chunk", "orphan-chunk", "gap"])
-def test_a_broken_outbox_refuses_to_open_saying_where(shard_env, target):
+def test_a_broken_outbox_refuses_to_open_saying_where(format_2_records, shard_env, target):
     for i in range(3):
         shard_env.apply(mutations=[Put("path_current", bytes([i]) * 16, b"\x02v")])
     shard_env.shard.close()

@@ -13,7 +13,7 @@ import pytest
 from nokvfs.engine import outbox, rows
 from nokvfs.engine.command import Put
 from nokvfs.engine.compression import DICTIONARY_1
-from nokvfs.engine.records import OutboxChunk, OutboxDeflatedChunk, StoredOutboxHeader
+from nokvfs.engine.records import InlineOutboxRecord, OutboxChunk, OutboxDeflatedChunk, StoredOutboxHeader
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import OutboxCorrupt
 from nokvfs.schema.enums import OutboxPayloadEncoding, OutboxRecordKind
@@ -29,7 +29,7 @@ def test_the_preset_dictionary_never_changes():
     )
 
 
-def test_a_small_record_is_a_raw_header_and_one_chunk_right_after_it():
+def test_a_small_record_is_a_raw_header_and_one_chunk_right_after_it(format_2_records):
     previous = b"\x11" * 32
     framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, b"abc", previous)
     assert digest == outbox.chain_digest(previous, 5, OutboxRecordKind.MetadataCommand, 7, b"abc")
@@ -43,7 +43,7 @@ def test_a_small_record_is_a_raw_header_and_one_chunk_right_after_it():
     ]
 
 
-def test_a_larger_record_is_deflated_with_the_preset_dictionary():
+def test_a_larger_record_is_deflated_with_the_preset_dictionary(format_2_records):
     payload = bytes(range(256)) * 2 + DICTIONARY_1[:300]
     framed, _ = outbox.frame(1, OutboxRecordKind.MetadataCommand, 1, payload, b"\0" * 32)
     header = StoredOutboxHeader.decode(framed[0][1])
@@ -85,7 +85,7 @@ def _keys(shard):
         return [k for k, _ in txn.cursor(shard._dbs[TREE])]
 
 
-def test_a_store_written_before_header_format_2_opens_reads_grows_and_truncates(shard_env):
+def test_a_store_written_before_header_format_2_opens_reads_grows_and_truncates(format_2_records, shard_env):
     _commands(shard_env, 6)
     tail = shard_env.shard.recovery_tail
     before = _as_version_1(shard_env.shard, tail.applied_lsn)
@@ -128,14 +128,15 @@ def _stored(shard, key):
         return rows.unseal(TREE, key, txn.get(key, db=shard._dbs[TREE]))
 
 
-def test_an_unknown_header_version_or_encoding_refuses_to_open(shard_env):
+def test_an_unknown_header_version_or_encoding_refuses_to_open(format_2_records, shard_env):
     _commands(shard_env, 2)
     lsn = shard_env.shard.recovery_tail.applied_lsn
     good = _stored(shard_env.shard, outbox.header_key(lsn))
     # The second record is stored against the first (format 2, DeflatePrevious).
     assert good[0] == 2 and good[54] == OutboxPayloadEncoding.DeflatePrevious
     shard_env.shard.close()
-    for patched, why in ((b"\x03" + good[1:], "version 3"), (good[:54] + b"\x09" + good[55:], "OutboxPayloadEncoding")):
+    # Version 3 is InlineOutboxRecord (format 3): 4 is the first unknown version.
+    for patched, why in ((b"\x04" + good[1:], "version 4"), (good[:54] + b"\x09" + good[55:], "OutboxPayloadEncoding")):
         _rewrite(shard_env.path, outbox.header_key(lsn), patched)
         with pytest.raises(OutboxCorrupt, match=why):
             Shard.open(shard_env.path)
@@ -143,7 +144,7 @@ def test_an_unknown_header_version_or_encoding_refuses_to_open(shard_env):
     shard_env.shard = Shard.open(shard_env.path, verify=True)
 
 
-def test_a_format_2_record_whose_chunk_is_a_version_1_deflated_chunk_is_corrupt(shard_env):
+def test_a_format_2_record_whose_chunk_is_a_version_1_deflated_chunk_is_corrupt(format_2_records, shard_env):
     _commands(shard_env, 2)
     lsn = shard_env.shard.recovery_tail.applied_lsn
     good = _stored(shard_env.shard, outbox.chunk_key(lsn, 0))
@@ -170,7 +171,7 @@ def test_outbox_rows_are_appended_so_their_pages_fill_up(shard_env):
 # --- DeflatePrevious: a record stored against the payload of the record before it --------------
 
 
-def test_a_record_is_stored_against_the_records_before_it_in_its_block_when_that_is_smaller():
+def test_a_record_is_stored_against_the_records_before_it_in_its_block_when_that_is_smaller(format_2_records):
     window = [b"\x02" + bytes(range(200)), b"operation" * 20, b"\x02 and more"]
     payload = b"\x02" + bytes(range(200)) + b"operation" * 20 + b"and a little more"
     assert outbox.window_start(5) == 2 and outbox.window_start(17) == 16 and outbox.window_start(32) == 32
@@ -284,3 +285,124 @@ def test_a_record_written_in_a_transaction_that_aborted_never_primes_the_next(sh
     assert _encodings(shard)[shard.recovery_tail.applied_lsn] == OutboxPayloadEncoding.DeflatePrevious
     shard = shard_env.reopen(verify=True)
     assert [e.lsn for e in shard.outbox_entries()] == list(range(1, shard.recovery_tail.applied_lsn + 1))
+
+
+# --- format 3: a record whose stored payload fits one chunk is one row --------------------------
+
+
+def test_a_small_record_is_one_inline_row():
+    previous = b"\x11" * 32
+    framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, b"abc", previous)
+    assert digest == outbox.chain_digest(previous, 5, OutboxRecordKind.MetadataCommand, 7, b"abc")
+    check = hashlib.sha256(b"abc").hexdigest()[:16]
+    # u8 version 3 | u8 kind | u64 commit version | u64 payload length | 8 first bytes of the
+    # payload's SHA-256 | u8 encoding | 32 chain digest | u32 length | stored payload
+    assert [(k.hex(), v.hex()) for k, v in framed] == [
+        (
+            "000000000000000005",
+            "03" + "01" + "0000000000000007" + "0000000000000003" + check + "01" + digest.hex() + "00000003" + "616263",
+        )
+    ]
+    record = InlineOutboxRecord.decode(framed[0][1])
+    assert record.chunk_count == 0 and outbox.stored_payload(5, record, []) == b"abc"
+
+
+def test_inline_records_keep_the_encodings_and_rebuild_the_format_2_logical_header():
+    payload = b"\x02" + bytes(range(200)) + b"operation" * 20 + b"and a little more"
+    window = [b"\x02" + bytes(range(200)), b"operation" * 20, b"\x02 and more"]
+    for previous, encoding in (
+        (None, OutboxPayloadEncoding.DeflatePreset1),
+        (window, OutboxPayloadEncoding.DeflatePrevious),
+    ):
+        framed, digest = outbox.frame(5, OutboxRecordKind.MetadataCommand, 7, payload, b"\x11" * 32, previous)
+        (key, value), *rest = framed
+        record = InlineOutboxRecord.decode(value)
+        assert not rest and record.encoding == encoding and len(record.stored) < len(payload)
+        entry, chain = outbox.assemble(5, record, [], b"\x11" * 32, previous)
+        assert entry.payload == payload and chain == digest
+        # The logical header (what packs ship) is the one a format 2 record of one chunk gives.
+        assert entry.header == outbox.OutboxHeader(
+            OutboxRecordKind.MetadataCommand, 7, 1, len(payload), hashlib.sha256(payload).digest(), b"\x11" * 32, digest
+        )
+        assert outbox.needs_previous(record) == (encoding == OutboxPayloadEncoding.DeflatePrevious)
+
+
+def test_format_2_and_format_3_records_in_one_store_open_read_ship_and_truncate(
+    format_2_records, shard_env, monkeypatch
+):
+    _commands(shard_env, 10)
+    shard = shard_env.shard
+    format_2 = shard.recovery_tail.applied_lsn
+    monkeypatch.setattr(outbox, "INLINE_BYTES", outbox.OUTBOX_CHUNK_BYTES)  # this nokvfs from here on
+    _commands(shard_env, 10, start=10)
+    written = list(shard.outbox_entries())
+    with shard._env.begin() as txn:
+        db = shard._dbs[TREE]
+        versions = [outbox.read_header(txn, db, e.lsn).VERSION for e in written]
+        chunk_rows = [k for k, _ in txn.cursor(db) if len(k) == 13]
+    assert versions == [2] * format_2 + [3] * (len(written) - format_2)
+    assert len(chunk_rows) == format_2  # one chunk row per format 2 record, none for format 3
+    assert {e.header.chunk_count for e in written} == {1}
+    shard = shard_env.reopen(verify=True)  # the whole chain, verified across both formats
+    assert list(shard.outbox_entries()) == written
+    for start in (0, format_2 - 1, format_2, format_2 + 3):
+        assert shard.outbox_after(start)[1] == written[start:]
+    # Truncation across the boundary stores the first kept record alone, as one row.
+    shard.truncate_outbox(owner_epoch=shard.owner_epoch, through_lsn=format_2 + 1)
+    shard = shard_env.reopen(verify=True)
+    assert shard.outbox_after(format_2 + 1)[1][: len(written) - format_2 - 1] == written[format_2 + 1 :]
+    with shard._env.begin() as txn:
+        assert not [k for k, _ in txn.cursor(shard._dbs[TREE]) if len(k) == 13]
+
+
+def test_a_record_longer_than_one_chunk_is_still_a_header_and_its_chunks(shard_env, monkeypatch):
+    monkeypatch.setattr(outbox, "INLINE_BYTES", 40)
+    monkeypatch.setattr(outbox, "OUTBOX_CHUNK_BYTES", 40)
+    _commands(shard_env, 6)
+    shard = shard_env.reopen(verify=True)
+    with shard._env.begin() as txn:
+        db = shard._dbs[TREE]
+        versions = {outbox.read_header(txn, db, lsn).VERSION for lsn in range(1, shard.recovery_tail.applied_lsn + 1)}
+    assert versions == {2, 3}
+    assert len(list(shard.outbox_entries())) == shard.recovery_tail.applied_lsn
+
+
+def test_a_damaged_inline_record_refuses_to_open_saying_where(shard_env):
+    _commands(shard_env, 3)
+    lsn = shard_env.shard.recovery_tail.applied_lsn
+    good = _stored(shard_env.shard, outbox.header_key(lsn))
+    assert good[0] == 3
+    shard_env.shard.close()
+    for patched, why in (
+        (b"\x04" + good[1:], "version 4"),
+        (good[:20] + bytes([good[20] ^ 1]) + good[21:], f"record {lsn}: payload SHA-256"),
+        (good[:-1] + bytes([good[-1] ^ 1]), f"record {lsn}"),
+        (good + b"\x00", "trailing"),
+    ):
+        _rewrite(shard_env.path, outbox.header_key(lsn), patched)
+        with pytest.raises(OutboxCorrupt, match=why):
+            Shard.open(shard_env.path)
+    _rewrite(shard_env.path, outbox.header_key(lsn), good)
+    # A chunk row after an inline record is an orphan.
+    _rewrite(shard_env.path, outbox.chunk_key(lsn - 1, 0), OutboxChunk(b"x").encode())
+    with pytest.raises(OutboxCorrupt, match="orphan outbox chunk"):
+        Shard.open(shard_env.path)
+    env = lmdb.open(shard_env.path, max_dbs=64, subdir=True)
+    with env.begin(write=True) as txn:
+        txn.delete(outbox.chunk_key(lsn - 1, 0), db=env.open_db(TREE.encode(), txn=txn, create=False))
+    env.close()
+    shard_env.shard = Shard.open(shard_env.path, verify=True)
+
+
+def test_shipping_refuses_a_damaged_inline_record(shard_env):
+    _commands(shard_env, 4)
+    shard = shard_env.shard
+    lsn = shard.recovery_tail.applied_lsn - 1
+    good = _stored(shard, outbox.header_key(lsn))
+    with shard._env.begin(write=True) as txn:
+        rows.put(txn, shard._dbs[TREE], TREE, outbox.header_key(lsn), good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(OutboxCorrupt, match=f"record {lsn}"):
+        shard.outbox_after(lsn - 1)
+    with shard._env.begin(write=True) as txn:
+        rows.put(txn, shard._dbs[TREE], TREE, outbox.header_key(lsn), good)
+    assert [e.lsn for e in shard.outbox_after(lsn - 1)[1]] == [lsn, lsn + 1]

@@ -59,6 +59,13 @@ GOLDEN = {
         "02040000000000000006000000010000000000000028" + "c3" * 32 + "02" + "e5" * 32,
         (1, 54),
     ),
+    E.InlineOutboxRecord: (
+        E.InlineOutboxRecord(
+            OutboxRecordKind.HistoryPrune, 6, 40, C32[:8], OutboxPayloadEncoding.DeflatePrevious, E32, b"k"
+        ),
+        "0304" + "0000000000000006" + "0000000000000028" + "c3" * 8 + "03" + "e5" * 32 + K_HEX,
+        (1, 26),
+    ),
     E.OutboxChunk: (E.OutboxChunk(b"k"), "01" + K_HEX, ()),
     E.OutboxDeflatedChunk: (E.OutboxDeflatedChunk(b"k"), "02" + K_HEX, ()),
     E.RetentionFloors: (

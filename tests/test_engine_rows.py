@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 
+import lmdb
 import pytest
 import xxhash
 
-from nokvfs.engine import rows
+from nokvfs.engine import compression, rows
+from nokvfs.engine.command import Put, ValueEquals
 from nokvfs.engine.meta import CommitWitness, check_meta_pages
 from nokvfs.engine.shard import Shard
 from nokvfs.errors import RowCorrupt, ShardCorrupt
@@ -32,7 +35,9 @@ def test_golden_bytes_of_a_sealed_row():
 @pytest.mark.parametrize(
     "stored, why",
     [
-        (bytes([2]) + rows.seal("path_current", KEY, VALUE)[1:], "unknown row envelope version 2"),
+        (bytes([3]) + rows.seal("path_current", KEY, VALUE)[1:], "unknown row envelope version 3"),
+        # Version 2 is the deflated envelope: a plain value under it does not inflate.
+        (bytes([2]) + rows.seal("path_current", KEY, VALUE)[1:], "deflated value that does not inflate"),
         (bytes([0]) + rows.seal("path_current", KEY, VALUE)[1:], "unknown row envelope version 0"),
         (rows.seal("path_current", KEY, VALUE)[:8], "shorter than the row envelope"),
         (b"", "shorter than the row envelope"),
@@ -41,7 +46,17 @@ def test_golden_bytes_of_a_sealed_row():
         (rows.seal("path_current", b"\x01" * 16 + b"j", VALUE), "checksum"),  # moved from another key
         (rows.seal("artifact_revision", KEY, VALUE), "checksum"),  # moved from another tree
     ],
-    ids=["version-2", "version-0", "truncated", "empty", "short-value", "long-value", "other-key", "other-tree"],
+    ids=[
+        "version-3",
+        "version-2-not-deflated",
+        "version-0",
+        "truncated",
+        "empty",
+        "short-value",
+        "long-value",
+        "other-key",
+        "other-tree",
+    ],
 )
 def test_an_unknown_version_a_changed_length_or_a_moved_row_is_row_corrupt(stored, why):
     with pytest.raises(RowCorrupt, match=why) as caught:
@@ -49,14 +64,112 @@ def test_an_unknown_version_a_changed_length_or_a_moved_row_is_row_corrupt(store
     assert (caught.value.tree, caught.value.key) == ("path_current", KEY)
 
 
-def test_every_single_bit_flip_of_a_sealed_row_is_caught():
-    stored = rows.seal("path_current", KEY, VALUE)
+# An Operation row as a publish leaves it: long enough, and repetitive enough, to be deflated.
+OPERATION_KEY = b"\x01" * 16 + b"\x01" + b"\x02" * 16
+OPERATION_VALUE = b"\x02" + (b"sha256:" + b"ab" * 32) * 3 + b"application/octet-stream" + bytes(40)
+
+
+def test_golden_bytes_of_a_deflated_row():
+    # u8 envelope version 2 | u64 xxh3-64 of u8 len(tree) | tree | u32 len(key) | key | body, the
+    # body being u32 len(value) | u8 len(raw tail) (0 for an Operation) | the value deflated with
+    # compression.DICTIONARY_1 (level 6, an 8 KiB window, memory level 4, fixed Huffman codes for
+    # Operation rows)
+    stored = rows.seal("operation", OPERATION_KEY, OPERATION_VALUE)
+    body = struct.pack(">IB", len(OPERATION_VALUE), 0) + compression.deflate_row(OPERATION_VALUE, fixed=True)
+    expected = xxhash.xxh3_64_digest(b"\x09operation" + struct.pack(">I", len(OPERATION_KEY)) + OPERATION_KEY + body)
+    assert stored == b"\x02" + expected + body
+    assert stored.hex() == GOLDEN_DEFLATED_ROW
+    # RFC 1950 header 0x5828: deflate with a 2^13-byte window, FDICT set; DICTIONARY_1's Adler-32 next.
+    assert body[5:7] == b"\x58\x28" and body[7:11] == zlib.adler32(compression.DICTIONARY_1).to_bytes(4, "big")
+    assert len(stored) < len(rows.seal("path_current", OPERATION_KEY, OPERATION_VALUE))
+    assert rows.unseal("operation", OPERATION_KEY, stored) == OPERATION_VALUE
+
+
+GOLDEN_DEFLATED_ROW = "02a46fd99218be31bf0000011600582875233b996382ba2931893238b88c219463090100ca7858f7"
+
+
+def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
+    # An ArtifactRevision's last 33 bytes (state, reference epoch, count, last-zero version,
+    # created version) stay raw after the stream: rewriting them in place keeps the row's size.
+    value = OPERATION_VALUE[:-33] + bytes(range(33))
+    stored = rows.seal("artifact_revision", OPERATION_KEY, value)
+    body = struct.pack(">IB", len(value), 33) + compression.deflate_row(value[:-33]) + bytes(range(33))
+    assert stored == b"\x02" + rows.checksum("artifact_revision", OPERATION_KEY, body) + body
+    assert stored[:14].hex() == "028a0808f5a26c11e1" + "00000116" + "21"
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value
+    changed = value[:-33] + bytes(33)
+    assert len(rows.seal("artifact_revision", OPERATION_KEY, changed)) == len(stored)
+    assert (
+        rows.unseal("artifact_revision", OPERATION_KEY, rows.seal("artifact_revision", OPERATION_KEY, changed))
+        == changed
+    )
+
+
+def test_only_the_deflated_trees_and_only_when_smaller():
+    assert "path_current" not in rows.DEFLATED_TREES
+    assert rows.seal("path_current", OPERATION_KEY, OPERATION_VALUE)[0] == 1
+    short = b"\x02" + bytes(40)  # too short to be worth deflating
+    assert (
+        rows.seal("operation", OPERATION_KEY, short)
+        == b"\x01" + rows.checksum("operation", OPERATION_KEY, short) + short
+    )
+    assert rows.seal("operation", OPERATION_KEY, b"")[0] == 1
+    noise = os.urandom(400)  # does not deflate smaller
+    assert rows.seal("operation", OPERATION_KEY, noise)[0] == 1
+    assert rows.unseal("operation", OPERATION_KEY, rows.seal("operation", OPERATION_KEY, noise)) == noise
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (lambda s: s[:9] + struct.pack(">I", len(OPERATION_VALUE) + 1) + s[13:], "checksum"),
+        (lambda s: s[:9] + s[9:11], "checksum"),
+    ],
+    ids=["length", "truncated"],
+)
+def test_a_damaged_deflated_row_is_row_corrupt(change, why):
+    stored = rows.seal("operation", OPERATION_KEY, OPERATION_VALUE)
+    with pytest.raises(RowCorrupt, match=why):
+        rows.unseal("operation", OPERATION_KEY, change(stored))
+
+
+def test_a_deflated_row_whose_stream_or_length_lies_is_row_corrupt_even_with_a_valid_checksum():
+    # Only a writer that computes the checksum can make these: the inflation still refuses them.
+    def sealed(body: bytes) -> bytes:
+        return b"\x02" + rows.checksum("operation", OPERATION_KEY, body) + body
+
+    stream = compression.deflate_row(OPERATION_VALUE)
+    length = len(OPERATION_VALUE)
+    for body, why in [
+        (struct.pack(">IB", length - 1, 0) + stream, "does not inflate"),
+        (struct.pack(">IB", length + 1, 0) + stream, "does not inflate"),
+        (struct.pack(">IB", length, 0) + stream[:-3], "does not inflate"),
+        (struct.pack(">IB", length, 0) + stream + b"\x00", "does not inflate"),
+        # A 32 KiB-window stream (compression.deflate's): rows are inflated with an 8 KiB window.
+        (struct.pack(">IB", length, 0) + compression.deflate(OPERATION_VALUE), "does not inflate"),
+        (struct.pack(">IB", length, 1) + stream, "does not inflate"),  # the stream's last byte taken as the tail
+        (struct.pack(">IB", 2, 3) + b"abc", "raw tail is longer"),
+        (struct.pack(">IB", length, 200) + stream[:10], "raw tail is longer"),
+        (b"\x00\x00\x00\x01", "shorter than its length"),
+    ]:
+        with pytest.raises(RowCorrupt, match=why):
+            rows.unseal("operation", OPERATION_KEY, sealed(body))
+
+
+@pytest.mark.parametrize(
+    "tree, key, value, envelope",
+    [("path_current", KEY, VALUE, 1), ("operation", OPERATION_KEY, OPERATION_VALUE, 2)],
+    ids=["plain", "deflated"],
+)
+def test_every_single_bit_flip_of_a_sealed_row_is_caught(tree, key, value, envelope):
+    stored = rows.seal(tree, key, value)
+    assert stored[0] == envelope
     for offset in range(len(stored)):
         for bit in range(8):
             damaged = bytearray(stored)
             damaged[offset] ^= 1 << bit
             with pytest.raises(RowCorrupt):
-                rows.unseal("path_current", KEY, bytes(damaged))
+                rows.unseal(tree, key, bytes(damaged))
 
 
 def _meta_shard(tmp_path):
@@ -129,3 +242,32 @@ def test_the_commit_witness_golden_bytes_and_what_it_ignores(tmp_path):
         f.write(b"\xff")  # a damaged witness is ignored, never a false alarm
     assert witness.read() is None
     witness.check(0)
+
+
+def test_deflated_rows_and_plain_rows_of_the_same_tree_read_after_reopen(shard_env):
+    # A store written before the deflated envelope holds plain rows in the deflated trees: they
+    # still read, beside the deflated rows written since, after a reopen, and full verification
+    # (state digests over the values themselves) passes.
+    deflated_key, plain_key = b"\x11" * 16 + b"new", b"\x11" * 16 + b"old"
+    shard_env.apply(mutations=[Put("operation", deflated_key, OPERATION_VALUE)])
+    shard_env.apply(mutations=[Put("operation", plain_key, OPERATION_VALUE + b"!")])
+    shard_env.shard.close()
+    env = lmdb.open(shard_env.path, max_dbs=64, subdir=True)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"operation", txn=txn, create=False)
+        assert txn.get(deflated_key, db=db)[0] == 2
+        # As the nokvfs before the deflated envelope stored it.
+        value = OPERATION_VALUE + b"!"
+        txn.put(plain_key, b"\x01" + rows.checksum("operation", plain_key, value) + value, db=db)
+    env.close()
+    shard_env.shard = Shard.open(shard_env.path, verify=True)
+    with shard_env.shard.read() as view:
+        assert view.get("operation", deflated_key) == OPERATION_VALUE
+        assert view.get("operation", plain_key) == OPERATION_VALUE + b"!"
+    # A predicate compares the value, whichever envelope holds it.
+    shard_env.apply(
+        predicates=[ValueEquals("operation", plain_key, OPERATION_VALUE + b"!")],
+        mutations=[Put("operation", plain_key, OPERATION_VALUE + b"?")],
+    )
+    with shard_env.shard.read() as view:
+        assert view.get("operation", plain_key) == OPERATION_VALUE + b"?"

@@ -347,8 +347,8 @@ def test_outbox_chain(root):
     # (Sealed in a valid row envelope, so the chain itself is what must catch it.)
     env, db = root.shard._env, root.shard._dbs["recovery_outbox"]
     with env.begin(write=True) as txn:
-        # The first chunk row (0x00 | lsn | index, right after its header).
-        key, raw = next((k, v) for k, v in txn.cursor(db) if len(k) == 13)
+        # The first record (0x00 | lsn: one InlineOutboxRecord row, its stored payload last).
+        key, raw = next((k, v) for k, v in txn.cursor(db) if len(k) == 9)
         value = bytearray(envelope.unseal("recovery_outbox", key, raw))
         value[-1] ^= 0x01
         txn.put(key, envelope.seal("recovery_outbox", key, bytes(value)), db=db)

@@ -3,6 +3,7 @@ ArtifactRevision, manifest, GcCandidate or GcOperation rows, nor any History row
 
 from __future__ import annotations
 
+from nokvfs.engine import history, rows
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.schema import keys
 from nokvfs.schema.enums import OperationKind, RevisionState
@@ -19,9 +20,18 @@ def open_with(tmp_path, **retention):
 
 
 def raw_trees(root) -> dict:
+    """Every (key, value) of every tree, the values as stored rows hold them: out of their
+    envelope (a deflated Operation, manifest or revision row inflated) and, for History, the
+    previous value itself (deflated History values inflated), so an id inside is found."""
     shard = root.shard
+    trees = {}
     with shard._env.begin() as txn:
-        return {name: list(txn.cursor(db).iternext()) for name, db in shard._dbs.items()}
+        for name, db in shard._dbs.items():
+            items = [(key, rows.unseal(name, key, stored)) for key, stored in txn.cursor(db).iternext()]
+            if name == "history":
+                items = [(key, history.decode_value(value) or b"") for key, value in items]
+            trees[name] = items
+    return trees
 
 
 def rows_naming(root, revision_ids) -> list:

@@ -59,7 +59,7 @@ def pristine(tmp_path_factory) -> Pristine:
         before_replace = root.shard.commit_version
         namespace.put(root, "w", "outputs/f3", NEW_F3)
         namespace.put(root, "w", "outputs/gone", b"removed below")
-        namespace.remove(root, "w", "outputs/gone")  # the last command: its outbox chunk is a target
+        namespace.remove(root, "w", "outputs/gone")  # the last command: its outbox record is a target
         with root.read() as view:
             _, wbk = workbench.visible(view, root.root_id, "w")
             path_key = keys.path_current_key(root.root_id, wbk.incarnation_id, ("outputs", "f3"))
@@ -85,7 +85,8 @@ def pristine(tmp_path_factory) -> Pristine:
             "PathCurrent": ("path_current", path_key),
             "ArtifactRevision": ("artifact_revision", revision_key),
             "History": ("history", history_key),
-            "outbox chunk": ("recovery_outbox", outbox.chunk_key(lsn, 0)),
+            # One row from outbox record format 3 on (InlineOutboxRecord): header and payload.
+            "outbox record": ("recovery_outbox", outbox.header_key(lsn)),
             "System": ("system", b"commit_clock"),
         },
     )
@@ -247,7 +248,7 @@ def _matrix(data_dir: str, pristine: Pristine, spans, patterns, cli=None) -> Cou
     return tally
 
 
-@pytest.mark.parametrize("target", ["PathCurrent", "ArtifactRevision", "History", "outbox chunk", "System"])
+@pytest.mark.parametrize("target", ["PathCurrent", "ArtifactRevision", "History", "outbox record", "System"])
 def test_every_flipped_byte_of_a_live_row_is_refused_or_harmless(pristine, damaged, target):
     """Seed: the shard validates before any mutation, and nokvfs reads a row only through its
     envelope (u8 version | xxh3-64 over tree, key and value | value): "corruption of any row is
@@ -255,9 +256,9 @@ def test_every_flipped_byte_of_a_live_row_is_refused_or_harmless(pristine, damag
     data_dir, cli = damaged
     tree, key = pristine.keys[target]
     span = _row_span(os.path.join(data_dir, "shard"), tree, key)
-    # Every bit of each byte at once, and its lowest bit alone (the outbox chunk, the largest
+    # Every bit of each byte at once, and its lowest bit alone (the outbox record, the largest
     # row, only the former, to bound the test's time).
-    patterns = (0xFF,) if target == "outbox chunk" else (0xFF, 0x01)
+    patterns = (0xFF,) if target == "outbox record" else (0xFF, 0x01)
     tally = _matrix(data_dir, pristine, [span], patterns, cli if target == "PathCurrent" else None)
     print(f"{target}: {span[1] - span[0]} bytes, {dict(tally)}")
     assert tally["flips"] == len(patterns) * (span[1] - span[0]) and tally["served wrong"] == 0

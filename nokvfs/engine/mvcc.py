@@ -201,14 +201,14 @@ class ReadView:
             self.ops += 2
             if not cursor.set_range(key):
                 if cursor.last():
-                    rows.unseal(tree, cursor.key(), cursor.value())
+                    rows.verify(tree, cursor.key(), cursor.value())
                 return None
             found = cursor.key()
             value = rows.unseal(tree, found, cursor.value())
             if cursor.prev():
                 # The row before the landing point: a row whose key was damaged sorts wrongly and
                 # would be stepped over without this check.
-                rows.unseal(tree, cursor.key(), cursor.value())
+                rows.verify(tree, cursor.key(), cursor.value())
             if not found.startswith(within):
                 return None
             return found, value

@@ -4,14 +4,18 @@ header key: 0x00 | u64 recovery_lsn
 chunk key:  0x00 | u64 recovery_lsn | u32 chunk_index   (records written before format 2 of the
             header: 0x01 | u64 recovery_lsn | u32 chunk_index)
 
+From format 3 a record whose stored payload fits one chunk is one row, InlineOutboxRecord, under
+its header key (no chunk rows); a longer one is a StoredOutboxHeader and its chunks.
+
 chain_digest(lsn) = SHA-256("nokv.recovery.chain.v1\\0" | previous chain digest | u64 lsn |
 u8 record kind | u64 commit version | u64 payload length | payload SHA-256); the chain starts at
 SHA-256("nokv.recovery.genesis.v1\\0" | logical shard id).
 
-A record is written as a StoredOutboxHeader and its chunks right after it in key order, so every
-row is appended (LMDB fills its pages instead of splitting them in half, as it did when headers
-and chunks were two interleaved runs). The chunks hold the payload compressed with a preset
-dictionary (nokvfs.engine.compression) when that is smaller, else raw. The logical
+A record is written as one InlineOutboxRecord row, or (a stored payload over one chunk) as a
+StoredOutboxHeader and its chunks right after it in key order, so every row is appended (LMDB
+fills its pages instead of splitting them in half, as it did when headers and chunks were two
+interleaved runs). The stored payload is compressed with a preset dictionary
+(nokvfs.engine.compression) when that is smaller, else raw. The logical
 OutboxHeader -- what entries, replay and shipped packs carry -- is rebuilt on reading with the
 previous digest of the chain being verified, and the payload length and SHA-256 are always the
 payload's own, so the chain and the packs see the same bytes whatever the stored form. Records
@@ -33,6 +37,7 @@ from nokvfs.engine.records import (
     OUTBOX_CHUNK_BYTES,
     OUTBOX_CHUNK_PREFIX,
     OUTBOX_HEADER_PREFIX,
+    InlineOutboxRecord,
     OutboxChunk,
     OutboxDeflatedChunk,
     OutboxHeader,
@@ -71,6 +76,11 @@ def legacy_chunk_key(lsn: int, index: int) -> bytes:
     """The key of a chunk of a record with a version 1 OutboxHeader (written before format 2)."""
     return OUTBOX_CHUNK_PREFIX + _CHUNK.pack(lsn, index)
 
+
+# A record whose stored payload is at most this long is one row (InlineOutboxRecord), which
+# keeps the first PAYLOAD_CHECK_BYTES of the payload's SHA-256.
+INLINE_BYTES = OUTBOX_CHUNK_BYTES
+PAYLOAD_CHECK_BYTES = 8
 
 # Payloads this long or shorter are stored raw (as before the preset dictionary).
 COMPRESS_ABOVE = compression.COMPRESS_ABOVE
@@ -116,8 +126,19 @@ def frame(
         delta = compression.deflate_with(payload, compression.previous_dictionary(window))
         if len(delta) < len(stored):
             stored, encoding = delta, OutboxPayloadEncoding.DeflatePrevious
-    chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
     digest = chain_digest(previous, lsn, kind, commit_version, payload)
+    if len(stored) <= INLINE_BYTES:
+        inline = InlineOutboxRecord(
+            record_kind=kind,
+            commit_version=commit_version,
+            payload_length=len(payload),
+            payload_check=hashlib.sha256(payload).digest()[:PAYLOAD_CHECK_BYTES],
+            encoding=encoding,
+            chain_digest=digest,
+            stored=stored,
+        )
+        return [(header_key(lsn), inline.encode())], digest
+    chunks = [stored[i : i + OUTBOX_CHUNK_BYTES] for i in range(0, len(stored), OUTBOX_CHUNK_BYTES)]
     header = StoredOutboxHeader(
         record_kind=kind,
         commit_version=commit_version,
@@ -134,12 +155,18 @@ def frame(
 
 def needs_previous(header) -> bool:
     """Whether the record's payload can only be inflated with the previous record's payload."""
-    return isinstance(header, StoredOutboxHeader) and header.encoding == OutboxPayloadEncoding.DeflatePrevious
+    return (
+        isinstance(header, (StoredOutboxHeader, InlineOutboxRecord))
+        and header.encoding == OutboxPayloadEncoding.DeflatePrevious
+    )
 
 
-def decode_header(raw: bytes, lsn: int) -> OutboxHeader | StoredOutboxHeader:
-    """The stored header of record `lsn` (either format), or OutboxCorrupt."""
+def decode_header(raw: bytes, lsn: int) -> OutboxHeader | StoredOutboxHeader | InlineOutboxRecord:
+    """The stored header of record `lsn` (any format; an InlineOutboxRecord is the whole
+    record), or OutboxCorrupt."""
     try:
+        if raw[:1] == bytes([InlineOutboxRecord.VERSION]):
+            return InlineOutboxRecord.decode(raw)
         if raw[:1] == bytes([StoredOutboxHeader.VERSION]):
             return StoredOutboxHeader.decode(raw)
         return OutboxHeader.decode(raw)
@@ -147,9 +174,9 @@ def decode_header(raw: bytes, lsn: int) -> OutboxHeader | StoredOutboxHeader:
         raise OutboxCorrupt(f"outbox header {lsn} does not decode: {exc}") from None
 
 
-def chunk_key_of(header: OutboxHeader | StoredOutboxHeader):
+def chunk_key_of(header: OutboxHeader | StoredOutboxHeader | InlineOutboxRecord):
     """Where the chunks of a record with this stored header are."""
-    return chunk_key if isinstance(header, StoredOutboxHeader) else legacy_chunk_key
+    return legacy_chunk_key if isinstance(header, OutboxHeader) else chunk_key
 
 
 def stored_payload(lsn: int, header, chunk_values: list[bytes], window=None) -> bytes:
@@ -157,11 +184,14 @@ def stored_payload(lsn: int, header, chunk_values: list[bytes], window=None) -> 
     index order, out of their envelopes); the caller checks it (verify_record, payloads).
     `window`: for a DeflatePrevious record, the payloads of records window_start(lsn)..lsn - 1
     or a function returning them; OutboxCorrupt if anything fails."""
-    if isinstance(header, StoredOutboxHeader):
-        try:
-            stored = b"".join(OutboxChunk.decode(value).data for value in chunk_values)
-        except FormatError as exc:
-            raise OutboxCorrupt(f"a chunk of outbox record {lsn} does not decode: {exc}") from None
+    if isinstance(header, (StoredOutboxHeader, InlineOutboxRecord)):
+        if isinstance(header, InlineOutboxRecord):
+            stored = header.stored
+        else:
+            try:
+                stored = b"".join(OutboxChunk.decode(value).data for value in chunk_values)
+            except FormatError as exc:
+                raise OutboxCorrupt(f"a chunk of outbox record {lsn} does not decode: {exc}") from None
         if header.encoding == OutboxPayloadEncoding.DeflatePreset1:
             payload = _inflate(stored, header.payload_length, lsn, compression.DICTIONARY_1)
         elif header.encoding == OutboxPayloadEncoding.DeflatePrevious:
@@ -182,13 +212,17 @@ def assemble(lsn: int, header, chunk_values: list[bytes], previous: bytes, windo
     index order, out of their envelopes), and its chain digest; OutboxCorrupt if anything fails.
     `window` as for `stored_payload`."""
     payload = stored_payload(lsn, header, chunk_values, window)
-    if isinstance(header, StoredOutboxHeader):
+    if isinstance(header, (StoredOutboxHeader, InlineOutboxRecord)):
+        chunks, sha256 = header.chunk_count, getattr(header, "payload_sha256", None)
+        if isinstance(header, InlineOutboxRecord):
+            chunks = -(-len(header.stored) // OUTBOX_CHUNK_BYTES)  # what format 2 would have stored
+            sha256 = payload_sha256(lsn, header, payload)
         logical = OutboxHeader(
             record_kind=header.record_kind,
             commit_version=header.commit_version,
-            chunk_count=header.chunk_count,
+            chunk_count=chunks,
             payload_length=header.payload_length,
-            payload_sha256=header.payload_sha256,
+            payload_sha256=sha256,
             previous_chain_digest=previous,
             chain_digest=header.chain_digest,
         )
@@ -228,13 +262,14 @@ def payloads(txn, db, first: int, last: int) -> list[bytes] | None:
                     f"outbox record {lsn} is stored against records before it that are not kept"
                 ) from None
         payload = stored_payload(lsn, header, _chunk_values(txn, db, lsn, header), window)
-        if len(payload) != header.payload_length or hashlib.sha256(payload).digest() != header.payload_sha256:
+        if len(payload) != header.payload_length:
             raise OutboxCorrupt(f"outbox record {lsn}: payload length or SHA-256 differs from its header")
+        payload_sha256(lsn, header, payload)
         known[lsn] = payload
     return [known[lsn] for lsn in range(first, last + 1)]
 
 
-def read_header(txn, db, lsn: int) -> OutboxHeader | StoredOutboxHeader | None:
+def read_header(txn, db, lsn: int) -> OutboxHeader | StoredOutboxHeader | InlineOutboxRecord | None:
     """The stored header of record `lsn` (verified and decoded), or None when there is none."""
     raw = rows.get(txn, db, OUTBOX_TREE, header_key(lsn))
     return None if raw is None else decode_header(raw, lsn)
@@ -277,6 +312,20 @@ def _inflate(stream: bytes, length: int, lsn: int, dictionary: bytes = b"") -> b
         return compression.inflate(stream, length, dictionary)
     except ValueError as exc:
         raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 cannot match its header: {exc}") from None
+
+
+def payload_sha256(lsn: int, header, payload: bytes) -> bytes:
+    """The SHA-256 of record `lsn`'s payload as its stored header records it (an
+    InlineOutboxRecord keeps its first PAYLOAD_CHECK_BYTES only, the rest is computed), or
+    OutboxCorrupt when the payload does not match it."""
+    if not isinstance(header, InlineOutboxRecord):
+        if hashlib.sha256(payload).digest() != header.payload_sha256:
+            raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 differs from its header")
+        return header.payload_sha256
+    digest = hashlib.sha256(payload).digest()
+    if digest[:PAYLOAD_CHECK_BYTES] != header.payload_check:
+        raise OutboxCorrupt(f"outbox record {lsn}: payload SHA-256 differs from its header")
+    return digest
 
 
 def verify_record(lsn: int, header: OutboxHeader, payload: bytes, previous: bytes) -> bytes:
@@ -352,7 +401,7 @@ def iterate(txn, db, start_digest: bytes, *, after_lsn: int = 0):
         header = decode_header(rows.unseal(OUTBOX_TREE, key, rows_.value()), lsn)
         values = []
         for index in range(header.chunk_count):
-            if isinstance(header, StoredOutboxHeader):
+            if not isinstance(header, OutboxHeader):
                 if not rows_.next() or rows_.key() != chunk_key(lsn, index):
                     raise OutboxCorrupt(f"outbox record {lsn} is missing chunk {index}")
                 values.append(rows.unseal(OUTBOX_TREE, rows_.key(), rows_.value()))

@@ -5,12 +5,15 @@ Declared with the same codec as the metadata families. the README's "Durable for
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from nokvfs.schema.codec import (
     U8,
     U32,
     U64,
     Bytes,
     Enum,
+    FixedBytes,
     Flag,
     Id16,
     Id32,
@@ -210,6 +213,34 @@ class StoredOutboxHeader:
     payload_sha256: Id32
     encoding: Enum(OutboxPayloadEncoding)
     chain_digest: Id32
+
+
+PayloadCheck = Annotated[bytes, FixedBytes(8)]  # the first 8 bytes of a payload's SHA-256
+
+
+@record(version=3)
+class InlineOutboxRecord:
+    """The stored form of an outbox record from format 3 on: one row (key 0x00 | u64 lsn) that
+    holds the record's stored payload itself (in `encoding`), for a stored payload of at most
+    OUTBOX_CHUNK_BYTES; a longer one is a StoredOutboxHeader and its chunks. One row instead of
+    a header and a chunk: a small publish's three records each spared a key, an envelope and an
+    LMDB node. The logical OutboxHeader is rebuilt as for StoredOutboxHeader, with the chunk
+    count format 2 would have stored and the payload's SHA-256 computed: the row keeps only its
+    first 8 bytes (`payload_check`), enough to catch a damaged payload, as the chain digest
+    (which binds the whole SHA-256) is what proves it."""
+
+    record_kind: Enum(OutboxRecordKind)
+    commit_version: U64
+    payload_length: U64
+    payload_check: PayloadCheck
+    encoding: Enum(OutboxPayloadEncoding)
+    chain_digest: Id32
+    stored: Bytes
+
+    @property
+    def chunk_count(self) -> int:
+        """Chunk rows following this row: none."""
+        return 0
 
 
 @record(version=1)

@@ -1,7 +1,14 @@
 """The row envelope: every value the engine stores is sealed, and verified whenever it is read.
 
     stored value = u8 envelope version (1) | u64 checksum (big-endian) | value
-    checksum     = xxh3-64, seed 0, of  u8 len(tree name) | tree name | u32 len(key) | key | value
+                 | u8 envelope version (2) | u64 checksum | u32 len(value) | u8 len(tail)
+                   | zlib stream of the value but its tail | tail (the value's last bytes, raw)
+    checksum     = xxh3-64, seed 0, of  u8 len(tree name) | tree name | u32 len(key) | key | body
+                   (body: everything after the checksum)
+
+Version 2 holds the value deflated with the preset dictionary of nokvfs.engine.compression: it is
+written only for the trees of DEFLATED_TREES and only when it is smaller. Readers get the value
+itself either way; the checksum is verified before anything is inflated.
 
 The checksum binds the value to its tree and key, so a changed byte anywhere in the value, a
 value moved under another key or tree, and a key changed under its value all fail the check. It
@@ -24,14 +31,28 @@ import struct
 import lmdb
 import xxhash
 
+from nokvfs.engine import compression
 from nokvfs.errors import NokvError, RowCorrupt, ShardCorrupt, StoreError, StoreFull
 from nokvfs.schema import keys as family_keys
 
 ENVELOPE_VERSION = 1
+DEFLATED_ENVELOPE_VERSION = 2
 ENVELOPE_BYTES = 1 + 8
 _U32 = struct.Struct(">I")
+_DEFLATED_HEAD = struct.Struct(">IB")  # len(value), len(tail)
 _VERSION = bytes([ENVELOPE_VERSION])
+_DEFLATED = bytes([DEFLATED_ENVELOPE_VERSION])
 _hash = xxhash.xxh3_64_digest
+
+# The families whose rows are stored deflated when that is smaller -- rows a small publish adds
+# for good that are not read on every lookup (PathCurrent is, and is rewritten in place, not
+# added) -- each with the length of the tail kept raw. An ArtifactRevision is appended, then
+# rewritten in place when its references or state change: its last 33 bytes (state, reference
+# epoch and count, last-zero version, created version: fixed width) stay raw, so a rewrite keeps
+# the row's size and does not split the full page its creation was appended to (a wholly
+# deflated row grew by a few bytes there: more pages, not fewer). Operation rows use fixed
+# Huffman codes: opening a root scans them all (compression.deflate_row).
+DEFLATED_TREES = {"operation": (0, True), "artifact_manifest": (0, False), "artifact_revision": (33, False)}
 
 
 def _tree_prefix(name: str) -> bytes:
@@ -49,7 +70,14 @@ def checksum(tree: str, key: bytes, value: bytes) -> bytes:
 
 
 def seal(tree: str, key: bytes, value: bytes) -> bytes:
-    """The stored form of `value` at `key` in `tree`."""
+    """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller)."""
+    tail, fixed = DEFLATED_TREES.get(tree, (None, False))
+    if tail is not None and len(value) > tail:
+        head = value[: len(value) - tail]
+        deflated = compression.deflate_row(head, fixed=fixed)
+        if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
+            body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
+            return _DEFLATED + checksum(tree, key, body) + body
     return _VERSION + checksum(tree, key, value) + value
 
 
@@ -57,16 +85,45 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     """The value sealed in `stored` (None stays None), or RowCorrupt if it fails its check."""
     if stored is None:
         return None
-    if len(stored) < ENVELOPE_BYTES or stored[0] != ENVELOPE_VERSION:
-        if len(stored) >= 1 and stored[0] != ENVELOPE_VERSION:
-            why = f"an unknown row envelope version {stored[0]}"
+    body = _checked_body(tree, key, stored)
+    if stored[0] == ENVELOPE_VERSION:
+        return body
+    length, tail = _DEFLATED_HEAD.unpack_from(body)
+    try:
+        head = compression.inflate(
+            body[_DEFLATED_HEAD.size : len(body) - tail], length - tail, window_bits=compression.ROW_WINDOW_BITS
+        )
+    except ValueError as exc:
+        raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
+    return head + body[len(body) - tail :]
+
+
+def verify(tree: str, key: bytes, stored: bytes) -> None:
+    """RowCorrupt unless `stored` is a sound envelope whose checksum matches its tree and key:
+    `unseal` without inflating a deflated value (for rows checked, not used: the neighbours of
+    a lookup's landing point)."""
+    _checked_body(tree, key, stored)
+
+
+def _checked_body(tree: str, key: bytes, stored: bytes) -> bytes:
+    """What follows the checksum of `stored`, its envelope and checksum verified."""
+    version = stored[0] if stored else None
+    if len(stored) < ENVELOPE_BYTES or version not in (ENVELOPE_VERSION, DEFLATED_ENVELOPE_VERSION):
+        if version is not None and version not in (ENVELOPE_VERSION, DEFLATED_ENVELOPE_VERSION):
+            why = f"an unknown row envelope version {version}"
         else:
             why = f"{len(stored)} bytes, shorter than the row envelope"
         raise _corrupt(tree, key, why)
-    value = stored[ENVELOPE_BYTES:]
-    if checksum(tree, key, value) != stored[1:ENVELOPE_BYTES]:
+    body = stored[ENVELOPE_BYTES:]
+    if checksum(tree, key, body) != stored[1:ENVELOPE_BYTES]:
         raise _corrupt(tree, key, "a checksum that does not match its tree, key and value")
-    return value
+    if version == DEFLATED_ENVELOPE_VERSION:
+        if len(body) < _DEFLATED_HEAD.size:
+            raise _corrupt(tree, key, "a deflated value shorter than its length")
+        length, tail = _DEFLATED_HEAD.unpack_from(body)
+        if tail > min(length, len(body) - _DEFLATED_HEAD.size):
+            raise _corrupt(tree, key, "a deflated value whose raw tail is longer than it")
+    return body
 
 
 def _corrupt(tree: str, key: bytes, why: str) -> RowCorrupt:
@@ -89,9 +146,9 @@ def verify_neighbours(cursor, tree: str, key: bytes) -> None:
     """Verify the first row at or after `key` and the row before it (moves `cursor`)."""
     found = cursor.set_range(key)
     if found:
-        unseal(tree, cursor.key(), cursor.value())
+        verify(tree, cursor.key(), cursor.value())
     if cursor.prev() if found else cursor.last():
-        unseal(tree, cursor.key(), cursor.value())
+        verify(tree, cursor.key(), cursor.value())
 
 
 def put(txn, db, tree: str, key: bytes, value: bytes, *, overwrite: bool = True, append: bool = False) -> bool:
