@@ -121,7 +121,9 @@ def render(s: dict) -> str:
         )
     cache = s["block_cache"]
     if cache is None:
-        lines.append("  block cache:     none (held by another process: reads go to the store)")
+        # None configured (a local store by default), or another process holds it: either way,
+        # reads go to the store, every block verified.
+        lines.append("  block cache:     none (reads go to the store)")
     else:
         rate = "n/a" if cache["hit_rate"] is None else f"{cache['hit_rate'] * 100:.1f}%"
         lines.append(
