@@ -44,9 +44,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
+import hashlib
 import json
 import logging
 import os
+import stat
 import time
 
 import trio
@@ -91,8 +94,10 @@ def _memory_root() -> str | None:
     return root
 
 
+@functools.lru_cache(maxsize=8)
 def _on_memory_fs(path: str) -> bool:
-    """Whether `path` is on a tmpfs or ramfs (the mount whose point is its longest prefix)."""
+    """Whether `path` is on a tmpfs or ramfs (the mount whose point is its longest prefix);
+    remembered, as the mount table is read once per path (scans and restores ask often)."""
     try:
         real = os.path.realpath(path)
         with open("/proc/self/mountinfo") as f:
@@ -116,8 +121,6 @@ def memory_spool_path(data_dir: str) -> str | None:
     root = _memory_root()
     if root is None:
         return None
-    import hashlib
-
     tag = hashlib.blake2b(os.path.realpath(data_dir).encode(), digest_size=8).hexdigest()
     return os.path.join(root, f"nokvfs-{os.geteuid()}-{tag}", SPOOL_SUBDIR)
 
@@ -152,8 +155,6 @@ def memory_spool_dir(data_dir: str) -> str | None:
 
 
 def _private_directory(path: str) -> bool:
-    import stat
-
     try:
         st = os.lstat(path)
     except OSError:
@@ -204,6 +205,36 @@ def _write_all(fd: int, data, offset: int) -> None:
 
 
 _made_directories: set[str] = set()
+
+
+def _made(directory: str) -> str:
+    """`directory`, made (private) if this process has not made or found it yet."""
+    if directory not in _made_directories:
+        filemodes.makedirs(directory)
+        _made_directories.add(directory)
+    return directory
+
+
+def _copy_to_new_file(source_fd: int, path: str) -> int:
+    """A new file at `path` (it must not exist) holding the bytes of `source_fd`, fsync'd; its
+    descriptor (a spool moved or adopted to disk). Nothing is left at `path` on failure."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+    try:
+        length = os.fstat(source_fd).st_size
+        offset = 0
+        while offset < length:
+            chunk = os.pread(source_fd, min(_COPY_CHUNK, length - offset), offset)
+            if not chunk:
+                break
+            _write_all(fd, chunk, offset)
+            offset += len(chunk)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    return fd
 
 
 def _exclusive_json(path: str, record: dict) -> None:
@@ -263,10 +294,7 @@ class Spool:
         memory = None
         if start <= MEMORY_SPOOL_MAX and _memory_held + start <= MEMORY_SPOOL_BUDGET:
             memory = memory_spool_dir(self.root.data_dir)
-        directory = memory or spool_dir(self.root.data_dir)
-        if directory not in _made_directories:
-            filemodes.makedirs(directory)
-            _made_directories.add(directory)
+        directory = _made(memory or spool_dir(self.root.data_dir))
         stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.components[-1])[:64]
         path = os.path.join(directory, f"{self.workbench_id}--{stem}--{new_id16().hex()}.spool")
         try:
@@ -302,31 +330,13 @@ class Spool:
         between leaves both; `scan` prefers the disk copy and adoption drops the other)."""
         if not self.in_memory or self.fd < 0:
             return
-        directory = spool_dir(self.root.data_dir)
-        if directory not in _made_directories:
-            filemodes.makedirs(directory)
-            _made_directories.add(directory)
+        directory = _made(spool_dir(self.root.data_dir))
         path = os.path.join(directory, os.path.basename(self.path))
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+            fd = _copy_to_new_file(self.fd, path)
         except OSError as exc:
-            raise _storage_error(f"a spool file in {directory}", exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            length = os.fstat(self.fd).st_size
-            offset = 0
-            while offset < length:
-                chunk = os.pread(self.fd, min(_COPY_CHUNK, length - offset), offset)
-                if not chunk:
-                    break
-                _write_all(fd, chunk, offset)
-                offset += len(chunk)
-            os.fsync(fd)
-        except OSError as exc:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
             raise _storage_error(f"move the spool {self.path} to {directory}", exc) from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # live: ours alone (a new file: free)
         old, old_fd = self.path, self.fd
         self._charge(0)
         self.fd, self.path, self.in_memory = fd, path, False
@@ -732,19 +742,14 @@ def scan(data_dir: str) -> list[KeptSpool]:
 def _adopt_to_disk(data_dir: str, spool: KeptSpool) -> None:
     """Move a memory spool nobody holds to the data directory's spool directory (kept bytes
     must outlive a reboot); a disk copy of the same name (a move cut short) wins."""
-    directory = spool_dir(data_dir)
-    filemodes.makedirs(directory)
     name = os.path.basename(spool.path)
-    target = os.path.join(directory, name)
+    target = os.path.join(_made(spool_dir(data_dir)), name)
     if not os.path.exists(target):
-        with open(spool.path, "rb") as source:
-            data = source.read()
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, filemodes.FILE_MODE)
+        source = os.open(spool.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _write_all(fd, data, 0)
-            os.fsync(fd)
+            os.close(_copy_to_new_file(source, target))
         finally:
-            os.close(fd)
+            os.close(source)
     if spool.record and not os.path.exists(target + ".json"):
         _atomic_json(target + ".json", spool.record, durable=True)
     forget_memory_copy(data_dir, name)

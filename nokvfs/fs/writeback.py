@@ -45,7 +45,7 @@ import trio
 import xxhash
 
 from nokvfs import filemodes
-from nokvfs.errors import CorruptRecord, GenerationConflict, SyscallTimeout, UnknownVersion
+from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
 from nokvfs.fs import spools
 from nokvfs.schema.ids import new_id16
 from nokvfs.workspace import publish
@@ -318,15 +318,8 @@ class Publisher:
             return
         if spool not in self._queue:
             await self.accept(node)
-        timeout = self.files.workers.syscall_timeout
-        with trio.move_on_after(timeout) as waiting:
-            await self.settled(spool)
-        if waiting.cancelled_caught:  # still queued or publishing: the publication goes on
-            self.files.workers.timeouts += 1
-            raise SyscallTimeout(
-                f"the write-back publication of {spool.describe()} did not finish within {timeout:g} s "
-                "(it goes on in the background; fsync again to wait for it)"
-            )
+        # Within the deadline (SyscallTimeout); the publication goes on, and a later fsync waits again.
+        await self.files.workers.bounded(f"the write-back publication of {spool.describe()}", self.settled, spool)
         error = self._outcome.get(spool)
         if error is not None:
             raise error
