@@ -394,6 +394,11 @@ def start_moto():
     return start_loopback_moto()
 
 
+def _load() -> str:
+    # The machine may be shared: the figures mean little if something else ran meanwhile.
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=2000)
@@ -428,7 +433,7 @@ def main() -> int:
     moto = None
     log = open(os.path.join(work, "daemons.log"), "ab")
     try:
-        print(f"work directory {work}", flush=True)
+        print(f"work directory {work}; {_load()}", flush=True)
         from nokvfs.workspace import datadir, workbench
         from tests.mount_fixtures import populate_many
 
@@ -689,6 +694,7 @@ def main() -> int:
                 print(f"  {phase:<34} {target.name:<14} {elapsed:8.3f} s{extra}", flush=True)
 
         names = [t.name for t in targets]
+        print(f"phases done; {_load()}")
         print()
         print("rates (ratio to passthrough in this run; above 1 is faster)")
         print(f"{'phase':<34}" + "".join(f"{n:>22}" for n in names))
