@@ -172,13 +172,13 @@ def start_daemon(data_dir: str, mountpoint: str, log_path: str, extra_args=()) -
 
 
 @contextlib.contextmanager
-def mounted(base: str, *, workbenches=("wb",), extra_args=(), init: bool = True):
+def mounted(base: str, *, workbenches=("wb",), extra_args=(), init: bool = True, **init_options):
     data_dir = os.path.join(base, "data")
     mountpoint = os.path.join(base, "mnt")
     log_path = os.path.join(base, "daemon.log")
     os.makedirs(mountpoint, exist_ok=True)
     if init:
-        init_data_dir(data_dir, workbenches)
+        init_data_dir(data_dir, workbenches, **init_options)
     proc = start_daemon(data_dir, mountpoint, log_path, extra_args)
     try:
         wait_mounted(mountpoint, proc, log_path)

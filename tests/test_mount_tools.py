@@ -90,7 +90,9 @@ def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path):
     with mounted(str(tmp_path), extra_args=("--syscall-timeout", "0.1")) as m:
         path = m.path("wb", "outputs", "slow.bin")
         fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
-        for offset in range(0, len(body), 1 << 20):
+        # Last block first: blocks written in order are stored while they are written, and the
+        # close would then only link them, too fast to outlive the deadline.
+        for offset in reversed(range(0, len(body), 1 << 20)):
             os.pwrite(fd, body[offset : offset + (1 << 20)], offset)
         with pytest.raises(OSError) as exc:
             os.close(os.dup(fd))  # `exec 3>&1 ...`: a duplicate's close publishes, and gives up

@@ -321,6 +321,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     from nokvfs.fs.views import LiveView
     from nokvfs.meters import Meters
     from nokvfs.objects.metered import MeteredStore
+    from nokvfs.workspace import prestage
     from nokvfs.workspace.datadir import open_root, read_config
 
     started = time.monotonic()
@@ -459,11 +460,14 @@ def serve(options: MountOptions, *, ready=None) -> int:
         if not unmounted:
             pyfuse3.close(unmount=True)
         log.info(
-            "unmounted %s (blocks: %d fetched on demand, %d prefetched, %d memory hits; %d change events followed)",
+            "unmounted %s (blocks: %d fetched on demand, %d prefetched, %d memory hits, %d staged while "
+            "written of which %d linked at publication; %d change events followed)",
             mountpoint,
             fetcher.fetched,
             fetcher.prefetched,
             fetcher.hits,
+            prestage.COUNTS["staged"],
+            prestage.COUNTS["linked"],
             follower.events_seen,
         )
         return 0

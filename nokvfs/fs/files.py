@@ -133,7 +133,7 @@ class Files:
         return node.bound
 
     def _new_spool(self, node: Node, base) -> Spool:
-        return Spool(
+        spool = Spool(
             self.root,
             workbench_id=node.workbench_id,
             incarnation=node.incarnation,
@@ -141,6 +141,12 @@ class Files:
             base=base,
             owner=self._owner,
         )
+        if self.writeback is not None:
+            # The write-back publisher publishes in groups (publish.run_group), whose blocks go
+            # in one store batch that does not take blocks staged ahead: staging them would
+            # write every byte once more for nothing.
+            spool.prestager = None
+        return spool
 
     async def create(self, fh: int, parent: Node, name: str, flags: int, mode: int, uid: int, gid: int) -> FileHandle:
         """open(O_CREAT): a new file, pending in the overlay until its first publication."""

@@ -59,7 +59,7 @@ from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
 from nokvfs.schema.ids import new_id16
 from nokvfs.workspace import append as appends
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import namespace, reading
+from nokvfs.workspace import namespace, prestage, reading
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,8 @@ class Spool:
         self.lock = trio.Semaphore(1)
         # The spool file's blocks, hashed as they are written (publication reads only the rest).
         self.hashes = bodies.WrittenBody(root.block_size)
+        # Its complete blocks, staged in the store while it is written (nokvfs.workspace.prestage).
+        self.prestager = prestage.Prestager.for_store(root.store, root.block_size)
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
         self.fd = -1  # no spool file (yet, or any more: see the module docstring)
@@ -305,6 +307,7 @@ class Spool:
         self.fd, self.path, self.in_memory = fd, path, memory is not None
         self._charge(start)
         self.hashes.reset()
+        self._forget_staged()
         self.describe_state(LIVE, new=True)
 
     def _charge(self, size: int) -> None:
@@ -461,13 +464,16 @@ class Spool:
                     chunk = os.pread(self.fd, min(_COPY_CHUNK, tail - position), position)
                     _write_all(self.fd, chunk, base_size + position)
                 self.hashes.forget()
+                self._forget_staged()
                 self._copy_base(base_size)
                 self.append_only = False
             else:
                 self.hashes.reset()
+                self._forget_staged()
                 self._copy_base(min(self.size, self.base.logical_size))
         except OSError as exc:
             self.hashes.forget()
+            self._forget_staged()
             raise _storage_error(f"fill the spool {self.path}", exc) from None
         self.filled = True
         self._charge(max(self._charged, self.size))
@@ -494,6 +500,7 @@ class Spool:
             raise _storage_error(f"truncate the spool {self.path}", exc) from None
         self._charge(size)
         self.hashes.truncated(size)
+        self._forget_staged()
         self.filled = True
         self.size = size
         self.dirty = self.written = True
@@ -510,11 +517,17 @@ class Spool:
                 self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
             )
         body = self._whole_body_blocking()
-        if self.expected_revision is None:
-            return namespace.put(self.root, self.workbench_id, path, body, expected_generation=0, **extra)
-        return namespace.put(
-            self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
-        )
+        if self.prestager is not None:
+            body.prestaged = self.prestager.take()
+        try:
+            if self.expected_revision is None:
+                return namespace.put(self.root, self.workbench_id, path, body, expected_generation=0, **extra)
+            return namespace.put(
+                self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
+            )
+        finally:
+            prestage.release(body.prestaged)  # the blocks it did not link
+            body.prestaged = {}
 
     def _whole_body_blocking(self):
         """The file's complete bytes as a Body over the spool file."""
@@ -571,13 +584,32 @@ class Spool:
                 _write_all(self.fd, data, at)
         except OSError as exc:
             self.hashes.changed(at, end)  # some of it may have landed
+            self._forget_staged()
             raise _storage_error(f"write the spool {self.path}", exc) from None
         self._charge(max(self._charged, end))
+        hashed = self.hashes.hashed
         self.hashes.wrote(at, data)
+        self._stage_completed(hashed)
         self.size = max(self.size, offset + len(data))
         self.dirty = self.written = True
         self.truncated_only = False
         self.mtime_ns = time.time_ns()
+
+    def _stage_completed(self, hashed_before: int) -> None:
+        """After a write: stage the blocks it completed in order (nokvfs.workspace.prestage)."""
+        prestager = self.prestager
+        if prestager is None or self.append_only:
+            return
+        if not self.hashes.in_order:
+            prestager.forget()  # written elsewhere: what was staged is likely stale
+            return
+        block_size = prestager.block_size
+        for index in range(hashed_before // block_size, self.hashes.hashed // block_size):
+            prestager.block_done(index, self.fd)
+
+    def _forget_staged(self) -> None:
+        if self.prestager is not None:
+            self.prestager.forget()
 
     def pread(self, offset: int, size: int) -> bytes:
         return os.pread(self.fd, min(size, max(0, self.size - offset)), offset)
@@ -588,6 +620,7 @@ class Spool:
         os.ftruncate(self.fd, 0)
         self._charge(0)
         self.hashes.reset()
+        self._forget_staged()
         self.filled, self.size, self.append_only = True, 0, False
         self.dirty = self.written = self.truncated_only = True
         self.mtime_ns = time.time_ns()
@@ -596,6 +629,7 @@ class Spool:
         """After a successful publication: the spool describes `entry` and holds nothing
         unpublished. With `drop_file` (its last writer is closing) the spool file and sidecar
         go at once; a later write makes a new one from `entry`."""
+        self._forget_staged()
         if drop_file:
             self._remove_file()
             self.filled = False
@@ -632,6 +666,7 @@ class Spool:
 
     def close(self, *, remove: bool) -> None:
         self.closed = True
+        self._forget_staged()
         if remove:
             self._remove_file()
         elif self.fd >= 0:

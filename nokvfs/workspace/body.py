@@ -71,6 +71,8 @@ class Body:
         self._data = data
         self.path = path
         self.owned_spool = owned_spool
+        # Blocks already staged in the store (nokvfs.workspace.prestage): index -> StagedBlock.
+        self.prestaged: dict = {}
 
     @property
     def digest_uri(self) -> str:

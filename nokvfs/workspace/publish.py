@@ -589,11 +589,19 @@ def upload(root, pub: Publication, *, staged=None) -> None:
     ledger owns every key, so cleanup removes whatever reached the store)."""
     store = root.store
     threshold = getattr(store, "multipart_threshold", None)
+    linked = []  # blocks staged ahead (body.prestaged) and linked here: their directory fsyncs
 
     def send(block) -> None:
         key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
+        ahead = pub.body.prestaged.get(block.index)
         if staged is not None and block.index == 0:
             staged.commit(key, wait=False)
+        elif ahead is not None and ahead.matches(block):
+            # Staged while the file was written; exactly this block's bytes (the digest of what
+            # was staged is the plan's), so only the link is left.
+            ahead.staged.commit(key, wait=False)
+            ahead.linked = True
+            linked.append(ahead.staged)
         elif threshold is not None and block.length > threshold:
             _upload_multipart(root, pub.operation_id, block.index, key, pub.body.read_block(block))
         else:
@@ -610,6 +618,7 @@ def upload(root, pub: Publication, *, staged=None) -> None:
         for block in blocks:
             send(block)
             sent(block)
+        _settle_linked(linked)
         return
     in_flight = collections.deque()
 
@@ -629,7 +638,22 @@ def upload(root, pub: Publication, *, staged=None) -> None:
         except BaseException:
             for _, future in in_flight:
                 future.cancel()  # not started: never sent; the running ones end before the raise
+            _settle_linked(linked, quiet=True)
             raise
+    _settle_linked(linked)
+
+
+def _settle_linked(linked: list, *, quiet: bool = False) -> None:
+    """Wait until the blocks staged ahead and linked by `upload` are durable (the directory
+    fsyncs of their links), as a put would before returning."""
+    errors = []
+    for staged in linked:
+        try:
+            staged.wait()
+        except Exception as exc:  # noqa: BLE001 - the first is raised once all are settled
+            errors.append(exc)
+    if errors and not quiet:
+        raise errors[0]
 
 
 def _upload_multipart(root, operation_id: bytes, sequence: int, key: str, data: bytes) -> None:
