@@ -76,6 +76,7 @@ def test_blocks_written_in_order_are_staged_and_linked_at_close(kernel, released
     [blocks] = released
     assert sorted(blocks) == list(range(10))  # every complete block, not the partial last one
     assert all(block.linked for block in blocks.values())
+    prestage.wait_idle()
     assert prestage._held == 0
     assert temps_left(kernel) == []
 
@@ -95,6 +96,7 @@ def test_a_block_changed_after_it_was_staged_is_uploaded_from_the_file(kernel, r
     [blocks] = released
     assert not blocks[0].linked  # staged before the change: refused by its digest
     assert all(blocks[i].linked for i in range(1, 6))
+    prestage.wait_idle()
     assert prestage._held == 0
 
 
@@ -110,6 +112,7 @@ def test_truncate_and_o_trunc_after_staging(kernel, released):
     write_in_order(kernel, fh, again)
     kernel.close(fh)
     assert stored(kernel, "outputs/t.bin") == again
+    prestage.wait_idle()
     assert prestage._held == 0
     assert temps_left(kernel) == []
 
@@ -126,6 +129,7 @@ def test_a_refused_publication_gives_back_every_staged_block(kernel, released):
     kernel.call("release", fh)
     assert stored(kernel, "outputs/c.bin") == b"theirs"
     assert released and not any(block.linked for block in released[-1].values())
+    prestage.wait_idle()
     assert prestage._held == 0
     assert temps_left(kernel) == []
 
@@ -139,6 +143,7 @@ def test_no_more_than_the_bound_is_staged(kernel, released, monkeypatch):
     assert stored(kernel, "outputs/bounded.bin") == data
     [blocks] = released
     assert 0 < len(blocks) <= 3
+    prestage.wait_idle()
     assert prestage._held == 0
 
 

@@ -166,15 +166,20 @@ class Prestager:
 
     def forget(self) -> None:
         """The file changed other than by appending in order: drop every staged block (the
-        digest check would refuse them anyway; this frees their temps now)."""
+        digest check would refuse them anyway; this frees their temps now). Cheap: the event
+        loop calls it, so the discards (each waits for its temp's fsync) run in the background."""
         with self._mutex:
             self._generation += 1
             ready, self._ready = self._ready, {}
-        _give_back(ready)
-
-    def close(self) -> None:
-        self._settle_jobs()
-        self.forget()
+        if ready:
+            try:
+                future = _executor().submit(_give_back, ready)
+            except RuntimeError:  # the interpreter is shutting down
+                _give_back(ready)
+                return
+            with _lock:
+                _giving_back.add(future)
+            future.add_done_callback(_gave_back)
 
 
 def release(blocks: dict[int, StagedBlock]) -> None:
@@ -184,6 +189,21 @@ def release(blocks: dict[int, StagedBlock]) -> None:
     with _lock:
         COUNTS["linked"] += linked
     _give_back(blocks)
+
+
+_giving_back: set = set()  # give-backs running in the background (under _lock)
+
+
+def _gave_back(future) -> None:
+    with _lock:
+        _giving_back.discard(future)
+
+
+def wait_idle() -> None:
+    """Wait for the give-backs started so far (tests: the room is then exactly what is held)."""
+    with _lock:
+        running = list(_giving_back)
+    concurrent.futures.wait(running)
 
 
 def _give_back(blocks: dict[int, StagedBlock]) -> None:
