@@ -105,6 +105,27 @@ def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
     )
 
 
+def test_a_rewrite_of_the_raw_tail_reuses_the_replaced_rows_stream_with_the_same_bytes(monkeypatch):
+    value = OPERATION_VALUE[:-33] + bytes(range(33))
+    stored = rows.seal("artifact_revision", OPERATION_KEY, value)
+    changed = value[:-33] + bytes(33)
+    fresh = rows.seal("artifact_revision", OPERATION_KEY, changed)
+    deflated = []
+    monkeypatch.setattr(compression, "deflate_row", lambda *a, **k: deflated.append(a) or None)
+    reused = rows.seal("artifact_revision", OPERATION_KEY, changed, previous=(value, stored))
+    assert reused == fresh and deflated == []  # the same bytes, nothing deflated
+    assert rows.unseal("artifact_revision", OPERATION_KEY, reused) == changed
+    # A head that differs, a length that differs, or a raw previous row: deflated afresh.
+    for new, previous in (
+        (b"\x00" + changed[1:], (value, stored)),
+        (changed[:-33] + b"\x00" + bytes(33), (value, stored)),
+        (changed, (value, rows.seal("path_current", OPERATION_KEY, value))),
+    ):
+        deflated.clear()
+        rows.seal("artifact_revision", OPERATION_KEY, new, previous=previous)
+        assert len(deflated) == 1
+
+
 def test_only_the_deflated_trees_and_only_when_smaller():
     assert "path_current" not in rows.DEFLATED_TREES
     assert rows.seal("path_current", OPERATION_KEY, OPERATION_VALUE)[0] == 1

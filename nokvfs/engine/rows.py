@@ -69,16 +69,36 @@ def checksum(tree: str, key: bytes, value: bytes) -> bytes:
     return _hash(_PREFIXES[tree] + _U32.pack(len(key)) + key + value)
 
 
-def seal(tree: str, key: bytes, value: bytes) -> bytes:
-    """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller)."""
+def seal(tree: str, key: bytes, value: bytes, *, previous: tuple[bytes, bytes] | None = None) -> bytes:
+    """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller).
+    `previous`: (value, stored form) of the row this one replaces; when the new value differs from
+    it only in the raw tail, its deflated head is reused rather than deflated again (the same
+    bytes: deflating is deterministic)."""
     tail, fixed = DEFLATED_TREES.get(tree, (None, False))
     if tail is not None and len(value) > tail:
         head = value[: len(value) - tail]
+        reused = _reused_head(head, tail, previous)
+        if reused is not None:
+            body = reused + value[len(head) :]
+            return _DEFLATED + checksum(tree, key, body) + body
         deflated = compression.deflate_row(head, fixed=fixed)
         if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
             body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
             return _DEFLATED + checksum(tree, key, body) + body
     return _VERSION + checksum(tree, key, value) + value
+
+
+def _reused_head(head: bytes, tail: int, previous: tuple[bytes, bytes] | None) -> bytes | None:
+    """The deflated body of `previous` without its raw tail (its length header and stream), if
+    `previous` is a verified deflated row of the same length, tail length and head."""
+    if previous is None:
+        return None
+    old_value, old_stored = previous
+    if old_stored[0] != DEFLATED_ENVELOPE_VERSION or len(old_value) != len(head) + tail:
+        return None
+    if old_stored[ENVELOPE_BYTES + _DEFLATED_HEAD.size - 1] != tail or not old_value.startswith(head):
+        return None
+    return old_stored[ENVELOPE_BYTES : len(old_stored) - tail]
 
 
 def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
@@ -135,9 +155,16 @@ def get(txn, db, tree: str, key: bytes) -> bytes | None:
     """The verified value at `key`, or None. A miss also verifies the rows on both sides of where
     the key would be, so a row whose key bytes were damaged (and so no longer matches its own
     lookup) is RowCorrupt rather than silently absent."""
+    found = get_stored(txn, db, tree, key)
+    return None if found is None else found[0]
+
+
+def get_stored(txn, db, tree: str, key: bytes) -> tuple[bytes, bytes] | None:
+    """(the verified value, its stored form) at `key`, or None, verified as `get` verifies: what
+    a write replacing the row passes to `put` as `previous`."""
     raw = txn.get(key, db=db)
     if raw is not None:
-        return unseal(tree, key, raw)
+        return unseal(tree, key, raw), raw
     verify_neighbours(txn.cursor(db), tree, key)
     return None
 
@@ -151,10 +178,21 @@ def verify_neighbours(cursor, tree: str, key: bytes) -> None:
         verify(tree, cursor.key(), cursor.value())
 
 
-def put(txn, db, tree: str, key: bytes, value: bytes, *, overwrite: bool = True, append: bool = False) -> bool:
+def put(
+    txn,
+    db,
+    tree: str,
+    key: bytes,
+    value: bytes,
+    *,
+    overwrite: bool = True,
+    append: bool = False,
+    previous: tuple[bytes, bytes] | None = None,
+) -> bool:
     """Store `value` sealed. `append`: the key sorts after every key of the tree (LMDB then
-    fills pages instead of splitting them in half); False is returned if it does not."""
-    return txn.put(key, seal(tree, key, value), db=db, overwrite=overwrite, append=append)
+    fills pages instead of splitting them in half); False is returned if it does not.
+    `previous`: the replaced row as `get_stored` returned it (see `seal`)."""
+    return txn.put(key, seal(tree, key, value, previous=previous), db=db, overwrite=overwrite, append=append)
 
 
 def iterate(cursor, tree: str, start: bytes | None = None):
