@@ -9,7 +9,7 @@ import pytest
 
 from nokvfs.engine import history, rows
 from nokvfs.engine.command import Delete, Put
-from nokvfs.engine.compression import DICTIONARY_1
+from nokvfs.engine.compression import DICTIONARY_1, SHORT_VALUE
 from nokvfs.engine.records import DeflatedHistoryValue, HistoryValue
 from nokvfs.errors import CorruptRecord, UnknownVersion
 from nokvfs.schema import keys
@@ -36,6 +36,26 @@ def test_long_values_are_deflated_with_the_preset_dictionary():
     assert history.decode_value(stored) == LONG
     incompressible = bytes(range(256))
     assert history.encode_value(incompressible) == HistoryValue(incompressible).encode()
+
+
+def test_a_short_value_is_the_32k_window_stream_but_for_its_header_and_both_read():
+    """compression.deflate gives a value of up to SHORT_VALUE bytes an 8 KiB window (a copied
+    primed deflater): the stream a 32 KiB window gave but for the two header bytes, so History
+    values written before it (32 KiB window) and after it read the same."""
+    for value in (LONG, DICTIONARY_1[:SHORT_VALUE], DICTIONARY_1[-700:] + bytes(range(256)) * 4):
+        assert len(value) <= SHORT_VALUE
+        old = zlib.compressobj(6, zdict=DICTIONARY_1)
+        old_stream = old.compress(value) + old.flush()
+        stored = history.encode_value(value)
+        new_stream = DeflatedHistoryValue.decode(stored).deflated
+        assert new_stream[:1] == b"\x58" and old_stream[:1] == b"\x78"  # CINFO: 8 KiB vs 32 KiB window
+        assert new_stream[2:] == old_stream[2:]
+        written_before = DeflatedHistoryValue(len(value), old_stream).encode()
+        assert history.decode_value(written_before) == history.decode_value(stored) == value
+    # Longer values keep the 32 KiB window, in which the dictionary and the value both fit.
+    longer = DICTIONARY_1 * 2
+    assert DeflatedHistoryValue.decode(history.encode_value(longer)).deflated[:1] == b"\x78"
+    assert history.decode_value(history.encode_value(longer)) == longer
 
 
 def test_damaged_or_unknown_history_values_fail_closed():
