@@ -126,6 +126,24 @@ def test_a_rewrite_of_the_raw_tail_reuses_the_replaced_rows_stream_with_the_same
         assert len(deflated) == 1
 
 
+def test_a_deflated_row_written_or_read_before_is_not_inflated_again_and_is_still_verified(monkeypatch):
+    value = OPERATION_VALUE[:-33] + bytes(range(33))
+    stored = rows.seal("artifact_revision", OPERATION_KEY, value)  # remembered as it is written
+    inflated = []
+    real_inflate = compression.inflate
+    monkeypatch.setattr(compression, "inflate", lambda *a, **k: inflated.append(a) or real_inflate(*a, **k))
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value and inflated == []
+    # Its checksum is still verified first: the same body under another key is corrupt.
+    with pytest.raises(RowCorrupt):
+        rows.unseal("artifact_revision", OPERATION_KEY + b"x", stored)
+    rows._INFLATED.clear()
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value and len(inflated) == 1
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value and len(inflated) == 1
+    for number in range(rows._INFLATED_ROWS + 10):  # bounded
+        rows.seal("artifact_revision", OPERATION_KEY, value[:-33] + number.to_bytes(33, "big"))
+    assert len(rows._INFLATED) == rows._INFLATED_ROWS
+
+
 def _deflated_32k(data: bytes) -> bytes:
     deflater = zlib.compressobj(6, zdict=compression.DICTIONARY_1)
     return deflater.compress(data) + deflater.flush()

@@ -25,6 +25,7 @@ A store written before the envelope (value_format_version 1) is refused when ope
 
 from __future__ import annotations
 
+import collections
 import functools
 import struct
 
@@ -80,10 +81,12 @@ def seal(tree: str, key: bytes, value: bytes, *, previous: tuple[bytes, bytes] |
         reused = _reused_head(head, tail, previous)
         if reused is not None:
             body = reused + value[len(head) :]
+            _remember(body, value)
             return _DEFLATED + checksum(tree, key, body) + body
         deflated = compression.deflate_row(head, fixed=fixed)
         if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
             body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
+            _remember(body, value)
             return _DEFLATED + checksum(tree, key, body) + body
     return _VERSION + checksum(tree, key, value) + value
 
@@ -108,6 +111,9 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     body = _checked_body(tree, key, stored)
     if stored[0] == ENVELOPE_VERSION:
         return body
+    value = _INFLATED.get(body)
+    if value is not None:
+        return value
     length, tail = _DEFLATED_HEAD.unpack_from(body)
     try:
         head = compression.inflate(
@@ -115,7 +121,32 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
         )
     except ValueError as exc:
         raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
-    return head + body[len(body) - tail :]
+    value = head + body[len(body) - tail :]
+    _remember(body, value)
+    return value
+
+
+# The values of the deflated bodies most recently written or inflated: a row is often read again
+# soon after it was written or read (a command's predicate reads the row its builder read; the
+# next command reads what the last one wrote), and a lookup costs a tenth of inflating. A body
+# maps to exactly one value (it is inflated with fixed parameters, its length bound in it) and
+# is only looked up once its checksum verified, so the tree and key need not be part of the key.
+# Bounded: at most _INFLATED_ROWS values of at most _INFLATED_VALUE_BYTES each (a few MB). An
+# OrderedDict, whose every use here is one call under the GIL, so threads may share it.
+_INFLATED: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+_INFLATED_ROWS = 4096
+_INFLATED_VALUE_BYTES = 2048
+
+
+def _remember(body: bytes, value: bytes) -> None:
+    if len(value) > _INFLATED_VALUE_BYTES:
+        return
+    if len(_INFLATED) >= _INFLATED_ROWS:
+        try:
+            _INFLATED.popitem(last=False)  # the oldest entry
+        except KeyError:  # another thread emptied it
+            pass
+    _INFLATED[body] = value
 
 
 def verify(tree: str, key: bytes, stored: bytes) -> None:
