@@ -26,7 +26,7 @@ import blake3
 import lmdb
 
 from nokvfs import filemodes
-from nokvfs.engine import compact, fences, history, outbox, retention, rows
+from nokvfs.engine import collector, compact, fences, history, outbox, retention, rows
 from nokvfs.engine import dedupe as dedupe_rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.command import (
@@ -826,7 +826,7 @@ class Shard:
         self._alarm.refuse_writes()
         results: list = []
         last_lsn = None
-        with self._env.begin(write=True) as txn:
+        with collector.deferred(), self._env.begin(write=True) as txn:
             for item in items:
                 try:
                     command = item(self._write_view(txn)) if callable(item) else item
