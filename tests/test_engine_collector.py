@@ -1,4 +1,4 @@
-"""nokvfs.engine.collector: the cyclic collector's young threshold is raised while write groups
+"""nokvfs.engine.collector: the cyclic collector's young threshold is raised while commands and groups
 run and restored after the last one, however they nest or overlap."""
 
 from __future__ import annotations
@@ -69,4 +69,19 @@ def test_a_write_group_runs_deferred_and_restores_the_thresholds(shard_env, thre
 
     results = shard_env.shard.apply_group([command])
     assert not isinstance(results[0], Exception)
+    assert seen == [collector.GROUP_THRESHOLD] and gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_single_command_runs_deferred_too(shard_env, thresholds, monkeypatch):
+    from nokvfs.engine.shard import Shard
+
+    seen = []
+    real_apply = Shard._apply
+
+    def recording(self, txn, command):
+        seen.append(gc.get_threshold()[0])
+        return real_apply(self, txn, command)
+
+    monkeypatch.setattr(Shard, "_apply", recording)
+    shard_env.apply(mutations=[Put("path_current", shard_env.root_id + b"\x06" * 4, b"\x02v")])
     assert seen == [collector.GROUP_THRESHOLD] and gc.get_threshold() == (700, 10, 10)

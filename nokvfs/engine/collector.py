@@ -1,12 +1,12 @@
-"""Python's cyclic garbage collector, deferred while a write group runs.
+"""Python's cyclic garbage collector, deferred while a command or a write group applies.
 
-A group commit builds and applies hundreds of commands in one transaction (GC's batches: 250
-revisions, about 1,750 row writes, and the records its builders make), allocating far more
-container objects than it frees until it ends. With the default thresholds (700, 10, 10) that
-triggered about 550 collections per 10,000 GC'd revisions, full ones among them walking the
-whole heap: 0.3 s of CPU, none of which found much, since those objects die when the group
-ends. Within `deferred()` the first generation is collected only after GROUP_THRESHOLD net
-allocations instead; the thresholds are restored when the last concurrent group ends.
+A large command (GC's batches: 250 revisions, about 1,750 row writes) or a group of commands
+allocates far more container objects than it frees until it ends. With the default thresholds
+(700, 10, 10) a 10,000-revision GC ran about 550 collections, full ones among them walking the
+whole heap: 0.3 s of CPU, finding little, since those objects die when the command ends (0.14 s
+with commands deferred; the rest runs in the GC workflow's builders, outside the engine).
+Within `deferred()` the first generation is collected only after GROUP_THRESHOLD net
+allocations instead; the thresholds are restored when the last concurrent block ends.
 """
 
 from __future__ import annotations

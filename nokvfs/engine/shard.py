@@ -770,6 +770,10 @@ class Shard:
         flush it first."""
         self._check_addressed(command)
         self._alarm.refuse_writes()
+        with collector.deferred():
+            return self._apply_one(command, durable)
+
+    def _apply_one(self, command: MetadataCommand, durable: bool) -> CommandOutcome:
         if not durable:
             with self._flushing:
                 self._unflushed_running += 1
