@@ -111,19 +111,36 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     body = _checked_body(tree, key, stored)
     if stored[0] == ENVELOPE_VERSION:
         return body
+    try:
+        return inflate_body(body)
+    except ValueError as exc:
+        raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
+
+
+def inflate_body(body: bytes) -> bytes:
+    """The value a deflated envelope's body (what follows its checksum) holds, or ValueError."""
     value = _INFLATED.get(body)
     if value is not None:
         return value
+    if len(body) < _DEFLATED_HEAD.size:
+        raise ValueError("a deflated value shorter than its length")
     length, tail = _DEFLATED_HEAD.unpack_from(body)
-    try:
-        head = compression.inflate(
-            body[_DEFLATED_HEAD.size : len(body) - tail], length - tail, window_bits=compression.ROW_WINDOW_BITS
-        )
-    except ValueError as exc:
-        raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
+    if tail > min(length, len(body) - _DEFLATED_HEAD.size):
+        raise ValueError("a deflated value whose raw tail is longer than it")
+    head = compression.inflate(
+        body[_DEFLATED_HEAD.size : len(body) - tail], length - tail, window_bits=compression.ROW_WINDOW_BITS
+    )
     value = head + body[len(body) - tail :]
     _remember(body, value)
     return value
+
+
+def deflated_body(stored: bytes) -> bytes | None:
+    """The body of `stored` (a row already verified) if it is deflated without a raw tail: what
+    a History value may keep as it is (nokvfs.engine.history), else None."""
+    if stored[0] != DEFLATED_ENVELOPE_VERSION or stored[ENVELOPE_BYTES + _DEFLATED_HEAD.size - 1] != 0:
+        return None
+    return stored[ENVELOPE_BYTES:]
 
 
 # The values of the deflated bodies most recently written or inflated: a row is often read again

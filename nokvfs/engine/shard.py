@@ -923,7 +923,7 @@ class Shard:
                 # Its History key (at the new commit version) is new but for damage: the row
                 # found there, if any, is read (verified) and replaced.
                 history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-                hvalue = history.encode_value(old)
+                hvalue = history.encode_value(old, None if found is None else found[1])
                 history_db = self._dbs[HISTORY_TREE]
                 prior = None
                 if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
