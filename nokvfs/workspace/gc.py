@@ -724,15 +724,15 @@ def _reconcile_operations(root, report: GcReport) -> None:
     def staged(operation) -> bool:
         return normalize_path(operation.path) in publish.RESERVED_MANIFESTS
 
+    # One scan of the publish operations (most of the operation tree) serves both questions.
     with root.read() as view:
-        attempts_in_doubt = any(
-            staged(op) for _, op in publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined)
-        )
+        quarantined_publishes = publish.ROWS.matching(view, root, lambda op: op.phase == PublishPhase.Quarantined)
+    attempts_in_doubt = any(staged(op) for _, op in quarantined_publishes)
     drive_each(
         root,
         publish.ROWS,
         counted(lambda op_id, _: publish.reconcile(root, op_id).name.lower(), PublishPhase.Quarantined),
-        wanted=lambda op: op.phase == PublishPhase.Quarantined and not staged(op),
+        found=[(op_id, op) for op_id, op in quarantined_publishes if not staged(op)],
     )
     for rows, machine, quarantined in (
         (build_commit.ROWS, build_commit, BuildCommitPhase.Quarantined),

@@ -338,13 +338,17 @@ def drive_to_terminal(
             raise
 
 
-def drive_each(root, rows: Rows, drive, *, wanted=None) -> list[tuple[str, str]]:
+def drive_each(root, rows: Rows, drive, *, wanted=None, found=None) -> list[tuple[str, str]]:
     """The one loop over a kind's operations: every one for which `wanted(op)` holds (default:
-    not terminal, i.e. recovery) is driven by `drive(op id, op)` while this process holds its
-    lock; one a live process holds is skipped. Returns (op hex, outcome) in key order; a typed
-    failure is logged and reported as "failed: ..." and the loop goes on."""
-    with root.read() as view:
-        candidates = rows.pending(view, root) if wanted is None else rows.matching(view, root, wanted)
+    not terminal, i.e. recovery), or those of `found` ((op id, op) as `Rows.matching` read them,
+    for a caller that has just scanned), is driven by `drive(op id, op)` while this process holds
+    its lock; one a live process holds is skipped. Returns (op hex, outcome) in key order; a
+    typed failure is logged and reported as "failed: ..." and the loop goes on."""
+    if found is not None:
+        candidates = found
+    else:
+        with root.read() as view:
+            candidates = rows.pending(view, root) if wanted is None else rows.matching(view, root, wanted)
     outcomes = []
     for operation_id, operation in candidates:
         lock = OperationLock(root.run_dir, operation_id)
