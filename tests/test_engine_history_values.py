@@ -1,5 +1,6 @@
 """History values are stored deflated with the preset dictionary when that is smaller
-(DeflatedHistoryValue, version 2), else as a HistoryValue (version 1); both read back the same."""
+(DeflatedHistoryValue, version 2), else as a HistoryValue (version 1), or as the deflated row
+they were read from (RowHistoryValue, version 3); all read back the same."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from nokvfs.engine import history, rows
 from nokvfs.engine.command import Delete, Put
-from nokvfs.engine.compression import DICTIONARY_1
+from nokvfs.engine.compression import DICTIONARY_1, SHORT_VALUE
 from nokvfs.engine.records import DeflatedHistoryValue, HistoryValue
 from nokvfs.errors import CorruptRecord, UnknownVersion
 from nokvfs.schema import keys
@@ -38,6 +39,26 @@ def test_long_values_are_deflated_with_the_preset_dictionary():
     assert history.encode_value(incompressible) == HistoryValue(incompressible).encode()
 
 
+def test_a_short_value_is_the_32k_window_stream_but_for_its_header_and_both_read():
+    """compression.deflate gives a value of up to SHORT_VALUE bytes an 8 KiB window (a copied
+    primed deflater): the stream a 32 KiB window gave but for the two header bytes, so History
+    values written before it (32 KiB window) and after it read the same."""
+    for value in (LONG, DICTIONARY_1[:SHORT_VALUE], DICTIONARY_1[-700:] + bytes(range(256)) * 4):
+        assert len(value) <= SHORT_VALUE
+        old = zlib.compressobj(6, zdict=DICTIONARY_1)
+        old_stream = old.compress(value) + old.flush()
+        stored = history.encode_value(value)
+        new_stream = DeflatedHistoryValue.decode(stored).deflated
+        assert new_stream[:1] == b"\x58" and old_stream[:1] == b"\x78"  # CINFO: 8 KiB vs 32 KiB window
+        assert new_stream[2:] == old_stream[2:]
+        written_before = DeflatedHistoryValue(len(value), old_stream).encode()
+        assert history.decode_value(written_before) == history.decode_value(stored) == value
+    # Longer values keep the 32 KiB window, in which the dictionary and the value both fit.
+    longer = DICTIONARY_1 * 2
+    assert DeflatedHistoryValue.decode(history.encode_value(longer)).deflated[:1] == b"\x78"
+    assert history.decode_value(history.encode_value(longer)) == longer
+
+
 def test_damaged_or_unknown_history_values_fail_closed():
     record = DeflatedHistoryValue.decode(history.encode_value(LONG))
     for bad in (
@@ -48,8 +69,8 @@ def test_damaged_or_unknown_history_values_fail_closed():
     ):
         with pytest.raises(CorruptRecord):
             history.decode_value(bad.encode())
-    with pytest.raises(UnknownVersion):
-        history.decode_value(b"\x03" + history.encode_value(LONG)[1:])
+    with pytest.raises(UnknownVersion):  # 3 is RowHistoryValue since 2026-12-03
+        history.decode_value(b"\x04" + history.encode_value(LONG)[1:])
 
 
 def test_reads_at_every_version_through_deflated_history_after_reopen(shard_env):
@@ -112,3 +133,62 @@ def test_a_damaged_history_row_where_a_command_writes_its_own_refuses_the_comman
     with pytest.raises(RowCorrupt):
         shard_env.apply(mutations=[Put("path_current", key, b"\x02" + LONG[::-1])])
     assert shard_env.shard.commit_version == first
+
+
+MANIFEST_KEY = b"\x01" * 16 + b"\x02" * 16 + b"m" * 8
+
+
+def test_a_row_stored_deflated_without_a_tail_is_kept_as_it_is():
+    value = b"\x02" + LONG
+    stored = rows.seal("artifact_manifest", MANIFEST_KEY, value)
+    assert stored[0] == 2 and stored[13] == 0  # deflated, no raw tail
+    kept = history.encode_value(value, stored)
+    # Golden: u8 version 3 | u32 len(body) | the row's body (u32 len(value) | u8 0 | zlib stream).
+    assert kept == b"\x03" + len(stored[9:]).to_bytes(4, "big") + stored[9:]
+    assert kept[5:10].hex() == f"{len(value):08x}00" and kept[10:12] == b"\x58\xa4"
+    assert len(kept) <= len(history.encode_value(value)) + 8
+    assert history.decode_value(kept) == value
+    rows._INFLATED.clear()
+    assert history.decode_value(kept) == value  # inflated, not only remembered
+    # Anything else is deflated (or kept raw) as before: a raw row, a row with a raw tail, no row.
+    raw_row = rows.seal("path_current", MANIFEST_KEY, value)
+    revision = rows.seal("artifact_revision", MANIFEST_KEY, value)
+    assert revision[0] == 2 and revision[13] == 33
+    for other in (raw_row, revision, None):
+        assert history.encode_value(value, other) == history.encode_value(value)
+    assert history.encode_value(None, stored) == HistoryValue(None).encode()
+
+
+def test_a_damaged_row_history_value_fails_closed():
+    from nokvfs.engine.records import RowHistoryValue
+
+    value = b"\x02" + LONG
+    body = RowHistoryValue.decode(history.encode_value(value, rows.seal("artifact_manifest", MANIFEST_KEY, value))).body
+    rows._INFLATED.clear()
+    for bad in (
+        body[:-1],  # truncated stream
+        body + b"\x00",  # trailing bytes
+        (len(value) + 1).to_bytes(4, "big") + body[4:],  # another length
+        body[:4] + b"\x05" + body[5:],  # a raw tail the stream then lacks
+        body[:3],  # shorter than its length
+    ):
+        with pytest.raises(CorruptRecord):
+            history.decode_value(RowHistoryValue(bad).encode())
+
+
+def test_reads_at_every_version_through_row_history_values_after_reopen(shard_env):
+    key = shard_env.root_id + b"\x0a" * 16 + b"m" * 8
+    values = [b"\x02" + LONG, b"\x02" + LONG[::-1], None, b"\x02" + LONG[50:] + b"tail"]
+    versions = {}
+    for value in values:
+        mutation = Put("artifact_manifest", key, value) if value else Delete("artifact_manifest", key)
+        versions[shard_env.apply(mutations=[mutation]).commit_version] = value
+    shard = shard_env.reopen(verify=True)  # the state digest recomputes over the kept bodies
+    rows._INFLATED.clear()
+    tag = keys.FAMILY_BY_NAME["artifact_manifest"].tag
+    with shard._env.begin() as txn:
+        stored = [v for k, v in stored_rows(txn, shard, "history") if k[0] == tag and k[5:-8] == key]
+    assert sorted(v[0] for v in stored) == [1, 1, 3, 3]  # two tombstones (the creations), two kept rows
+    for version, value in versions.items():
+        with shard.read(version) as view:
+            assert view.get("artifact_manifest", key) == value

@@ -44,6 +44,7 @@ GOLDEN = {
     ),
     E.HistoryValue: (E.HistoryValue(b"k"), "0101" + K_HEX, ()),
     E.DeflatedHistoryValue: (E.DeflatedHistoryValue(3, b"k"), "02" + "00000003" + K_HEX, ()),
+    E.RowHistoryValue: (E.RowHistoryValue(b"k"), "03" + K_HEX, ()),
     E.DeflatedCommandDedupe: (
         E.DeflatedCommandDedupe(C32, 3, b"k", 4, 5),
         "03" + "c3" * 32 + "00000003" + K_HEX + "0000000000000004" + "0000000000000005",

@@ -105,6 +105,50 @@ def test_golden_bytes_of_a_deflated_artifact_revision_with_its_raw_tail():
     )
 
 
+def test_a_rewrite_of_the_raw_tail_reuses_the_replaced_rows_stream_with_the_same_bytes(monkeypatch):
+    value = OPERATION_VALUE[:-33] + bytes(range(33))
+    stored = rows.seal("artifact_revision", OPERATION_KEY, value)
+    changed = value[:-33] + bytes(33)
+    fresh = rows.seal("artifact_revision", OPERATION_KEY, changed)
+    deflated = []
+    monkeypatch.setattr(compression, "deflate_row", lambda *a, **k: deflated.append(a) or None)
+    reused = rows.seal("artifact_revision", OPERATION_KEY, changed, previous=(value, stored))
+    assert reused == fresh and deflated == []  # the same bytes, nothing deflated
+    assert rows.unseal("artifact_revision", OPERATION_KEY, reused) == changed
+    # A head that differs, a length that differs, or a raw previous row: deflated afresh.
+    for new, previous in (
+        (b"\x00" + changed[1:], (value, stored)),
+        (changed[:-33] + b"\x00" + bytes(33), (value, stored)),
+        (changed, (value, rows.seal("path_current", OPERATION_KEY, value))),
+    ):
+        deflated.clear()
+        rows.seal("artifact_revision", OPERATION_KEY, new, previous=previous)
+        assert len(deflated) == 1
+
+
+def test_a_deflated_row_written_or_read_before_is_not_inflated_again_and_is_still_verified(monkeypatch):
+    value = OPERATION_VALUE[:-33] + bytes(range(33))
+    stored = rows.seal("artifact_revision", OPERATION_KEY, value)  # remembered as it is written
+    inflated = []
+    real_inflate = compression.inflate
+    monkeypatch.setattr(compression, "inflate", lambda *a, **k: inflated.append(a) or real_inflate(*a, **k))
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value and inflated == []
+    # Its checksum is still verified first: the same body under another key is corrupt.
+    with pytest.raises(RowCorrupt):
+        rows.unseal("artifact_revision", OPERATION_KEY + b"x", stored)
+    rows._INFLATED.clear()
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value and len(inflated) == 1
+    assert rows.unseal("artifact_revision", OPERATION_KEY, stored) == value and len(inflated) == 1
+    for number in range(rows._INFLATED_ROWS + 10):  # bounded
+        rows.seal("artifact_revision", OPERATION_KEY, value[:-33] + number.to_bytes(33, "big"))
+    assert len(rows._INFLATED) == rows._INFLATED_ROWS
+
+
+def _deflated_32k(data: bytes) -> bytes:
+    deflater = zlib.compressobj(6, zdict=compression.DICTIONARY_1)
+    return deflater.compress(data) + deflater.flush()
+
+
 def test_only_the_deflated_trees_and_only_when_smaller():
     assert "path_current" not in rows.DEFLATED_TREES
     assert rows.seal("path_current", OPERATION_KEY, OPERATION_VALUE)[0] == 1
@@ -145,8 +189,9 @@ def test_a_deflated_row_whose_stream_or_length_lies_is_row_corrupt_even_with_a_v
         (struct.pack(">IB", length + 1, 0) + stream, "does not inflate"),
         (struct.pack(">IB", length, 0) + stream[:-3], "does not inflate"),
         (struct.pack(">IB", length, 0) + stream + b"\x00", "does not inflate"),
-        # A 32 KiB-window stream (compression.deflate's): rows are inflated with an 8 KiB window.
-        (struct.pack(">IB", length, 0) + compression.deflate(OPERATION_VALUE), "does not inflate"),
+        # A 32 KiB-window stream (what compression.deflate wrote before its 8 KiB-window deflater
+        # of short values): rows are inflated with an 8 KiB window.
+        (struct.pack(">IB", length, 0) + _deflated_32k(OPERATION_VALUE), "does not inflate"),
         (struct.pack(">IB", length, 1) + stream, "does not inflate"),  # the stream's last byte taken as the tail
         (struct.pack(">IB", 2, 3) + b"abc", "raw tail is longer"),
         (struct.pack(">IB", length, 200) + stream[:10], "raw tail is longer"),

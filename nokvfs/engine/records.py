@@ -162,6 +162,16 @@ class DeflatedHistoryValue:
     deflated: Bytes
 
 
+@record(version=3)
+class RowHistoryValue:
+    """A HistoryValue whose previous value was a row stored deflated without a raw tail (row
+    envelope version 2, nokvfs.engine.rows): `body` is that row's body as stored -- u32 value
+    length | u8 tail length (0) | zlib stream (8 KiB window) primed with DICTIONARY_1 -- kept as
+    it is rather than inflated and deflated again."""
+
+    body: Bytes
+
+
 # --- CommandDedupe ---------------------------------------------------------------------------
 
 

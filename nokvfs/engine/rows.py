@@ -25,6 +25,7 @@ A store written before the envelope (value_format_version 1) is refused when ope
 
 from __future__ import annotations
 
+import collections
 import functools
 import struct
 
@@ -69,16 +70,38 @@ def checksum(tree: str, key: bytes, value: bytes) -> bytes:
     return _hash(_PREFIXES[tree] + _U32.pack(len(key)) + key + value)
 
 
-def seal(tree: str, key: bytes, value: bytes) -> bytes:
-    """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller)."""
+def seal(tree: str, key: bytes, value: bytes, *, previous: tuple[bytes, bytes] | None = None) -> bytes:
+    """The stored form of `value` at `key` in `tree` (deflated for DEFLATED_TREES when smaller).
+    `previous`: (value, stored form) of the row this one replaces; when the new value differs from
+    it only in the raw tail, its deflated head is reused rather than deflated again (the same
+    bytes: deflating is deterministic)."""
     tail, fixed = DEFLATED_TREES.get(tree, (None, False))
     if tail is not None and len(value) > tail:
         head = value[: len(value) - tail]
+        reused = _reused_head(head, tail, previous)
+        if reused is not None:
+            body = reused + value[len(head) :]
+            _remember(body, value)
+            return _DEFLATED + checksum(tree, key, body) + body
         deflated = compression.deflate_row(head, fixed=fixed)
         if deflated is not None and len(deflated) + _DEFLATED_HEAD.size < len(head):
             body = _DEFLATED_HEAD.pack(len(value), tail) + deflated + value[len(head) :]
+            _remember(body, value)
             return _DEFLATED + checksum(tree, key, body) + body
     return _VERSION + checksum(tree, key, value) + value
+
+
+def _reused_head(head: bytes, tail: int, previous: tuple[bytes, bytes] | None) -> bytes | None:
+    """The deflated body of `previous` without its raw tail (its length header and stream), if
+    `previous` is a verified deflated row of the same length, tail length and head."""
+    if previous is None:
+        return None
+    old_value, old_stored = previous
+    if old_stored[0] != DEFLATED_ENVELOPE_VERSION or len(old_value) != len(head) + tail:
+        return None
+    if old_stored[ENVELOPE_BYTES + _DEFLATED_HEAD.size - 1] != tail or not old_value.startswith(head):
+        return None
+    return old_stored[ENVELOPE_BYTES : len(old_stored) - tail]
 
 
 def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
@@ -88,14 +111,59 @@ def unseal(tree: str, key: bytes, stored: bytes | None) -> bytes | None:
     body = _checked_body(tree, key, stored)
     if stored[0] == ENVELOPE_VERSION:
         return body
-    length, tail = _DEFLATED_HEAD.unpack_from(body)
     try:
-        head = compression.inflate(
-            body[_DEFLATED_HEAD.size : len(body) - tail], length - tail, window_bits=compression.ROW_WINDOW_BITS
-        )
+        return inflate_body(body)
     except ValueError as exc:
         raise _corrupt(tree, key, f"a deflated value that does not inflate: {exc}") from None
-    return head + body[len(body) - tail :]
+
+
+def inflate_body(body: bytes) -> bytes:
+    """The value a deflated envelope's body (what follows its checksum) holds, or ValueError."""
+    value = _INFLATED.get(body)
+    if value is not None:
+        return value
+    if len(body) < _DEFLATED_HEAD.size:
+        raise ValueError("a deflated value shorter than its length")
+    length, tail = _DEFLATED_HEAD.unpack_from(body)
+    if tail > min(length, len(body) - _DEFLATED_HEAD.size):
+        raise ValueError("a deflated value whose raw tail is longer than it")
+    head = compression.inflate(
+        body[_DEFLATED_HEAD.size : len(body) - tail], length - tail, window_bits=compression.ROW_WINDOW_BITS
+    )
+    value = head + body[len(body) - tail :]
+    _remember(body, value)
+    return value
+
+
+def deflated_body(stored: bytes) -> bytes | None:
+    """The body of `stored` (a row already verified) if it is deflated without a raw tail: what
+    a History value may keep as it is (nokvfs.engine.history), else None."""
+    if stored[0] != DEFLATED_ENVELOPE_VERSION or stored[ENVELOPE_BYTES + _DEFLATED_HEAD.size - 1] != 0:
+        return None
+    return stored[ENVELOPE_BYTES:]
+
+
+# The values of the deflated bodies most recently written or inflated: a row is often read again
+# soon after it was written or read (a command's predicate reads the row its builder read; the
+# next command reads what the last one wrote), and a lookup costs a tenth of inflating. A body
+# maps to exactly one value (it is inflated with fixed parameters, its length bound in it) and
+# is only looked up once its checksum verified, so the tree and key need not be part of the key.
+# Bounded: at most _INFLATED_ROWS values of at most _INFLATED_VALUE_BYTES each (a few MB). An
+# OrderedDict, whose every use here is one call under the GIL, so threads may share it.
+_INFLATED: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+_INFLATED_ROWS = 4096
+_INFLATED_VALUE_BYTES = 2048
+
+
+def _remember(body: bytes, value: bytes) -> None:
+    if len(value) > _INFLATED_VALUE_BYTES:
+        return
+    if len(_INFLATED) >= _INFLATED_ROWS:
+        try:
+            _INFLATED.popitem(last=False)  # the oldest entry
+        except KeyError:  # another thread emptied it
+            pass
+    _INFLATED[body] = value
 
 
 def verify(tree: str, key: bytes, stored: bytes) -> None:
@@ -135,9 +203,16 @@ def get(txn, db, tree: str, key: bytes) -> bytes | None:
     """The verified value at `key`, or None. A miss also verifies the rows on both sides of where
     the key would be, so a row whose key bytes were damaged (and so no longer matches its own
     lookup) is RowCorrupt rather than silently absent."""
+    found = get_stored(txn, db, tree, key)
+    return None if found is None else found[0]
+
+
+def get_stored(txn, db, tree: str, key: bytes) -> tuple[bytes, bytes] | None:
+    """(the verified value, its stored form) at `key`, or None, verified as `get` verifies: what
+    a write replacing the row passes to `put` as `previous`."""
     raw = txn.get(key, db=db)
     if raw is not None:
-        return unseal(tree, key, raw)
+        return unseal(tree, key, raw), raw
     verify_neighbours(txn.cursor(db), tree, key)
     return None
 
@@ -151,10 +226,21 @@ def verify_neighbours(cursor, tree: str, key: bytes) -> None:
         verify(tree, cursor.key(), cursor.value())
 
 
-def put(txn, db, tree: str, key: bytes, value: bytes, *, overwrite: bool = True, append: bool = False) -> bool:
+def put(
+    txn,
+    db,
+    tree: str,
+    key: bytes,
+    value: bytes,
+    *,
+    overwrite: bool = True,
+    append: bool = False,
+    previous: tuple[bytes, bytes] | None = None,
+) -> bool:
     """Store `value` sealed. `append`: the key sorts after every key of the tree (LMDB then
-    fills pages instead of splitting them in half); False is returned if it does not."""
-    return txn.put(key, seal(tree, key, value), db=db, overwrite=overwrite, append=append)
+    fills pages instead of splitting them in half); False is returned if it does not.
+    `previous`: the replaced row as `get_stored` returned it (see `seal`)."""
+    return txn.put(key, seal(tree, key, value, previous=previous), db=db, overwrite=overwrite, append=append)
 
 
 def iterate(cursor, tree: str, start: bytes | None = None):

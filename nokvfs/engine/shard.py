@@ -26,7 +26,7 @@ import blake3
 import lmdb
 
 from nokvfs import filemodes
-from nokvfs.engine import compact, fences, history, outbox, retention, rows
+from nokvfs.engine import collector, compact, fences, history, outbox, retention, rows
 from nokvfs.engine import dedupe as dedupe_rows
 from nokvfs.engine.alarm import ALARM_NAME, IntegrityAlarm
 from nokvfs.engine.command import (
@@ -770,6 +770,10 @@ class Shard:
         flush it first."""
         self._check_addressed(command)
         self._alarm.refuse_writes()
+        with collector.deferred():
+            return self._apply_one(command, durable)
+
+    def _apply_one(self, command: MetadataCommand, durable: bool) -> CommandOutcome:
         if not durable:
             with self._flushing:
                 self._unflushed_running += 1
@@ -826,7 +830,7 @@ class Shard:
         self._alarm.refuse_writes()
         results: list = []
         last_lsn = None
-        with self._env.begin(write=True) as txn:
+        with collector.deferred(), self._env.begin(write=True) as txn:
             for item in items:
                 try:
                     command = item(self._write_view(txn)) if callable(item) else item
@@ -886,8 +890,8 @@ class Shard:
                 expected=command.read_version,
                 current=clock,
             )
-        # What the predicates read, verified, is what the first write of the same row replaces:
-        # it is not read a second time.
+        # What the predicates read, verified (value and stored form), is what the first write of
+        # the same row replaces: it is not read a second time.
         checked: dict = {}
         for index, predicate in enumerate(command.predicates):
             checked[predicate.tree, predicate.key] = self._check(txn, index, predicate)
@@ -908,9 +912,10 @@ class Shard:
             # The old value is read verified: nothing is written over a damaged row.
             db = self._family_dbs[tree]
             row = (tree, key)
-            old = checked.pop(row, _UNCHECKED)
-            if old is _UNCHECKED:
-                old = rows.get(txn, db, tree, key)
+            found = checked.pop(row, _UNCHECKED)
+            if found is _UNCHECKED:
+                found = rows.get_stored(txn, db, tree, key)
+            old = None if found is None else found[0]
             first = row not in written
             written.add(row)
             if first and history.records_change(tree, old, value, commit_version):
@@ -918,7 +923,7 @@ class Shard:
                 # Its History key (at the new commit version) is new but for damage: the row
                 # found there, if any, is read (verified) and replaced.
                 history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-                hvalue = history.encode_value(old)
+                hvalue = history.encode_value(old, None if found is None else found[1])
                 history_db = self._dbs[HISTORY_TREE]
                 prior = None
                 if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
@@ -931,7 +936,7 @@ class Shard:
             elif old is not None or not rows.put(txn, db, tree, key, value, append=True):
                 # A new key that sorts last (ChangeEvent, CommandDedupe of UUIDv7 requests, new
                 # operations) is appended, which fills its page instead of splitting it in half.
-                rows.put(txn, db, tree, key, value)
+                rows.put(txn, db, tree, key, value, previous=found)
             digests.change(tree, key, old, value)
             mutated.append((tree, key))
 
@@ -1000,12 +1005,13 @@ class Shard:
             fences.require_active(fence, command.root_id, self.logical_shard_id, command.placement_generation)
         fences.require_owner(command.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
 
-    def _check(self, txn, index: int, predicate) -> bytes | None:
-        """The row the predicate holds on (verified), or PredicateFailed."""
+    def _check(self, txn, index: int, predicate) -> tuple[bytes, bytes] | None:
+        """The row the predicate holds on (verified; rows.get_stored's pair), or PredicateFailed."""
         db = self._family_dbs.get(predicate.tree)
         if db is None:
             raise InvalidInput(f"predicate {index} names no metadata family tree {predicate.tree!r}")
-        raw = rows.get(txn, db, predicate.tree, predicate.key)
+        found = rows.get_stored(txn, db, predicate.tree, predicate.key)
+        raw = None if found is None else found[0]
         where = f"predicate {index} on {predicate.tree}"
         if isinstance(predicate, Exists):
             if raw is None:
@@ -1027,7 +1033,7 @@ class Shard:
                     f"expected {predicate.expected!r}",
                     index=index,
                 )
-        return raw
+        return found
 
     @_lmdb_errors
     def observe_lease_clock(self, unix_ms: int) -> int:
