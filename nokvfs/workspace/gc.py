@@ -63,6 +63,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
+from nokvfs.engine import collector
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
 from nokvfs.engine.scan import iter_prefix, scan_prefix
 from nokvfs.errors import AmbiguousResult, InvalidInput, NokvError, PredicateFailed, StoreError
@@ -191,6 +192,12 @@ def collect(
     batch_revisions = GC_BATCH if batch_revisions is None else batch_revisions
     if isinstance(batch_revisions, bool) or not isinstance(batch_revisions, int) or batch_revisions < 1:
         raise InvalidInput(f"batch_revisions must be a positive integer, got {batch_revisions!r}")
+    # The builders allocate as much as the commands, and it dies as soon as each batch ends.
+    with collector.deferred():
+        return _collect(root, dry_run, progress, keep_versions, history_batch, batch_revisions)
+
+
+def _collect(root, dry_run, progress, keep_versions, history_batch, batch_revisions) -> GcReport:
     report = GcReport()
     if not dry_run:
         _resume(root, report)
