@@ -275,10 +275,11 @@ class Spool:
         # The spool's lock: a Semaphore, which has no owner, so a publication's syscall can take
         # it and its work release it (Workers.bounded_holding).
         self.lock = trio.Semaphore(1)
-        # The spool file's blocks, hashed as they are written (publication reads only the rest).
-        self.hashes = bodies.WrittenBody(root.block_size)
         # Its complete blocks, staged in the store while it is written (nokvfs.workspace.prestage).
         self.prestager = prestage.Prestager.for_store(root.store, root.block_size)
+        # The spool file's blocks, hashed as they are written (publication reads only the rest);
+        # whatever makes those hashes stale makes the staged blocks stale too.
+        self.hashes = bodies.WrittenBody(root.block_size, on_change=self._forget_staged)
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
         self.fd = -1  # no spool file (yet, or any more: see the module docstring)
@@ -307,7 +308,6 @@ class Spool:
         self.fd, self.path, self.in_memory = fd, path, memory is not None
         self._charge(start)
         self.hashes.reset()
-        self._forget_staged()
         self.describe_state(LIVE, new=True)
 
     def _charge(self, size: int) -> None:
@@ -464,16 +464,13 @@ class Spool:
                     chunk = os.pread(self.fd, min(_COPY_CHUNK, tail - position), position)
                     _write_all(self.fd, chunk, base_size + position)
                 self.hashes.forget()
-                self._forget_staged()
                 self._copy_base(base_size)
                 self.append_only = False
             else:
                 self.hashes.reset()
-                self._forget_staged()
                 self._copy_base(min(self.size, self.base.logical_size))
         except OSError as exc:
             self.hashes.forget()
-            self._forget_staged()
             raise _storage_error(f"fill the spool {self.path}", exc) from None
         self.filled = True
         self._charge(max(self._charged, self.size))
@@ -500,7 +497,6 @@ class Spool:
             raise _storage_error(f"truncate the spool {self.path}", exc) from None
         self._charge(size)
         self.hashes.truncated(size)
-        self._forget_staged()
         self.filled = True
         self.size = size
         self.dirty = self.written = True
@@ -584,7 +580,6 @@ class Spool:
                 _write_all(self.fd, data, at)
         except OSError as exc:
             self.hashes.changed(at, end)  # some of it may have landed
-            self._forget_staged()
             raise _storage_error(f"write the spool {self.path}", exc) from None
         self._charge(max(self._charged, end))
         hashed = self.hashes.hashed
@@ -598,17 +593,14 @@ class Spool:
     def _stage_completed(self, hashed_before: int) -> None:
         """After a write: stage the blocks it completed in order (nokvfs.workspace.prestage)."""
         prestager = self.prestager
-        if prestager is None or self.append_only:
-            return
-        if not self.hashes.in_order:
-            prestager.forget()  # written elsewhere: what was staged is likely stale
-            return
+        if prestager is None or self.append_only or not self.hashes.in_order:
+            return  # a write elsewhere: the hashes' on_change already dropped what was staged
         block_size = prestager.block_size
         for index in range(hashed_before // block_size, self.hashes.hashed // block_size):
             prestager.block_done(index, self.fd)
 
     def _forget_staged(self) -> None:
-        if self.prestager is not None:
+        if self.prestager is not None:  # None: no staging (write-back, S3)
             self.prestager.forget()
 
     def pread(self, offset: int, size: int) -> bytes:
@@ -620,7 +612,6 @@ class Spool:
         os.ftruncate(self.fd, 0)
         self._charge(0)
         self.hashes.reset()
-        self._forget_staged()
         self.filled, self.size, self.append_only = True, 0, False
         self.dirty = self.written = self.truncated_only = True
         self.mtime_ns = time.time_ns()
@@ -629,7 +620,6 @@ class Spool:
         """After a successful publication: the spool describes `entry` and holds nothing
         unpublished. With `drop_file` (its last writer is closing) the spool file and sidecar
         go at once; a later write makes a new one from `entry`."""
-        self._forget_staged()
         if drop_file:
             self._remove_file()
             self.filled = False

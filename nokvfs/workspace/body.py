@@ -189,8 +189,11 @@ class WrittenBody:
     truncates and `body`.
     """
 
-    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE):
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, *, on_change=None):
         self.block_size = block_size
+        # Called whenever the in-order hashes stop describing the file's blocks (reset, forget,
+        # any change other than an in-order write): what was derived from them is stale.
+        self.on_change = on_change
         self._whole_chain = _HashChain()
         self._block_chain = _HashChain()
         self.reset()
@@ -206,6 +209,8 @@ class WrittenBody:
         self._whole = hashlib.sha256()
         self._block = hashlib.sha256()  # of bytes [hashed // block_size * block_size, hashed)
         self._digests: dict[int, bytes] = {}  # block index -> digest of a complete block
+        if self.on_change is not None:
+            self.on_change()
 
     def forget(self) -> None:
         """Nothing about the file's bytes is known (it was rewritten some other way)."""
@@ -255,6 +260,8 @@ class WrittenBody:
         for index in [i for i in self._digests if i >= first and (last is None or i <= last)]:
             del self._digests[index]
         self._whole = None
+        if self.on_change is not None:
+            self.on_change()
 
     def body(self, path: str, size: int) -> Body:
         """The Body of the file at `path`, which holds `size` bytes: from the running hashes,
