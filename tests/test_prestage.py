@@ -152,3 +152,17 @@ def test_a_store_that_cannot_stage_gets_no_prestager():
         pass
 
     assert prestage.Prestager.for_store(NoStaging(), BLOCK) is None
+
+
+def test_a_file_of_exactly_one_block_is_staged_once(kernel, released):
+    """A one-block body is otherwise staged while its begin commits: not a second time when it
+    was already staged while written."""
+    data = os.urandom(BLOCK)
+    fh = kernel.create("/wb/outputs/one.bin")
+    write_in_order(kernel, fh, data)
+    kernel.close(fh)
+    assert stored(kernel, "outputs/one.bin") == data
+    [blocks] = released
+    assert list(blocks) == [0] and blocks[0].linked
+    prestage.wait_idle()
+    assert prestage._held == 0

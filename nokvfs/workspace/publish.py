@@ -234,10 +234,14 @@ def _stage_during_begin(root, pub: Publication):
     following the other. Nothing can name the bytes before the ledger that owns their key is
     durable (`upload` links them only after `begin` returned), and a crash before that leaves no
     object (an unnamed temp vanishes; a named one is swept as stale). None when there is nothing
-    to overlap (several blocks, a multipart-sized block, a store that cannot stage)."""
+    to overlap (several blocks, a multipart-sized block, a store that cannot stage, a block
+    already staged)."""
     if len(pub.body.blocks) != 1 or getattr(type(root.store), "stage_put", None) is None:
         return None
     block = pub.body.blocks[0]
+    ahead = pub.body.prestaged.get(block.index)
+    if ahead is not None and ahead.matches(block):
+        return None  # staged while the file was written (nokvfs.workspace.prestage): `upload` links it
     threshold = getattr(root.store, "multipart_threshold", None)
     if threshold is not None and block.length > threshold:
         return None
