@@ -69,6 +69,52 @@ def test_object_is_a_file_at_its_key_path_with_the_body_first(store):
     assert _files_under(store.root) == [".nokv-lock", ".nokv-store", "nokv/artifacts/x/blocks/0000000000000000"]
 
 
+def test_object_file_bytes_are_the_documented_trailer_with_an_xxh3_etag(store):
+    """Golden bytes: body | json | u32_be(len(json)) | b"NOKVOBJ1", the etag "xxh3-" + hex XXH3-128."""
+    etag = store.put("golden/object", b"hello", metadata={"k": "v"})
+    assert etag == "xxh3-b5e9c1ad071b3e7fc779cfaa5e523818"
+    trailer = b'{"etag":"xxh3-b5e9c1ad071b3e7fc779cfaa5e523818","metadata":{"k":"v"},"size":5,"v":1}'
+    with open(os.path.join(store.root, "golden", "object"), "rb") as f:
+        assert f.read() == b"hello" + trailer + len(trailer).to_bytes(4, "big") + b"NOKVOBJ1"
+    assert store.head("golden/object").etag == etag
+    assert store.stage_put(b"hello").commit("golden/staged") == etag
+
+
+def _write_legacy_object(store, key, body):
+    """An object file as the store wrote it before 2026-12-04: the etag the hex MD5 of the body."""
+    import hashlib
+
+    etag = hashlib.md5(body, usedforsecurity=False).hexdigest()
+    trailer = ('{"etag":"%s","metadata":{},"size":%d,"v":1}' % (etag, len(body))).encode()
+    path = os.path.join(store.root, *key.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(body + trailer + len(trailer).to_bytes(4, "big") + b"NOKVOBJ1")
+    return etag
+
+
+def test_an_object_with_an_md5_etag_reads_and_is_replaced_under_if_match(store):
+    etag = _write_legacy_object(store, "old/object", b"written by an older nokvfs")
+    assert store.get("old/object") == b"written by an older nokvfs"
+    assert store.head("old/object").etag == etag
+    with pytest.raises(PreconditionFailed):
+        store.put("old/object", b"new", if_match="xxh3-" + "0" * 32)
+    new = store.put("old/object", b"new", if_match=etag)
+    assert new.startswith("xxh3-") and store.get("old/object") == b"new"
+
+
+def test_a_part_uploaded_with_an_md5_etag_completes_and_a_wrong_one_is_refused(store):
+    import hashlib
+
+    upload_id = store.create_multipart("mp/legacy")
+    assert store.upload_part("mp/legacy", upload_id, 1, b"part one").startswith("xxh3-")
+    legacy = hashlib.md5(b"part one", usedforsecurity=False).hexdigest()  # as an older version returned it
+    with pytest.raises(InvalidInput):
+        store.complete_multipart("mp/legacy", upload_id, [(1, hashlib.md5(b"other").hexdigest())])
+    store.complete_multipart("mp/legacy", upload_id, [(1, legacy)])
+    assert store.get("mp/legacy") == b"part one"
+
+
 def test_delete_prunes_directories_it_left_empty(store):
     store.put("a/b/c/d", b"1")
     store.put("a/x", b"2")
