@@ -166,3 +166,34 @@ def test_a_file_of_exactly_one_block_is_staged_once(kernel, released):
     assert list(blocks) == [0] and blocks[0].linked
     prestage.wait_idle()
     assert prestage._held == 0
+
+
+def test_the_bytes_in_waiting_are_bounded(kernel, released, monkeypatch):
+    monkeypatch.setattr(prestage, "MAX_QUEUED_BYTES", 2 * BLOCK)
+    data = os.urandom(12 * BLOCK)
+    fh = kernel.create("/wb/outputs/queued.bin")
+    write_in_order(kernel, fh, data, piece=BLOCK)
+    kernel.close(fh)
+    assert stored(kernel, "outputs/queued.bin") == data
+    prestage.wait_idle()
+    assert prestage._held == 0 and prestage._queued == 0
+
+
+def test_many_small_writes_and_a_mutable_buffer(kernel, released):
+    """A block of many small writes is staged from them (joined); a block that a mutable buffer
+    wrote into is not staged (its bytes could change after the write returned) and is uploaded
+    from the spool; both publish exactly the file."""
+    data = os.urandom(4 * BLOCK)
+    fh = kernel.create("/wb/outputs/small.bin")
+    write_in_order(kernel, fh, data[: 2 * BLOCK], piece=100)
+    buffer = bytearray(data[2 * BLOCK : 3 * BLOCK])
+    kernel.write(fh, buffer, 2 * BLOCK)
+    buffer[:] = b"\0" * BLOCK  # the caller reuses its buffer
+    write_in_order_from = data[3 * BLOCK :]
+    kernel.write(fh, write_in_order_from, 3 * BLOCK)
+    kernel.close(fh)
+    assert stored(kernel, "outputs/small.bin") == data
+    [blocks] = released
+    assert sorted(blocks) == [0, 1, 3] and all(block.linked for block in blocks.values())
+    prestage.wait_idle()
+    assert prestage._held == 0 and prestage._queued == 0

@@ -278,8 +278,13 @@ class Spool:
         # Its complete blocks, staged in the store while it is written (nokvfs.workspace.prestage).
         self.prestager = prestage.Prestager.for_store(root.store, root.block_size)
         # The spool file's blocks, hashed as they are written (publication reads only the rest);
-        # whatever makes those hashes stale makes the staged blocks stale too.
-        self.hashes = bodies.WrittenBody(root.block_size, on_change=self._forget_staged)
+        # each block hashed in order is staged from the bytes hashed, and whatever makes those
+        # hashes stale makes the staged blocks stale too.
+        self.hashes = bodies.WrittenBody(
+            root.block_size,
+            on_change=self._forget_staged,
+            on_block=None if self.prestager is None else self._stage_block,
+        )
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
         self.fd = -1  # no spool file (yet, or any more: see the module docstring)
@@ -582,22 +587,17 @@ class Spool:
             self.hashes.changed(at, end)  # some of it may have landed
             raise _storage_error(f"write the spool {self.path}", exc) from None
         self._charge(max(self._charged, end))
-        hashed = self.hashes.hashed
         self.hashes.wrote(at, data)
-        self._stage_completed(hashed)
         self.size = max(self.size, offset + len(data))
         self.dirty = self.written = True
         self.truncated_only = False
         self.mtime_ns = time.time_ns()
 
-    def _stage_completed(self, hashed_before: int) -> None:
-        """After a write: stage the blocks it completed in order (nokvfs.workspace.prestage)."""
-        prestager = self.prestager
-        if prestager is None or self.append_only or not self.hashes.in_order:
-            return  # a write elsewhere: the hashes' on_change already dropped what was staged
-        block_size = prestager.block_size
-        for index in range(hashed_before // block_size, self.hashes.hashed // block_size):
-            prestager.block_done(index, self.fd)
+    def _stage_block(self, index: int, digest: bytes, pieces) -> None:
+        """A block written in order is hashed (in the hashing thread): stage it from its bytes
+        (nokvfs.workspace.prestage). An appending spool's blocks are not the file's: never."""
+        if not self.append_only:
+            self.prestager.block_hashed(index, digest, pieces)
 
     def _forget_staged(self) -> None:
         if self.prestager is not None:  # None: no staging (write-back, S3)

@@ -655,11 +655,12 @@ class LocalStore(ObjectStore):
         nothing behind (an unnamed temp vanishes, a named one is swept as stale). A publish
         stages its object this way, then commits its ledger while the fsync runs, then links.
         `key_hint`, the key the bytes are meant for, puts the temp in that key's directory (any
-        key may still be given to `commit`)."""
+        key may still be given to `commit`). `data` is bytes-like, or a list of bytes-like pieces
+        that are the object's bytes in order (written as they are, not joined first)."""
         metadata = check_metadata(metadata)
-        data = _byte_view(data)
+        chunks = [_byte_view(piece) for piece in data] if isinstance(data, list) else [_byte_view(data)]
         near, created = self._prepare_key_dir(self._path(key_hint)) if key_hint is not None else (None, [])
-        fd, tmp, etag, _ = self._write_temp([data], metadata, sync=False, near=near)
+        fd, tmp, etag, _ = self._write_temp(chunks, metadata, sync=False, near=near)
         flushing = _start(_fsync_file, fd, tmp or f"a temp file in {near or self._tmp_root}")
         return StagedPut(self, fd, tmp, etag, flushing, near, created)
 

@@ -33,15 +33,20 @@ HASH_BACKLOG_MAX = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class _BlockEnd:
-    """The last piece of a block: update its hash, then record the block's digest."""
+    """The last piece of a block: update its hash, then record the block's digest (and hand it,
+    with the block's pieces when they are immutable, to `on_block`)."""
 
     hash: object
     digests: dict
     index: int
+    pieces: list | None = None
+    on_block: object = None
 
     def __call__(self, piece) -> None:
         self.hash.update(piece)
-        self.digests[self.index] = self.hash.digest()
+        digest = self.digests[self.index] = self.hash.digest()
+        if self.on_block is not None:
+            self.on_block(self.index, digest, self.pieces)
 
 
 @dataclass(frozen=True)
@@ -189,11 +194,15 @@ class WrittenBody:
     truncates and `body`.
     """
 
-    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, *, on_change=None):
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, *, on_change=None, on_block=None):
         self.block_size = block_size
         # Called whenever the in-order hashes stop describing the file's blocks (reset, forget,
         # any change other than an in-order write): what was derived from them is stale.
         self.on_change = on_change
+        # Called as on_block(index, digest, pieces) once a block written in order is hashed, in
+        # the thread that hashed it: `pieces` are the block's bytes in order, exactly what the
+        # digest is of (views of immutable `bytes`), or None when a write passed a mutable buffer.
+        self.on_block = on_block
         self._whole_chain = _HashChain()
         self._block_chain = _HashChain()
         self.reset()
@@ -209,8 +218,12 @@ class WrittenBody:
         self._whole = hashlib.sha256()
         self._block = hashlib.sha256()  # of bytes [hashed // block_size * block_size, hashed)
         self._digests: dict[int, bytes] = {}  # block index -> digest of a complete block
+        self._pieces = self._new_pieces()  # of the block in progress, for on_block
         if self.on_change is not None:
             self.on_change()
+
+    def _new_pieces(self) -> list | None:
+        return [] if self.on_block is not None else None
 
     def forget(self) -> None:
         """Nothing about the file's bytes is known (it was rewritten some other way)."""
@@ -238,11 +251,17 @@ class WrittenBody:
             piece = view[: bs - position % bs]
             position += len(piece)
             view = view[len(piece) :]
+            if self._pieces is not None:
+                if background:
+                    self._pieces.append(piece)
+                else:
+                    self._pieces = None  # a mutable buffer: this block's bytes are not kept
             if position % bs == 0:
                 # The block ends here: its digest is taken after its last piece, in the chain.
-                end = _BlockEnd(self._block, self._digests, position // bs - 1)
+                end = _BlockEnd(self._block, self._digests, position // bs - 1, self._pieces, self.on_block)
                 self._block_chain.submit(end, piece, background=background)
                 self._block = hashlib.sha256()
+                self._pieces = self._new_pieces()
             else:
                 self._block_chain.submit(self._block.update, piece, background=background)
         self.hashed = position

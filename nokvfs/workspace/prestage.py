@@ -1,28 +1,30 @@
 """Blocks of a file being written, stored ahead of its publication where the store can stage.
 
-A file written in order completes its blocks one after the other, long before close(2). Each
-completed block is read back from the spool (still in the page cache) by a background thread,
-hashed, and written to the store as a staged put (`nokvfs.objects.store.stage_put`: the bytes
-durable under no key). The publication then only links the staged bytes at their keys, after its
-begin command made the ledger own those keys (seed 000, "Upload And Append": the ledger owns
-every key before any upload). A staged put is not an upload: nothing can name its bytes, and a
-crash leaves nothing behind (an unnamed temp vanishes, a named one is swept as stale). So the
-store's writes and flushes overlap the writes into the spool instead of following close(2).
+A file written in order completes its blocks one after the other, long before close(2). Once the
+spool's running hash (nokvfs.workspace.body.WrittenBody) has taken a completed block's digest, the
+block's own bytes -- the immutable buffers the writes passed, the very bytes that digest is of --
+are written to the store by a background thread as a staged put (`nokvfs.objects.store.stage_put`:
+the bytes durable under no key). Nothing is read back from the spool and nothing is hashed again.
+The publication then only links the staged bytes at their keys, after its begin command made the
+ledger own those keys (seed 000, "Upload And Append": the ledger owns every key before any
+upload). A staged put is not an upload: nothing can name its bytes, and a crash leaves nothing
+behind (an unnamed temp vanishes, a named one is swept as stale). So the store's writes and
+flushes overlap the writes into the spool instead of following close(2).
 
 Correctness never rests on the staged bytes being the file's. A staged block is linked only when
-its own SHA-256 (of exactly the bytes staged) and length equal the publication's plan for that
-block. A block rewritten after it was staged, a truncate, or a read racing a rewrite makes the
-digests differ, and the block is then uploaded from the spool, as it would be without staging.
+its digest (of exactly the bytes staged) and length equal the publication's plan for that block.
+A block rewritten after it was staged, or a truncate, makes the digests differ, and the block is
+then uploaded from the spool, as it would be without staging.
 
 Bounded: at most MAX_STAGED blocks in the whole process are staged or being staged (each holds a
-temp file and its descriptor); further blocks are uploaded at publication as before.
-`NOKVFS_PRESTAGE_BLOCKS` overrides the bound (0 turns staging ahead off).
+temp file and its descriptor), and at most MAX_QUEUED_BYTES of written bytes wait in memory for
+a thread to stage them; further blocks are uploaded at publication as before.
+`NOKVFS_PRESTAGE_BLOCKS` overrides the first bound (0 turns staging ahead off).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import logging
 import os
 import threading
@@ -34,9 +36,11 @@ from nokvfs.objects.store import stage_put
 log = logging.getLogger(__name__)
 
 MAX_STAGED = int(os.environ.get("NOKVFS_PRESTAGE_BLOCKS", "64"))
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
 
 _lock = threading.Lock()
 _held = 0  # blocks staged or being staged, process-wide (under _lock)
+_queued = 0  # bytes of blocks waiting for a thread to stage them, process-wide (under _lock)
 # Process-wide, for the daemon's log: blocks staged ahead, and of those the publications linked.
 COUNTS = {"staged": 0, "linked": 0}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -50,13 +54,21 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
-def _reserve() -> bool:
-    global _held
+def _reserve(size: int) -> bool:
+    """Room for one more block of `size` bytes waiting to be staged."""
+    global _held, _queued
     with _lock:
-        if _held >= MAX_STAGED:
+        if _held >= MAX_STAGED or _queued + size > MAX_QUEUED_BYTES:
             return False
         _held += 1
+        _queued += size
         return True
+
+
+def _dequeued(size: int) -> None:
+    global _queued
+    with _lock:
+        _queued -= size
 
 
 def _release() -> None:
@@ -81,9 +93,9 @@ class StagedBlock:
 
 
 class Prestager:
-    """The blocks staged ahead for one file. `block_done` is cheap (it only queues the work), so
-    the event loop may call it after each write; `take` and `forget` are for the spool's owner,
-    which serializes them with its writes."""
+    """The blocks staged ahead for one file. `block_hashed` is cheap (it only queues the work);
+    `take` and `forget` are for the spool's owner, which serializes them with its writes (and
+    `take` follows the settling of the file's hashes, so every block_hashed call is in)."""
 
     def __init__(self, store, block_size: int):
         self.store = store
@@ -91,7 +103,7 @@ class Prestager:
         self._mutex = threading.Lock()
         self._generation = 0  # bumped by forget: work started before it is dropped when done
         self._ready: dict[int, StagedBlock] = {}
-        self._jobs: list[tuple[concurrent.futures.Future, int]] = []  # (work, its descriptor)
+        self._jobs: list[concurrent.futures.Future] = []  # staging work queued or running
 
     @classmethod
     def for_store(cls, store, block_size: int) -> Prestager | None:
@@ -103,44 +115,41 @@ class Prestager:
             return None
         return cls(store, block_size)
 
-    def block_done(self, index: int, fd: int) -> None:
-        """Block `index` of the file whose spool descriptor is `fd` is complete: stage it in the
-        background if there is room (else it is uploaded at publication)."""
-        if not _reserve():
+    def block_hashed(self, index: int, digest: bytes, pieces: list | None) -> None:
+        """Block `index` of the file is complete, `pieces` its bytes in order (immutable) and
+        `digest` their SHA-256: stage them in the background if there is room (else the block is
+        uploaded at publication). Cheap (it only queues the work): the thread that hashed the
+        block calls it (WrittenBody's on_block)."""
+        if pieces is None or sum(len(piece) for piece in pieces) != self.block_size:
             return
-        try:
-            own = os.dup(fd)  # the spool may close or replace its descriptor meanwhile
-        except OSError:
-            _release()
+        if not _reserve(self.block_size):
             return
         with self._mutex:
             generation = self._generation
-            self._jobs = [(f, d) for f, d in self._jobs if not f.done()]
+            self._jobs = [job for job in self._jobs if not job.done()]
             try:
-                future = _executor().submit(self._stage, index, own, generation)
+                job = _executor().submit(self._stage, index, digest, pieces, generation)
             except RuntimeError:  # the interpreter is shutting down
-                os.close(own)
+                _dequeued(self.block_size)
                 _release()
                 return
-            self._jobs.append((future, own))
+            self._jobs.append(job)
 
-    def _stage(self, index: int, fd: int, generation: int) -> None:
+    def _stage(self, index: int, digest: bytes, pieces: list, generation: int) -> None:
         staged = None
         try:
-            data = os.pread(fd, self.block_size, index * self.block_size)
-            if len(data) == self.block_size:
-                digest = hashlib.sha256(data).digest()
-                staged = stage_put(self.store, data)
+            # Many small writes: one buffer (one write) rather than a system call per piece.
+            staged = stage_put(self.store, b"".join(pieces) if len(pieces) > 16 else pieces)
         except (OSError, NokvError) as exc:
             log.debug("staging block %d ahead failed (it is uploaded at publication): %s", index, exc)
         finally:
-            os.close(fd)
+            _dequeued(self.block_size)
         if staged is None:
             _release()
             return
         with self._mutex:
             if generation == self._generation and index not in self._ready:
-                self._ready[index] = StagedBlock(index, len(data), digest, staged)
+                self._ready[index] = StagedBlock(index, self.block_size, digest, staged)
                 with _lock:
                     COUNTS["staged"] += 1
                 return
@@ -151,11 +160,11 @@ class Prestager:
         """Cancel the work not started yet; wait for the rest."""
         with self._mutex:
             jobs, self._jobs = self._jobs, []
-        for future, fd in jobs:
-            if future.cancel():
-                os.close(fd)
+        for job in jobs:
+            if job.cancel():
+                _dequeued(self.block_size)
                 _release()
-        concurrent.futures.wait([future for future, _ in jobs])
+        concurrent.futures.wait(jobs)
 
     def take(self) -> dict[int, StagedBlock]:
         """The blocks staged so far, for one publication (`release` them after it)."""
