@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import pytest
 
@@ -197,3 +198,27 @@ def test_many_small_writes_and_a_mutable_buffer(kernel, released):
     assert sorted(blocks) == [0, 1, 3] and all(block.linked for block in blocks.values())
     prestage.wait_idle()
     assert prestage._held == 0 and prestage._queued == 0
+
+
+def test_blocks_still_being_hashed_when_an_unlinked_file_is_closed_are_not_kept(kernel, released, monkeypatch):
+    """Blocks hashed in the background after the spool was dropped (an unlinked file's last
+    close) must not be staged and then held forever: the close waits for them first."""
+    from nokvfs.workspace import body
+
+    monkeypatch.setattr(body, "HASH_IN_BACKGROUND_MIN", 1)  # every piece hashed in a pool thread
+    original = prestage.Prestager.block_hashed
+
+    def slow(self, index, digest, pieces):
+        time.sleep(0.05)  # the hashing thread is behind the writer
+        original(self, index, digest, pieces)
+
+    monkeypatch.setattr(prestage.Prestager, "block_hashed", slow)
+    fh = kernel.create("/wb/outputs/gone.bin")
+    write_in_order(kernel, fh, os.urandom(6 * BLOCK), piece=BLOCK)
+    parent, name = kernel.split("/wb/outputs/gone.bin")
+    kernel.call("unlink", parent, name, kernel.ctx)
+    kernel.call("release", fh)
+    time.sleep(0.4)  # any hashing still running has ended by now
+    prestage.wait_idle()
+    assert prestage._held == 0 and prestage._queued == 0
+    assert temps_left(kernel) == []

@@ -656,7 +656,9 @@ class Spool:
 
     def close(self, *, remove: bool) -> None:
         self.closed = True
-        self._forget_staged()
+        # Through the hashes: they first wait for the blocks still being hashed, whose on_block
+        # would otherwise stage a block after the staged ones were dropped (and hold it forever).
+        self.hashes.forget()
         if remove:
             self._remove_file()
         elif self.fd >= 0:
