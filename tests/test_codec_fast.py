@@ -176,3 +176,31 @@ def test_every_records_init_has_the_dataclass_signature_and_keeps_it_frozen():
     restore = GOLDEN[R.RestoreOperation][0]
     with pytest.raises(CorruptRecord):  # its __post_init__ still runs
         dataclasses.replace(restore, source_selector=b"\x01")
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+@_SETTINGS
+@given(data=st.data(), cut=st.integers(min_value=0, max_value=64), flip=st.integers(min_value=0, max_value=255))
+def test_decode_field_is_the_field_of_the_whole_decoding(cls, data, cut, flip):
+    """decode_field (one field, the rest unread): the whole decoding's field wherever that
+    succeeds, on damaged bytes too, and only typed errors otherwise."""
+    from nokvfs.errors import UnknownVersion
+
+    encoded = data.draw(_instances(cls)).encode()
+    variants = [encoded, encoded[: max(1, len(encoded) - cut)]]
+    if len(encoded) > 1:
+        position = 1 + cut % (len(encoded) - 1)
+        variants.append(encoded[:position] + bytes([flip]) + encoded[position + 1 :])
+    for name, _ in cls.__codec_fields__:
+        for variant in variants:
+            try:
+                whole = cls.decode(variant)
+            except (CorruptRecord, UnknownDiscriminant, UnknownVersion):
+                whole = None
+            try:
+                value = codec.decode_field(cls, variant, name)
+            except (CorruptRecord, UnknownDiscriminant, UnknownVersion):
+                assert whole is None
+                continue
+            if whole is not None:
+                assert value == getattr(whole, name)

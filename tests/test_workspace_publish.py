@@ -540,3 +540,34 @@ def test_a_body_larger_than_one_command_is_published_in_bounded_batches(tmp_path
         assert entry.logical_size == len(data)
     finally:
         root.close()
+
+
+def test_pending_decodes_phases_first_and_finds_what_a_whole_scan_finds(bench):
+    """Recovery's scan passes over terminal operations by their phase alone: it finds exactly
+    the operations a scan decoding every row finds, in every phase."""
+    from nokvfs.workspace.operations import Rows
+
+    root = bench
+    for i in range(5):
+        namespace.put(root, WB, f"outputs/done{i}", body(BLOCK, f"done{i}"))  # Published
+    uploading = _publication("outputs/uploading", body(BLOCK, "u"))
+    publish.begin(root, uploading)
+    finalizing = _publication("outputs/finalizing", body(BLOCK, "f"))
+    publish.begin(root, finalizing)
+    publish.upload(root, finalizing)
+    publish.finalize(root, finalizing.operation_id)
+    aborted = _publication("outputs/aborted", body(BLOCK, "a"))
+    publish.begin(root, aborted)
+    publish.abort(root, aborted.operation_id, reason="test")
+    rows = publish.ROWS
+    with root.read() as view:
+        found = rows.pending(view, root)
+        whole = Rows.matching(rows, view, root, lambda op: op.phase not in rows.terminal)
+        aborted_only = rows.matching(
+            view, root, lambda op: op.phase == PublishPhase.Cleaned, phases={PublishPhase.Cleaned}
+        )
+    assert found == whole
+    assert {op_id for op_id, _ in found} == {uploading.operation_id, finalizing.operation_id}
+    assert {op.phase for _, op in found} == {PublishPhase.Uploading, PublishPhase.Finalizing}
+    assert [op_id for op_id, _ in aborted_only] == [aborted.operation_id]  # aborted, then cleaned
+    assert PublishPhase.Published not in rows.live and PublishPhase.Uploading in rows.live

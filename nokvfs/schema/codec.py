@@ -486,6 +486,49 @@ def _decode(cls, data: bytes):
     return obj
 
 
+_FIELD_DECODERS: dict = {}  # (record class, field name) -> compiled decoder up to that field
+
+
+def decode_field(cls, data, name: str):
+    """Field `name` of a `cls` value alone: the version byte and the fields before it decoded and
+    checked as `decode` would, the rest not read. For a scan that picks a few rows of many by
+    one field (recovery looks for operations not in a terminal phase): the rows it keeps are
+    decoded whole, and so checked whole, by their reader."""
+    buf = data if type(data) is bytes else bytes(data)
+    pos = 0
+    if cls.VERSION is not None:
+        if not buf:
+            raise CorruptRecord(f"{cls.__name__}: empty value has no version byte")
+        if buf[0] != cls.VERSION:
+            raise UnknownVersion(f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}")
+        pos = 1
+    fast = _FIELD_DECODERS.get((cls, name))
+    if fast is None:
+        fast = _FIELD_DECODERS[(cls, name)] = _compile_decoder(cls, upto=name)
+    try:
+        return fast(buf, pos)[0]
+    except Exception:  # noqa: BLE001 - the declared codecs below say what is wrong, and where
+        pass
+    for step in cls.__decode_plan__:
+        if type(step) is _FixedRun:
+            if name not in step.names and pos + step.struct.size <= len(buf):
+                pos += step.struct.size
+                continue
+            fields = step.fields
+        else:
+            fields = (step,)
+        for field, codec in fields:
+            try:
+                value, pos = codec.decode(buf, pos)
+            except CorruptRecord as exc:
+                raise CorruptRecord(f"{cls.__name__}.{field}: {exc}") from None
+            except UnknownDiscriminant as exc:
+                raise UnknownDiscriminant(f"{cls.__name__}.{field}: {exc}") from None
+            if field == name:
+                return value
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+
 # --- compiled codecs ---------------------------------------------------------------------------
 #
 # Encoding and decoding run for every row a command writes or a read touches, so each record
@@ -591,7 +634,9 @@ def _compile_encoder(cls):
     return env["encode"]
 
 
-def _compile_decoder(cls):
+def _compile_decoder(cls, upto: str | None = None):
+    """decode(buf, pos) -> (record, pos); with `upto`, -> (that field's value, pos), the fields
+    after it not read."""
     lines = ["def decode(buf, pos):", "    n = len(buf)"]
     env = {"_Slow": _Slow, "cls": cls, "str": str}
     names = []
@@ -604,6 +649,9 @@ def _compile_decoder(cls):
             lines.append(f"    if pos + {step.struct.size} > n: raise _Slow")
             lines.append(f"    {', '.join(targets)}, = {run}.unpack_from(buf, pos)")
             lines.append(f"    pos += {step.struct.size}")
+            if upto in step.names:
+                lines.append(f"    return v{names.index(upto)}, pos")
+                break
             continue
         name, codec = step
         v = f"v{len(names)}"
@@ -646,6 +694,12 @@ def _compile_decoder(cls):
             field = f"C{len(env)}"
             env[field] = codec
             lines.append(f"    {v}, pos = {field}.decode(buf, pos)")
-    lines.append(f"    return cls({', '.join(f'v{i}' for i in range(len(names)))}), pos")
+        if name == upto:
+            lines.append(f"    return {v}, pos")
+            break
+    else:
+        if upto is not None:
+            raise KeyError(f"{cls.__name__} has no field {upto!r}")
+        lines.append(f"    return cls({', '.join(f'v{i}' for i in range(len(names)))}), pos")
     exec("\n".join(lines), env)
     return env["decode"]

@@ -39,6 +39,7 @@ from nokvfs.engine.command import Put, ValueEquals
 from nokvfs.engine.scan import iter_prefix
 from nokvfs.errors import NokvError, NotFound, PredicateFailed
 from nokvfs.schema import keys
+from nokvfs.schema.codec import decode_field
 from nokvfs.schema.enums import HistoryHoldKind, OperationKind
 from nokvfs.schema.ids import new_id16
 from nokvfs.schema.records import OPERATION_RECORDS
@@ -210,12 +211,26 @@ class Rows:
 
     def pending(self, view, root) -> list:
         """(operation id, record) of every operation of this kind not in a terminal phase."""
-        return self.matching(view, root, lambda operation: operation.phase not in self.terminal)
+        return self.matching(view, root, lambda operation: operation.phase not in self.terminal, phases=self.live)
 
-    def matching(self, view, root, wanted) -> list:
-        """(operation id, record) of every operation of this kind for which `wanted(op)` holds."""
+    @property
+    def live(self) -> frozenset:
+        """The phases that are not terminal."""
+        return frozenset(self.phase_type) - frozenset(self.terminal)
+
+    @property
+    def phase_type(self):
+        return dict(self.record.__codec_fields__)["phase"].enum_type
+
+    def matching(self, view, root, wanted, *, phases=None) -> list:
+        """(operation id, record) of every operation of this kind for which `wanted(op)` holds.
+        `phases`, if given, holds every phase `wanted` can accept: a row in another phase is
+        passed over after decoding its phase alone (every open scans every operation the
+        retention window keeps, almost all of them terminal)."""
         out = []
         for key, value in iter_prefix(view, "operation", keys.operation_prefix(root.root_id, self.kind)):
+            if phases is not None and decode_field(self.record, value, "phase") not in phases:
+                continue
             operation = self.record.decode(value)
             if wanted(operation):
                 out.append((keys.OperationKey.decode(key).operation_id, operation))
@@ -338,17 +353,21 @@ def drive_to_terminal(
             raise
 
 
-def drive_each(root, rows: Rows, drive, *, wanted=None, found=None) -> list[tuple[str, str]]:
+def drive_each(root, rows: Rows, drive, *, wanted=None, phases=None, found=None) -> list[tuple[str, str]]:
     """The one loop over a kind's operations: every one for which `wanted(op)` holds (default:
-    not terminal, i.e. recovery), or those of `found` ((op id, op) as `Rows.matching` read them,
-    for a caller that has just scanned), is driven by `drive(op id, op)` while this process holds
-    its lock; one a live process holds is skipped. Returns (op hex, outcome) in key order; a
-    typed failure is logged and reported as "failed: ..." and the loop goes on."""
+    not terminal, i.e. recovery; `phases` as for Rows.matching), or those of `found` ((op id,
+    op) as `Rows.matching` read them, for a caller that has just scanned), is driven by
+    `drive(op id, op)` while this process holds its lock; one a live process holds is skipped.
+    Returns (op hex, outcome) in key order; a typed failure is logged and reported as
+    "failed: ..." and the loop goes on."""
     if found is not None:
         candidates = found
     else:
         with root.read() as view:
-            candidates = rows.pending(view, root) if wanted is None else rows.matching(view, root, wanted)
+            if wanted is None:
+                candidates = rows.pending(view, root)
+            else:
+                candidates = rows.matching(view, root, wanted, phases=phases)
     outcomes = []
     for operation_id, operation in candidates:
         lock = OperationLock(root.run_dir, operation_id)
