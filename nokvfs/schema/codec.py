@@ -471,15 +471,20 @@ def _encode(self) -> bytes:
     return bytes(out)
 
 
+def _after_version(cls, buf: bytes) -> int:
+    """Where a `cls` value's fields start, once its version byte (if it has one) is checked."""
+    if cls.VERSION is None:
+        return 0
+    if not buf:
+        raise CorruptRecord(f"{cls.__name__}: empty value has no version byte")
+    if buf[0] != cls.VERSION:
+        raise UnknownVersion(f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}")
+    return 1
+
+
 def _decode(cls, data: bytes):
     buf = bytes(data)
-    pos = 0
-    if cls.VERSION is not None:
-        if not buf:
-            raise CorruptRecord(f"{cls.__name__}: empty value has no version byte")
-        if buf[0] != cls.VERSION:
-            raise UnknownVersion(f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}")
-        pos = 1
+    pos = _after_version(cls, buf)
     obj, pos = _decode_fields(cls, buf, pos)
     if pos != len(buf):
         raise CorruptRecord(f"{cls.__name__}: {len(buf) - pos} trailing bytes after offset {pos}")
@@ -495,13 +500,7 @@ def decode_field(cls, data, name: str):
     one field (recovery looks for operations not in a terminal phase): the rows it keeps are
     decoded whole, and so checked whole, by their reader."""
     buf = data if type(data) is bytes else bytes(data)
-    pos = 0
-    if cls.VERSION is not None:
-        if not buf:
-            raise CorruptRecord(f"{cls.__name__}: empty value has no version byte")
-        if buf[0] != cls.VERSION:
-            raise UnknownVersion(f"{cls.__name__}: value version {buf[0]}, this build knows only {cls.VERSION}")
-        pos = 1
+    pos = _after_version(cls, buf)
     fast = _FIELD_DECODERS.get((cls, name))
     if fast is None:
         fast = _FIELD_DECODERS[(cls, name)] = _compile_decoder(cls, upto=name)
