@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from nokvfs.errors import CorruptRecord, UnknownDiscriminant
 from nokvfs.schema import codec
 from nokvfs.schema import records as R
-from nokvfs.schema.enums import PublishPhase
+from nokvfs.schema.enums import PublishPhase, RevisionState
 from tests.test_records import ALL, GOLDEN, IDS, _instances
 
 _SETTINGS = settings(
@@ -204,3 +204,29 @@ def test_decode_field_is_the_field_of_the_whole_decoding(cls, data, cut, flip):
                 continue
             if whole is not None:
                 assert value == getattr(whole, name)
+
+
+def test_replace_makes_the_record_dataclasses_replace_makes():
+    import dataclasses
+
+    for cls, (golden, _, _) in GOLDEN.items():
+        for field in dataclasses.fields(cls):
+            value = getattr(golden, field.name)
+            fast, slow = (
+                codec.replace(golden, **{field.name: value}),
+                dataclasses.replace(golden, **{field.name: value}),
+            )
+            assert fast == slow and fast is not golden, (cls, field.name)
+        assert codec.replace(golden) == golden
+        with pytest.raises(TypeError, match="no_such_field"):
+            codec.replace(golden, no_such_field=1)
+    revision = GOLDEN[R.ArtifactRevision][0]
+    changed = codec.replace(revision, state=RevisionState.Deleted, strong_reference_count=3)
+    assert changed == dataclasses.replace(revision, state=RevisionState.Deleted, strong_reference_count=3)
+    assert (
+        changed.encode()
+        == dataclasses.replace(revision, state=RevisionState.Deleted, strong_reference_count=3).encode()
+    )
+    assert revision.state != RevisionState.Deleted  # the original is left as it was
+    with pytest.raises(CorruptRecord):  # the record's __post_init__ still runs
+        codec.replace(GOLDEN[R.RestoreOperation][0], source_selector=b"\x01")

@@ -21,6 +21,7 @@ from nokvfs.errors import (
     CommandTooLarge,
     FenceError,
     GenerationConflict,
+    InvalidInput,
     OwnerFenced,
     PredicateFailed,
     ReadVersionStale,
@@ -245,3 +246,27 @@ def test_a_key_beyond_the_engine_limit_is_refused_before_anything_is_written(sha
     assert shard_env.shard.commit_version == version
     shard_env.apply(mutations=[Put("path_current", b"k" * limit, b"\x02v")])
     shard_env.reopen()
+
+
+@pytest.mark.parametrize("kind", [Put, ValueEquals])
+def test_put_and_value_equals_are_built_as_their_dataclass_declares(kind):
+    """Their own __init__ (no object.__setattr__ per field) takes the declared fields, by
+    position or name, stores the value as bytes (a versioned record encoded), and leaves the
+    row frozen, comparable and hashable like any frozen dataclass."""
+    import dataclasses
+
+    candidate = records.GcCandidate(3, GcClaimState.Candidate, 0, None)
+    row = kind("gc_candidate", b"k", candidate)
+    assert [f.name for f in dataclasses.fields(kind)] == ["tree", "key", "value"]
+    assert (row.tree, row.key, row.value) == ("gc_candidate", b"k", candidate.encode())
+    assert row == kind(tree="gc_candidate", key=b"k", value=bytearray(candidate.encode()))
+    assert hash(row) == hash(kind("gc_candidate", b"k", candidate.encode()))
+    assert type(kind("t", b"k", bytearray(b"v")).value) is bytes
+    assert dataclasses.replace(row, key=b"j") == kind("gc_candidate", b"j", candidate.encode())
+    assert repr(row).startswith(f"{kind.__name__}(tree='gc_candidate', key=b'k', value=b")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.value = b"other"
+    with pytest.raises(InvalidInput):
+        kind("t", b"k", "not bytes")
+    with pytest.raises(TypeError):
+        kind("t", b"k")

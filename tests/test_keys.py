@@ -430,6 +430,33 @@ def test_history_keys_fail_closed():
         K.history_key(0x03, b"k", 2**64)
 
 
+def _decoded(data: bytes):
+    try:
+        return K.decode_history_key(data)
+    except (CorruptRecord, UnknownDiscriminant) as exc:
+        return type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([tag for _, tag in SEED_TREES] + [0, 0x18, 0xFF]), st.binary(max_size=24), st.data())
+def test_history_key_decoding_takes_its_checks_answer_on_any_bytes(tag, user_key, data):
+    """decode_history_key's straight-line path for well-formed keys gives the checked path's
+    answer, and any other bytes (a cut, an added byte, a wrong length) its typed error."""
+    key = bytes([tag]) + len(user_key).to_bytes(4, "big") + user_key + data.draw(st.binary(min_size=8, max_size=8))
+    for candidate in (
+        key,
+        key[: data.draw(st.integers(0, len(key)))],
+        key + b"\x00",
+        data.draw(st.binary(max_size=40)),
+    ):
+        try:
+            checked = K._decode_history_key_checked(candidate)
+        except (CorruptRecord, UnknownDiscriminant) as exc:
+            checked = type(exc)
+        assert _decoded(candidate) == checked
+        assert _decoded(bytearray(candidate)) == checked
+
+
 # --- generated round trips -------------------------------------------------------------------
 
 components = st.text(

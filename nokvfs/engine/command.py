@@ -34,6 +34,16 @@ def _as_bytes(value: Any) -> bytes:
     raise InvalidInput(f"a stored value must be bytes or a versioned record, got {type(value).__name__}")
 
 
+def _set_fields(row, tree: str, key: bytes, value: bytes) -> None:
+    """The fields of a frozen ValueEquals or Put, set as the dataclass's own __init__ would set
+    them (and its __post_init__ the value), without its four object.__setattr__ calls: a
+    command's builder makes several per row (a GC batch, thousands)."""
+    fields = row.__dict__
+    fields["tree"] = tree
+    fields["key"] = key
+    fields["value"] = value
+
+
 # --- predicates --------------------------------------------------------------------------------
 
 
@@ -55,8 +65,8 @@ class ValueEquals:
     key: bytes
     value: bytes
 
-    def __post_init__(self):
-        object.__setattr__(self, "value", _as_bytes(self.value))
+    def __init__(self, tree: str, key: bytes, value: Any):
+        _set_fields(self, tree, key, _as_bytes(value))
 
 
 @dataclass(frozen=True)
@@ -103,8 +113,8 @@ class Put:
     key: bytes
     value: bytes
 
-    def __post_init__(self):
-        object.__setattr__(self, "value", _as_bytes(self.value))
+    def __init__(self, tree: str, key: bytes, value: Any):
+        _set_fields(self, tree, key, _as_bytes(value))
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,6 @@ revisions this pass found collectable on top of those) and after each History ba
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
 from nokvfs.engine.scan import iter_prefix, scan_prefix
 from nokvfs.errors import AmbiguousResult, InvalidInput, NokvError, PredicateFailed, StoreError
 from nokvfs.schema import keys
+from nokvfs.schema.codec import replace
 from nokvfs.schema.enums import GcClaimState, GcPhase, OperationKind, ReferenceKind, RevisionState
 from nokvfs.schema.records import (
     ArtifactManifest,
@@ -605,8 +605,8 @@ def _claim_rows(view, root, revision_id: bytes, epoch: int, floor: int, seen: _S
         terminal_error=None,
         created_version=view.version + 1,
     )
-    deleting = dataclasses.replace(revision, state=RevisionState.Deleting)
-    claimed = dataclasses.replace(candidate, claim_state=GcClaimState.Claimed)
+    deleting = replace(revision, state=RevisionState.Deleting)
+    claimed = replace(candidate, claim_state=GcClaimState.Claimed)
     collection = _Collection(
         op_id,
         op_key,
@@ -780,13 +780,13 @@ def _requeue(root, op_id: bytes, operation: GcOperation) -> None:
             Put(
                 "artifact_revision",
                 _revision_key(root, revision_id),
-                dataclasses.replace(revision, state=RevisionState.Deleting),
+                replace(revision, state=RevisionState.Deleting),
             )
         ]
         predicates, mutations = _with_candidate(
             view, root, current, predicates, mutations, claim_state=GcClaimState.Claimed
         )
-        return predicates, mutations, dataclasses.replace(current, phase=GcPhase.Deleting)
+        return predicates, mutations, replace(current, phase=GcPhase.Deleting)
 
     ROWS.step(root, op_id, "gc.reconcile", change, digest=intent_digest("gc.reconcile", op_id))
 
@@ -799,7 +799,7 @@ def _with_candidate(view, root, operation: GcOperation, predicates, mutations, *
         return predicates, mutations
     if predicate:
         predicates = predicates + [ValueEquals("gc_candidate", key, raw)]
-    return predicates, mutations + [Put("gc_candidate", key, dataclasses.replace(GcCandidate.decode(raw), **changes))]
+    return predicates, mutations + [Put("gc_candidate", key, replace(GcCandidate.decode(raw), **changes))]
 
 
 def _delete_objects(root, collections: list) -> dict:
@@ -895,16 +895,14 @@ def _finish_many(root, collections: list) -> None:
                 ValueEquals("operation", op_key, c.raw_operation),
                 ValueEquals("artifact_revision", revision_key, c.raw_revision),
             ]
-            mutations.append(
-                Put("artifact_revision", revision_key, dataclasses.replace(c.revision, state=RevisionState.Deleted))
-            )
+            mutations.append(Put("artifact_revision", revision_key, replace(c.revision, state=RevisionState.Deleted)))
             if c.candidate is not None:
                 predicates.append(ValueEquals("gc_candidate", c.candidate_key, c.raw_candidate))
                 mutations.append(
                     Put(
                         "gc_candidate",
                         c.candidate_key,
-                        dataclasses.replace(c.candidate, claim_state=GcClaimState.Complete),
+                        replace(c.candidate, claim_state=GcClaimState.Complete),
                     )
                 )
             mutations += [Delete("artifact_manifest", k) for k in c.manifest_keys]
@@ -912,7 +910,7 @@ def _finish_many(root, collections: list) -> None:
                 Put(
                     "operation",
                     op_key,
-                    dataclasses.replace(c.operation, phase=GcPhase.Deleted, deleted_object_count=len(c.own)),
+                    replace(c.operation, phase=GcPhase.Deleted, deleted_object_count=len(c.own)),
                 )
             )
         ref_predicates, ref_mutations = refs.rows()
@@ -934,7 +932,7 @@ def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> No
             Put(
                 "artifact_revision",
                 revision_key,
-                dataclasses.replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined),
+                replace(ArtifactRevision.decode(raw_revision), state=RevisionState.Quarantined),
             )
         ]
         candidate = _candidate(view, root, current)
@@ -953,7 +951,7 @@ def _quarantine(root, op_id: bytes, operation: GcOperation, evidence: str) -> No
         return (
             predicates,
             mutations,
-            dataclasses.replace(current, phase=GcPhase.Quarantined, terminal_error=evidence[:1024]),
+            replace(current, phase=GcPhase.Quarantined, terminal_error=evidence[:1024]),
         )
 
     try:
