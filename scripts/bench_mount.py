@@ -408,7 +408,9 @@ def main() -> int:
     parser.add_argument("--tar-files", type=int, default=4000)
     parser.add_argument("--big-dir", type=int, default=20_000)
     parser.add_argument(
-        "--modes", default="durable,write-back", help="nokvfs modes to run: durable, write-back or both"
+        "--modes",
+        default="durable,write-back",
+        help="nokvfs modes to run, comma-separated: durable, write-back (default: both)",
     )
     parser.add_argument("--s3", action="store_true", help="also run nokvfs over a loopback moto S3 server")
     parser.add_argument(
@@ -422,6 +424,9 @@ def main() -> int:
         serve_passthrough(*args.serve_passthrough)
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - {"durable", "write-back"})
+    if unknown or not modes:
+        parser.error(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; use durable and/or write-back")
 
     work = args.workdir or tempfile.mkdtemp(
         prefix="nokvfs-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None
