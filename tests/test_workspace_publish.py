@@ -563,9 +563,7 @@ def test_pending_decodes_phases_first_and_finds_what_a_whole_scan_finds(bench):
     with root.read() as view:
         found = rows.pending(view, root)
         whole = Rows.matching(rows, view, root, lambda op: op.phase not in rows.terminal)
-        aborted_only = rows.matching(
-            view, root, lambda op: op.phase == PublishPhase.Cleaned, phases={PublishPhase.Cleaned}
-        )
+        aborted_only = rows.matching(view, root, phases={PublishPhase.Cleaned})
     assert found == whole
     assert {op_id for op_id, _ in found} == {uploading.operation_id, finalizing.operation_id}
     assert {op.phase for _, op in found} == {PublishPhase.Uploading, PublishPhase.Finalizing}

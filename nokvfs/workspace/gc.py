@@ -682,13 +682,7 @@ def _claim_many(root, items) -> list:
 
 def _resume(root, report: GcReport) -> None:
     """Drive every GC operation a killed collector left in Deleting (every page, not just one)."""
-    drive_each(
-        root,
-        ROWS,
-        lambda op_id, _: _drive(root, op_id, report),
-        wanted=lambda op: op.phase == GcPhase.Deleting,
-        phases={GcPhase.Deleting},
-    )
+    drive_each(root, ROWS, lambda op_id, _: _drive(root, op_id, report), phases={GcPhase.Deleting})
 
 
 def _reconcile(root, report: GcReport) -> None:
@@ -709,7 +703,7 @@ def _reconcile(root, report: GcReport) -> None:
         _drive(root, op_id, report)
         return "reconciled"
 
-    drive_each(root, ROWS, reconcile, wanted=lambda op: op.phase == GcPhase.Quarantined, phases={GcPhase.Quarantined})
+    drive_each(root, ROWS, reconcile, phases={GcPhase.Quarantined})
 
 
 def _reconcile_operations(root, report: GcReport) -> None:
@@ -739,9 +733,7 @@ def _reconcile_operations(root, report: GcReport) -> None:
 
     # One scan of the publish operations (most of the operation tree) serves both questions.
     with root.read() as view:
-        quarantined_publishes = publish.ROWS.matching(
-            view, root, lambda op: op.phase == PublishPhase.Quarantined, phases={PublishPhase.Quarantined}
-        )
+        quarantined_publishes = publish.ROWS.matching(view, root, phases={PublishPhase.Quarantined})
     attempts_in_doubt = any(staged(op) for _, op in quarantined_publishes)
     drive_each(
         root,

@@ -177,6 +177,9 @@ class Rows:
         self.name = name
         self.record = OPERATION_RECORDS[kind]
         self.terminal = terminal
+        # The phases that are not terminal: those recovery looks for.
+        phase_type = dict(self.record.__codec_fields__)["phase"].enum_type
+        self.live = frozenset(phase_type) - frozenset(terminal)
         self._subject = subject or (lambda operation_id, operation: _subject(name, operation_id, operation))
 
     def key(self, root, operation_id: bytes) -> bytes:
@@ -211,28 +214,19 @@ class Rows:
 
     def pending(self, view, root) -> list:
         """(operation id, record) of every operation of this kind not in a terminal phase."""
-        return self.matching(view, root, lambda operation: operation.phase not in self.terminal, phases=self.live)
+        return self.matching(view, root, phases=self.live)
 
-    @property
-    def live(self) -> frozenset:
-        """The phases that are not terminal."""
-        return frozenset(self.phase_type) - frozenset(self.terminal)
-
-    @property
-    def phase_type(self):
-        return dict(self.record.__codec_fields__)["phase"].enum_type
-
-    def matching(self, view, root, wanted, *, phases=None) -> list:
-        """(operation id, record) of every operation of this kind for which `wanted(op)` holds.
-        `phases`, if given, holds every phase `wanted` can accept: a row in another phase is
-        passed over after decoding its phase alone (every open scans every operation the
-        retention window keeps, almost all of them terminal)."""
+    def matching(self, view, root, wanted=None, *, phases=None) -> list:
+        """(operation id, record) of every operation of this kind in one of `phases` (any, if
+        None) for which `wanted(op)` holds (if given). A row in another phase is passed over
+        after decoding its phase alone (every open scans every operation the retention window
+        keeps, almost all of them terminal)."""
         out = []
         for key, value in iter_prefix(view, "operation", keys.operation_prefix(root.root_id, self.kind)):
             if phases is not None and decode_field(self.record, value, "phase") not in phases:
                 continue
             operation = self.record.decode(value)
-            if wanted(operation):
+            if wanted is None or wanted(operation):
                 out.append((keys.OperationKey.decode(key).operation_id, operation))
         return out
 
@@ -354,8 +348,8 @@ def drive_to_terminal(
 
 
 def drive_each(root, rows: Rows, drive, *, wanted=None, phases=None, found=None) -> list[tuple[str, str]]:
-    """The one loop over a kind's operations: every one for which `wanted(op)` holds (default:
-    not terminal, i.e. recovery; `phases` as for Rows.matching), or those of `found` ((op id,
+    """The one loop over a kind's operations: every one in `phases` for which `wanted(op)` holds,
+    as Rows.matching picks them (neither given: those not terminal, i.e. recovery), or those of `found` ((op id,
     op) as `Rows.matching` read them, for a caller that has just scanned), is driven by
     `drive(op id, op)` while this process holds its lock; one a live process holds is skipped.
     Returns (op hex, outcome) in key order; a typed failure is logged and reported as
@@ -364,7 +358,7 @@ def drive_each(root, rows: Rows, drive, *, wanted=None, phases=None, found=None)
         candidates = found
     else:
         with root.read() as view:
-            if wanted is None:
+            if wanted is None and phases is None:
                 candidates = rows.pending(view, root)
             else:
                 candidates = rows.matching(view, root, wanted, phases=phases)

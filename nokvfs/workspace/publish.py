@@ -1174,7 +1174,7 @@ def recover(root) -> list[tuple[str, str]]:
         root,
         ROWS,
         lambda operation_id, operation: _recover_one(root, operation_id, operation),
-        wanted=lambda op: op.phase not in TERMINAL and normalize_path(op.path) not in RESERVED_MANIFESTS,
+        wanted=lambda op: normalize_path(op.path) not in RESERVED_MANIFESTS,
         phases=ROWS.live,
     )
 
