@@ -483,21 +483,23 @@ def _decode_fields_checked(cls, buf, pos):
         if type(step) is _FixedRun:
             if pos + step.struct.size > len(buf):
                 for name, codec in step.fields:  # truncated: let the field codec say where
-                    try:
-                        values[name], pos = codec.decode(buf, pos)
-                    except CorruptRecord as exc:
-                        raise CorruptRecord(f"{cls.__name__}.{name}: {exc}") from None
+                    values[name], pos = _decode_checked(cls, name, codec, buf, pos)
             values.update(zip(step.names, step.struct.unpack_from(buf, pos)))
             pos += step.struct.size
             continue
         name, codec = step
-        try:
-            values[name], pos = codec.decode(buf, pos)
-        except CorruptRecord as exc:
-            raise CorruptRecord(f"{cls.__name__}.{name}: {exc}") from None
-        except UnknownDiscriminant as exc:
-            raise UnknownDiscriminant(f"{cls.__name__}.{name}: {exc}") from None
+        values[name], pos = _decode_checked(cls, name, codec, buf, pos)
     return cls(**values), pos
+
+
+def _decode_checked(cls, name: str, codec, buf, pos: int):
+    """Field `name` at `pos` through its declared codec: (value, end), a failure naming the field."""
+    try:
+        return codec.decode(buf, pos)
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"{cls.__name__}.{name}: {exc}") from None
+    except UnknownDiscriminant as exc:
+        raise UnknownDiscriminant(f"{cls.__name__}.{name}: {exc}") from None
 
 
 def _encode(self) -> bytes:
@@ -554,12 +556,7 @@ def decode_field(cls, data, name: str):
         else:
             fields = (step,)
         for field, codec in fields:
-            try:
-                value, pos = codec.decode(buf, pos)
-            except CorruptRecord as exc:
-                raise CorruptRecord(f"{cls.__name__}.{field}: {exc}") from None
-            except UnknownDiscriminant as exc:
-                raise UnknownDiscriminant(f"{cls.__name__}.{field}: {exc}") from None
+            value, pos = _decode_checked(cls, field, codec, buf, pos)
             if field == name:
                 return value
     raise KeyError(f"{cls.__name__} has no field {name!r}")
