@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything nokvfs needs on a fresh Debian machine (run as root): the FUSE 3 runtime and
-# headers that pyfuse3 builds against (and rsync, which the mount tests drive; systemd for the
+# headers that pyfuse3 builds against (and rsync and git, which the mount tests drive; systemd for the
 # systemd-analyze and libseccomp the unit-file tests use), then nokvfs itself with its FUSE and
 # test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in fuse3 libfuse3-dev pkg-config rsync systemd; do
+for pkg in fuse3 libfuse3-dev pkg-config rsync git systemd; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

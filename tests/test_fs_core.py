@@ -465,6 +465,41 @@ def test_a_directory_stays_when_its_last_entry_goes(kernel):
     assert "d2" in k.listdir("wb/outputs")
 
 
+def test_every_directory_outlives_the_mount_that_saw_it(kernel, tmp_path):
+    """As on a local disk, a directory stays until rmdir: one made by mkdir and never written
+    into, one emptied by unlink, by a rename out of it, by rmdir of its last subdirectory and by
+    moving its last subdirectory away, including directories that only existed because a file
+    was published below them (the CLI's put). A fresh mount over the same root (a remount, or
+    another machine) shows every one of them. git leaves `.git/refs/heads` like this after gc."""
+    k = kernel
+    root = k.fs.tree.root
+    k.mkdir("wb/outputs/made")
+    k.mkdir("wb/outputs/made/inner")
+    k.mkdir("wb/outputs/private", 0o700)
+    for path in ("emptied/f", "renamed/f", "nested/sub/f", "moved/sub/f"):
+        namespace.put(root, "wb", "outputs/" + path, b"x")  # directories implicit in the path
+    k.call("unlink", k.ino("wb/outputs/emptied"), b"f", k.ctx)
+    k.call("rename", k.ino("wb/outputs/renamed"), b"f", k.ino("wb/outputs"), b"f", 0, k.ctx)
+    k.call("unlink", k.ino("wb/outputs/nested/sub"), b"f", k.ctx)
+    k.call("rmdir", k.ino("wb/outputs/nested"), b"sub", k.ctx)
+    k.call("rename", k.ino("wb/outputs/moved"), b"sub", k.ino("wb/outputs"), b"sub", 0, k.ctx)
+
+    again = Kernel(root)  # a new mount: nothing of the first one's memory
+    expected = ["emptied", "f", "made", "moved", "nested", "private", "renamed", "sub"]
+    assert sorted(again.listdir("wb/outputs")) == expected
+    for path in ("made", "made/inner", "emptied", "renamed", "nested", "moved", "private"):
+        assert stat.S_ISDIR(again.stat("wb/outputs/" + path).st_mode), path
+    assert again.listdir("wb/outputs/made") == ["inner"]
+    assert again.listdir("wb/outputs/sub") == ["f"]
+    for path in ("made/inner", "emptied", "renamed", "nested", "moved"):
+        assert again.listdir("wb/outputs/" + path) == [], path
+    assert stat.S_IMODE(again.stat("wb/outputs/private").st_mode) == 0o700
+    assert stat.S_IMODE(again.stat("wb/outputs/made").st_mode) == 0o755
+    # rmdir of the last of them still leaves its parent, and the section never goes
+    again.call("rmdir", again.ino("wb/outputs/made"), b"inner", again.ctx)
+    assert Kernel(root).listdir("wb/outputs/made") == []
+
+
 def test_a_listing_hands_over_every_entry_once_while_created_files_get_published(kernel):
     """`find d -delete` / `shutil.rmtree(d)` right after a shell loop of `: > d/fN`: the files
     created here are pending (listed from the overlay) until their release publishes them, and a

@@ -146,6 +146,95 @@ def test_a_venv_made_in_the_mount_runs(mount):
     assert done.stdout.strip() == venv
 
 
+GIT_ENV = {
+    **os.environ,
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.org",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.org",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
+}
+
+
+def git(*argv, cwd=None) -> str:
+    done = run(["git", *argv], cwd=cwd, env=GIT_ENV)
+    assert done.returncode == 0, f"git {' '.join(argv)}: {done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is installed by scripts/setup.sh")
+def test_a_git_repository_survives_gc_and_a_remount(tmp_path):
+    """git init, commits on two branches, a merge, gc (which packs the refs and leaves
+    .git/refs/heads empty), clones out of and into the mount, then a remount: the repository is
+    still one (`git status`, `git fsck --full`, the same log), as on a local disk."""
+    with mounted(str(tmp_path)) as m:
+        repo = m.path("wb", "outputs", "repo")
+        git("init", "-q", "-b", "main", repo)
+        with open(os.path.join(repo, "a.txt"), "w") as f:
+            f.write("one\n")
+        os.makedirs(os.path.join(repo, "src"))
+        with open(os.path.join(repo, "src", "run.sh"), "w") as f:
+            f.write("#!/bin/sh\necho ran\n")
+        os.chmod(os.path.join(repo, "src", "run.sh"), 0o755)
+        git("add", ".", cwd=repo)
+        git("commit", "-qm", "first", cwd=repo)
+        with open(os.path.join(repo, "a.txt"), "a") as f:
+            f.write("two\n")
+        git("commit", "-qam", "second", cwd=repo)
+        git("checkout", "-qb", "feature", cwd=repo)
+        with open(os.path.join(repo, "f.txt"), "w") as f:
+            f.write("feature\n")
+        git("add", "f.txt", cwd=repo)
+        git("commit", "-qm", "feature", cwd=repo)
+        git("checkout", "-q", "main", cwd=repo)
+        git("merge", "-q", "--no-edit", "feature", cwd=repo)
+        git("gc", "-q", cwd=repo)
+        assert os.listdir(os.path.join(repo, ".git", "refs", "heads")) == []  # packed
+        log = git("log", "--format=%H %s", cwd=repo)
+        assert len(log.splitlines()) == 3
+        git("clone", "-q", repo, str(tmp_path / "out"))  # hard links refused: git copies
+        git("clone", "-q", str(tmp_path / "out"), m.path("wb", "outputs", "back"))
+    with remount(tmp_path) as m:
+        repo = m.path("wb", "outputs", "repo")
+        assert git("status", "--porcelain", cwd=repo) == ""
+        git("fsck", "--full", cwd=repo)
+        assert git("log", "--format=%H %s", cwd=repo) == log
+        assert git("branch", "--format=%(refname:short)", cwd=repo).split() == ["feature", "main"]
+        assert run([os.path.join(repo, "src", "run.sh")]).stdout == "ran\n"
+        back = m.path("wb", "outputs", "back")
+        git("fsck", "--full", cwd=back)
+        assert git("log", "--format=%H %s", cwd=back) == log
+        with open(os.path.join(repo, "a.txt"), "w") as f:
+            f.write("changed\n")
+        git("commit", "-qam", "after the remount", cwd=repo)
+        assert git("status", "--porcelain", cwd=repo) == ""
+
+
+def test_empty_directories_made_by_the_shell_survive_a_remount(tmp_path):
+    """mkdir, mkdir -p, mkdir -m, and directories emptied by rm, mv and rmdir: all still there
+    after a remount, with the mode they were made with."""
+    with mounted(str(tmp_path)) as m:
+        out = m.path("wb", "outputs")
+        script = (
+            "set -e; cd " + out + "; mkdir plain; mkdir -p deep/er/est; mkdir -m 700 private; "
+            "mkdir full; echo x > full/f; rm full/f; mkdir moved; echo y > moved/f; mv moved/f .; "
+            "mkdir -p parent/child; rmdir parent/child"
+        )
+        done = run(["sh", "-c", script])
+        assert done.returncode == 0, done.stderr
+    with remount(tmp_path) as m:
+        out = m.path("wb", "outputs")
+        for name in ("plain", "deep/er/est", "private", "full", "moved", "parent"):
+            path = os.path.join(out, name)
+            assert os.path.isdir(path), name
+        for name in ("plain", "deep/er/est", "full", "moved", "parent"):
+            assert os.listdir(os.path.join(out, name)) == [], name
+        assert sorted(os.listdir(out)) == ["deep", "f", "full", "moved", "parent", "plain", "private"]
+        assert stat.S_IMODE(os.stat(os.path.join(out, "private")).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(os.path.join(out, "plain")).st_mode) == 0o755
+
+
 def test_directory_times_move_when_their_contents_change(mount):
     directory = mount.path("wb", "outputs", "watched")
     os.mkdir(directory)

@@ -2,10 +2,10 @@
 `.snapshots/` directory where mkdir mints a snapshot and rmdir retires it (as ZFS's .zfs/snapshot).
 
 Directories are implicit in the seed: a directory is the prefix of a published path, and empty
-directory identity is unsupported. So a directory made by `mkdir` lives in this daemon's memory
-(nokvfs.fs.overlay) until a file is published below it -- unless its attributes are set (chmod,
-chown, utime: `rsync -a` and `tar x` do it for every directory they make), which stores them in
-the directory's attribute marker, an ordinary artifact inside it (nokvfs.workspace.attributes).
+directory identity is unsupported. So the mount stores each directory it makes or empties in the
+directory's attribute marker, an ordinary artifact inside it (nokvfs.workspace.attributes):
+`mkdir` publishes it (with the mode), chmod, chown and utime change it, and `keep` publishes it
+before the directory's last path goes. A directory then stays until rmdir, across remounts.
 
 What is refused, and with which errno: EPERM for the root's workbenches and a workbench's sections
 and views (never removed or renamed), and for attributes of `/` and `/<wb>/`; EEXIST for mkdir
@@ -72,11 +72,35 @@ class Directories:
         now = time.time_ns()
         node.dir_ctime_ns = now  # this mount's own change, shown until the shard records newer ones
         tree.directory_changed(parent.incarnation, parent.components, now)
-        owner = (uid, gid) != (tree.uid, tree.gid)
-        if (mode & 0o7777) != DEFAULT_MODE or owner:
-            # Attributes other than what an implicit directory shows are stored at once.
-            await self.set_attributes(node, {"mode": mode & 0o7777, "uid": uid, "gid": gid})
+        # The directory is stored at once, with its marker: without one an empty directory would
+        # live only in this daemon's memory, and vanish at the next mount (git's empty
+        # `.git/refs/heads` with it). An owner other than the mount's is stored too.
+        changes = {"mode": mode & 0o7777}
+        if (uid, gid) != (tree.uid, tree.gid):
+            changes.update(uid=uid, gid=gid)
+        try:
+            await self.set_attributes(node, changes)
+        except BaseException:
+            tree.overlay.remove_dir(parent.incarnation, components)
+            tree.inodes.detach(node)
+            raise
         return node
+
+    async def keep(self, parent: Node, leaving: str) -> None:
+        """Before `leaving` goes from `parent` (unlink, rmdir, a rename to another directory):
+        when it is the directory's last published path and the directory has no marker, store
+        one first, so the directory stays, as on a local disk (the seed's directories are
+        implicit: one made by a put below it would vanish with its last path). First, so a crash
+        in between leaves a marker too many, never a directory too few."""
+        if parent.kind is not Kind.DIR:
+            return  # sections, workbenches and the root never go
+        tree = self.tree
+        with tree.view.read() as v:
+            workbench = tree.view.require(v, parent.workbench_id, parent.incarnation)
+            children, anchor = tree.view.children(v, workbench, parent.components, start_after=None, limit=2)
+        if anchor is not None or len(children) != 1 or children[0].name != leaving:
+            return  # other entries (the marker among them) keep it
+        await self.set_attributes(parent, {})
 
     async def rmdir(self, parent: Node, name: str) -> None:
         tree = self.tree
@@ -99,6 +123,7 @@ class Directories:
             raise refuse(errno.ENOTDIR, f"{node.describe()} is not a directory")
         if self._has_entries(node) or tree.overlay.has_children(node.incarnation, node.components):
             raise refuse(errno.ENOTEMPTY, f"{node.describe()} is not empty")
+        await self.keep(parent, name)
         if self._marker(node) is not None:
             await self.workers.bounded(
                 f"rmdir {node.describe()}",

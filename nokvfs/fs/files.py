@@ -597,7 +597,7 @@ class Files:
                     await self.writeback.settled(spool)
                 await self._holding(f"publication of {spool.describe()}", spool, _now(lambda: None))
 
-    async def unlink(self, parent: Node, name: str) -> None:
+    async def unlink(self, parent: Node, name: str, directories) -> None:
         tree = self.tree
         if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
             if tree.lookup(parent, name) is None:
@@ -615,6 +615,7 @@ class Files:
         with tree.view.read() as v:
             durable = tree.view.entry(v, node.incarnation, node.components) is not None
         if durable:
+            await directories.keep(parent, name)
             tree.begin_change(node.incarnation, node.components)
             try:
                 removed = await self.workers.bounded(
@@ -677,6 +678,8 @@ class Files:
         if target is not None and not replace:
             raise refuse(errno.EEXIST, f"{target.describe()} exists")
         incarnation = old_parent.incarnation
+        if old_parent.components != new_parent.components:
+            await directories.keep(old_parent, old_name)
         if source.kind.is_dir:
             if self.writeback is not None:
                 await self.writeback.settled_all()  # accepted files below move as published ones

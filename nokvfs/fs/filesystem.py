@@ -215,7 +215,7 @@ class FileSystem:
             await self.files.release(handle)
 
     async def unlink(self, parent_ino: int, raw: bytes) -> None:
-        await self.files.unlink(self.tree.node(parent_ino), self._existing(raw))
+        await self.files.unlink(self.tree.node(parent_ino), self._existing(raw), self.directories)
 
     async def rename(
         self, old_parent_ino: int, old_raw: bytes, new_parent_ino: int, new_raw: bytes, flags: int
