@@ -11,7 +11,10 @@ PYTHON=${PYTHON:-python3}
 lint=0
 "$PYTHON" -m ruff check nokvfs tests scripts || lint=1
 "$PYTHON" -m ruff format --check nokvfs tests scripts || lint=1
-"$PYTHON" -m pytest -q -p no:cacheprovider --durations=10 "$@"
+# One worker per CPU (pytest-xdist; NOKVFS_TEST_WORKERS=0 runs in this process): each test has its
+# own tmp_path, data directory, mount point and daemon, so tests do not share state; worksteal
+# evens out the few long mount tests.
+"$PYTHON" -m pytest -q -p no:cacheprovider --durations=10 -n "${NOKVFS_TEST_WORKERS:-auto}" --dist worksteal "$@"
 status=$?
 if [ "$lint" -ne 0 ] && [ "$status" -eq 0 ]; then
     echo "test: ruff found problems (ruff check --fix / ruff format fix most)" >&2
