@@ -334,6 +334,53 @@ def test_a_replay_through_the_same_request_id_returns_the_stored_result(bench):
         root.apply(rebuild, digest=intent_digest("publish.final", b"\x00" * 16), request_id=op.request_id)
 
 
+# --- bodies without blocks ---------------------------------------------------------------------
+
+
+def test_an_empty_body_is_three_commands_in_one_transaction(bench):
+    """An empty file or a directory's marker has nothing to upload: begin, finalize and the final
+    command commit together, each at its own version (as if applied one by one), with one flush."""
+    root = bench
+    txn, version = root.shard.last_txn_id(), root.shard.commit_version
+    found = namespace.put(root, WB, "outputs/empty", b"")
+    assert root.shard.last_txn_id() == txn + 1
+    assert root.shard.commit_version == version + 3
+    ((_, op),) = publish_ops(root).items()
+    assert op.phase == PublishPhase.Published and op.object_count == 0
+    assert entry(root, "outputs/empty") == found and get_bytes(root, "outputs/empty") == b""
+    txn = root.shard.last_txn_id()
+    namespace.put(root, WB, "outputs/full", b"x")
+    assert root.shard.last_txn_id() >= txn + 2  # a body with a block: the ledger commits before the bytes
+
+
+def test_an_empty_body_published_again_with_its_request_ids_is_replayed(bench):
+    root = bench
+    pub = _publication("outputs/again", b"")
+    first = publish.run(root, pub)
+    version, counts = root.shard.commit_version, _counts(root)
+    assert publish.run(root, pub) == first
+    assert root.shard.commit_version == version and _counts(root) == counts
+
+
+def test_an_empty_body_whose_final_command_is_refused_is_cleaned(monkeypatch, bench):
+    root = bench
+    namespace.put(root, WB, "outputs/kept", b"old")
+
+    def refused(root_, operation_id, components, view):
+        raise GenerationConflict("outputs/kept changed under the publication")
+
+    monkeypatch.setattr(publish, "_publish_built", refused)
+    with pytest.raises(GenerationConflict):
+        namespace.put(root, WB, "outputs/kept", b"")
+    monkeypatch.undo()
+    phases = sorted(o.phase.name for o in publish_ops(root).values())
+    assert phases == ["Cleaned", "Published"]
+    assert get_bytes(root, "outputs/kept") == b"old"
+    with root.read() as view:
+        assert publish.pending(view, root) == []
+    assert publish.recover(root) == []
+
+
 # --- concurrent replacers (threads sharing one Root) -------------------------------------------
 
 

@@ -18,6 +18,10 @@
    PathCurrent, the workspace revision, index rows, the ChangeEvent and the dedupe result, and
    changes Finalizing -> Published. A lost race there takes the operation over to Aborting.
 
+A body without blocks (an empty file, a directory's marker) has nothing to upload: its steps 1, 3
+and 4 are one write transaction with one flush (`_run_bodiless`, Shard.apply_group), each command
+applied as it would be alone.
+
 A crash leaves the operation in its phase; `recover` (run when a root is opened for writing)
 resumes Finalizing from the ledger and cleans everything else, but only for operations whose
 owning process is gone (each live publish holds its operations.OperationLock).
@@ -200,6 +204,8 @@ def run(root, pub: Publication) -> PathEntry:
     check_key_lengths(root, pub.components, pub.index_fields)
     _precheck(root, pub)
     with driving(root, pub.operation_id, "publish"):
+        if not pub.body.blocks and not pub.reused:
+            return _run_bodiless(root, pub)
         staged = _stage_during_begin(root, pub)
         try:
             begin(root, pub)
@@ -226,6 +232,46 @@ def run(root, pub: Publication) -> PathEntry:
             _abort_after_failure(root, pub.operation_id, exc)
             raise
         return entry
+
+
+def _run_bodiless(root, pub: Publication) -> PathEntry:
+    """A body without blocks (an empty file, a directory's marker): nothing is uploaded, so the
+    ledger-before-bytes order has nothing to order, and the three commands (begin, finalize, the
+    final command) go in one write transaction with one flush (Shard.apply_group applies each
+    exactly as alone: the outbox, a replica and a reader cannot tell). A crash leaves nothing or
+    the publication. Each command stays atomic on its own: one refused after begin (a lost race
+    at the final command) takes the operation through Aborting to Cleaned, as `run` does."""
+    with root.read() as view:
+        incarnation = wb.visible(view, root.root_id, pub.workbench_id)[1].incarnation_id
+    results = root.apply_group(
+        [
+            (
+                lambda view: _begin_built(root, pub, incarnation, view),
+                intent_digest("publish.begin", pub.operation_id),
+                pub.begin_request_id,
+            ),
+            (
+                lambda view: _finalize_built(root, pub.operation_id, view),
+                intent_digest("publish.finalize", pub.operation_id, 0),
+                pub.finalize_request_id,
+            ),
+            (
+                lambda view: _publish_built(root, pub.operation_id, pub.components, view),
+                intent_digest("publish.final", pub.operation_id),
+                pub.request_id,
+            ),
+        ]
+    )
+    (began, _), (finalized, _), (final, built) = results
+    if isinstance(began, Exception):
+        raise began  # nothing was created
+    if not isinstance(final, Exception):
+        # Applied, or replayed by its request id (a retry of a publication that completed: its
+        # finalize, rebuilt on the Published operation, is refused and changes nothing).
+        return PathEntry.decode(final.result) if final.replayed else built.value
+    refused = finalized if isinstance(finalized, Exception) else final
+    _abort_after_failure(root, pub.operation_id, refused)
+    raise refused
 
 
 def _stage_during_begin(root, pub: Publication):
