@@ -150,7 +150,8 @@ class Kernel:
         original = pyfuse3.readdir_reply
 
         def reply(token, name, attr, next_id):
-            names.append(name.decode())
+            if name not in (b".", b".."):  # as os.listdir
+                names.append(name.decode())
             return True
 
         pyfuse3.readdir_reply = reply
@@ -181,7 +182,7 @@ class Kernel:
                 pyfuse3.readdir_reply = original
                 if not taken:
                     return names
-                names += [name for name, _ in taken]
+                names += [name for name, _ in taken if name not in (".", "..")]
                 offset = taken[-1][1]
                 if between is not None:
                     between()
@@ -522,3 +523,51 @@ def test_a_listing_hands_over_every_entry_once_while_created_files_get_published
     listed = k.listdir_in_batches("wb/outputs/d", 10, publish_them)
     assert sorted(listed) == sorted(published + ["f05p", "f35p", "f07sub"])
     assert len(listed) == len(set(listed))
+
+
+def test_a_listing_starts_with_dot_and_dot_dot_and_pages_from_any_offset(kernel):
+    """As on a local disk, readdir hands over "." (the directory) and ".." (its parent) first,
+    at offsets 1 and 2; the kernel may restart the listing at any offset it was given."""
+    k = kernel
+    k.mkdir("wb/outputs/d")
+    for name in ("a", "b", "c"):
+        k.put(f"wb/outputs/d/{name}", b"x")
+    fh = k.call("opendir", k.ino("wb/outputs/d"), k.ctx)
+    original = pyfuse3.readdir_reply
+    try:
+
+        def listed(offset, batch=100):
+            taken = []
+
+            def reply(token, name, attr, next_id):
+                if len(taken) == batch:
+                    return False
+                taken.append((name.decode(), attr.st_ino, next_id))
+                return True
+
+            pyfuse3.readdir_reply = reply
+            k.call("readdir", fh, offset, None)
+            return taken
+
+        whole = listed(0)
+        assert [(name, offset) for name, _, offset in whole] == [(".", 1), ("..", 2), ("a", 3), ("b", 4), ("c", 5)]
+        assert whole[0][1] == k.ino("wb/outputs/d") and whole[1][1] == k.ino("wb/outputs")
+        assert listed(1) == whole[1:] and listed(2) == whole[2:] and listed(4) == whole[4:]
+        one_by_one, offset = [], 0
+        while step := listed(offset, batch=1):
+            one_by_one += step
+            offset = step[-1][2]
+        assert one_by_one == whole
+    finally:
+        pyfuse3.readdir_reply = original
+        k.call("releasedir", fh)
+    root_listing = []
+    fh = k.call("opendir", ROOT_INODE, k.ctx)
+    try:
+        pyfuse3.readdir_reply = lambda token, name, attr, next_id: root_listing.append((name, attr.st_ino)) or True
+        k.call("readdir", fh, 0, None)
+    finally:
+        pyfuse3.readdir_reply = original
+        k.call("releasedir", fh)
+    assert root_listing[:2] == [(b".", ROOT_INODE), (b"..", ROOT_INODE)]
+    assert k.stat("").st_ino == ROOT_INODE  # listing the root's ".." did not drop the root

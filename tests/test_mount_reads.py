@@ -217,6 +217,37 @@ def test_ordinary_tools_read_the_mount(mount, tmp_path):
     assert "run.sh" in listing and "b.log" in listing
 
 
+def test_ls_a_lists_dot_and_dot_dot_as_a_local_disk_does(mount):
+    outputs = mount.path("wb", "outputs")
+    os.makedirs(os.path.join(outputs, "d", "sub"))
+    for name in ("f", ".hidden"):
+        with open(os.path.join(outputs, "d", name), "w") as f:
+            f.write(name)
+    for where in (mount.path(), mount.path("wb"), outputs, os.path.join(outputs, "d")):
+        names = subprocess.run(["ls", "-a", where], capture_output=True, text=True, check=True).stdout.split()
+        assert names[:2] == [".", ".."] and names.count(".") == 1 and names.count("..") == 1
+    ls = subprocess.run(["ls", "-ai", os.path.join(outputs, "d")], capture_output=True, text=True, check=True)
+    inodes = {name: int(ino) for ino, name in (line.split() for line in ls.stdout.splitlines())}
+    assert inodes["."] == os.stat(os.path.join(outputs, "d")).st_ino
+    assert inodes[".."] == os.stat(outputs).st_ino
+    assert sorted(inodes) == [".", "..", ".hidden", "f", "sub"]
+    # What lists without them still does: ls -A, os.listdir, find, and the shell's dot glob.
+    assert subprocess.run(["ls", "-A", os.path.join(outputs, "d")], capture_output=True, text=True).stdout.split() == [
+        ".hidden",
+        "f",
+        "sub",
+    ]
+    assert sorted(os.listdir(os.path.join(outputs, "d"))) == [".hidden", "f", "sub"]
+    found = subprocess.run(["find", "."], cwd=os.path.join(outputs, "d"), capture_output=True, text=True).stdout
+    assert sorted(found.split()) == [".", "./.hidden", "./f", "./sub"]
+    glob = subprocess.run(["bash", "-c", "echo .*"], cwd=os.path.join(outputs, "d"), capture_output=True, text=True)
+    local = os.path.join(os.path.dirname(mount.mountpoint), "local")
+    os.makedirs(local)
+    open(os.path.join(local, ".hidden"), "w").close()
+    expected = subprocess.run(["bash", "-c", "echo .*"], cwd=local, capture_output=True, text=True)
+    assert glob.stdout == expected.stdout
+
+
 def test_lookup_of_missing_names(mount):
     for missing in (("nope",), ("wb", "nope"), ("wb", "outputs", "nope"), ("wb", "outputs", "a\\b")):
         with pytest.raises(FileNotFoundError):

@@ -25,7 +25,7 @@ from nokvfs.fs.directories import Directories
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.files import FileHandle, Files, changes_of
 from nokvfs.fs.inodes import Node
-from nokvfs.fs.listing import DirHandle, Listing
+from nokvfs.fs.listing import DOTS, DirHandle, Listing
 from nokvfs.fs.tree import Tree
 from nokvfs.fs.xattrs import Xattrs
 
@@ -138,12 +138,22 @@ class FileSystem:
         return handle.fh
 
     def readdir(self, fh: int, start_id: int, reply) -> None:
-        """Hand entries to `reply(name, attributes, next_id)` until it returns False or the end."""
+        """Hand entries to `reply(name, attributes, next_id)` until it returns False or the end:
+        "." and ".." first (offsets 1 and 2, as a local file system lists them; the kernel counts
+        no lookup for them), then the listing's entries."""
         listing, tree = self.listing, self.tree
         handle = self.handles.get(fh)
         if not isinstance(handle, DirHandle):
             raise refuse(errno.EBADF, f"readdir on handle {fh}")
-        listing.seek(handle, start_id)
+        if start_id < DOTS:
+            for offset, name in ((1, "."), (2, ".."))[start_id:]:
+                node = tree.lookup(handle.node, name)
+                attr = tree.attributes(node, fresh=False)
+                tree.inodes.unused(node)
+                if not reply(name.encode(), attr, offset):
+                    return
+            start_id = DOTS
+        listing.seek(handle, start_id - DOTS)
         while handle.buffer or listing.fill(handle):
             item = handle.buffer[0]
             node = listing.entry_node(handle, item)
@@ -152,7 +162,7 @@ class FileSystem:
                 listing.advance(handle, item)
                 continue
             attr = tree.attributes(node, fresh=False)
-            if not reply(item[0].encode("utf-8"), attr, handle.pos + 1):
+            if not reply(item[0].encode("utf-8"), attr, DOTS + handle.pos + 1):
                 tree.inodes.unused(node)
                 return
             tree.inodes.remember(node)

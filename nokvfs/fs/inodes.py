@@ -246,6 +246,8 @@ class InodeTable:
         self._maybe_drop(node)
 
     def _maybe_drop(self, node: Node) -> None:
+        if node is self.root:
+            return  # the kernel never looks the root up: it is held for the mount's life
         if node.nlookup == 0 and node.open_count == 0 and node.spool is None:
             self._by_ino.pop(node.ino, None)
             if self._by_key.get(node.key) is node:

@@ -24,6 +24,7 @@ from nokvfs.workspace import attributes
 from nokvfs.workspace import workbench as wb
 
 PAGE = 255
+DOTS = 2  # "." and "..": readdir hands them over first, at offsets 1 and 2 (FileSystem.readdir)
 LIVE = views_.LIVE
 
 
