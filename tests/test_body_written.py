@@ -74,6 +74,48 @@ def test_the_plan_is_the_one_from_file_makes(tmp_path, steps):
         w.close()
 
 
+@pytest.mark.parametrize("chunk", [4, 1 << 20], ids=["blocks-read-in-pieces", "blocks-read-whole"])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [("t", 64)],  # nothing but holes
+        [("t", 64), ("f", 20, 3)],  # bytes inside a block that starts with a hole
+        [("t", 64), ("f", 31, 1)],  # the last byte of a block
+        [("t", 64), ("f", 16, 1)],  # the first byte of a block
+        [("f", 0, 16), ("t", 70)],  # a short tail block of zeros
+        [("z", 0, 48)],  # zeros written, in order
+        [("z", 0, 40), ("f", 50, 2)],  # zeros written, then bytes beyond a hole
+    ],
+)
+def test_blocks_of_zeros_plan_as_from_file_hashes_them(tmp_path, monkeypatch, steps, chunk):
+    """A block of zeros (a hole of a sparse spool) is recognised instead of hashed
+    (nokvfs.objects.zeros): the plan is still exactly the one hashing every byte gives."""
+    monkeypatch.setattr(bodies, "_READ_CHUNK", chunk)
+    w = Written(str(tmp_path / "spool"), 16)
+    try:
+        for step in steps:
+            if step[0] == "t":
+                w.truncate(step[1])
+            else:
+                w.write(step[1], (b"\xff" if step[0] == "f" else b"\0") * step[2])
+        assert same_plan(w.plan(), bodies.from_file(w.path, 16))
+    finally:
+        w.close()
+
+
+def test_a_hole_written_after_planning_is_caught_at_upload(tmp_path):
+    w = Written(str(tmp_path / "spool"), 16)
+    try:
+        w.truncate(48)
+        plan = w.plan()
+        assert [plan.read_block(block) for block in plan.blocks] == [bytes(16)] * 3
+        os.pwrite(w.fd, b"x", 20)  # behind the hashes' back
+        with pytest.raises(IntegrityError):
+            plan.read_block(plan.blocks[1])
+    finally:
+        w.close()
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["hashed-inline", "hashed-in-background"])
 def test_random_sequences_of_writes_truncates_and_resets(tmp_path, monkeypatch, background):
     if background:  # every write's hashes go through the pool, however small

@@ -9,11 +9,12 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import pytest
 
-from tests.mount_fixtures import Mount, mount, needs_fuse  # noqa: F401
+from tests.mount_fixtures import Mount, env, mount, needs_fuse  # noqa: F401
 
 pytestmark = needs_fuse
 
@@ -312,6 +313,48 @@ def test_dd_in_chunks_then_a_middle_chunk_overwritten_reads_back_after_remount(t
         assert os.path.getsize(target) == 20 * 1024 * 1024
         assert _sha256_of(target) == _sha256_of(str(local))
         assert durable(m, "outputs/dd.bin")["sha"] == _sha256_of(str(local))
+
+
+def _disk_bytes(directory: str) -> int:
+    return sum(
+        os.lstat(os.path.join(top, name)).st_blocks * 512 for top, _, names in os.walk(directory) for name in names
+    )
+
+
+def test_a_sparse_file_made_by_truncate_and_dd_seek_takes_no_room_in_the_store(tmp_path):
+    """`truncate -s 256M` then a few bytes put in the middle and at the end with dd: the file
+    reads back byte for byte after a remount, and the data directory holds the written bytes,
+    not 256 MiB of zeros (before 2026-12-05 every zero was written to the store)."""
+    from tests.mount_fixtures import mounted
+
+    size = 256 * 1024 * 1024
+    local = tmp_path / "local.bin"
+    base = str(tmp_path / "m")
+    os.makedirs(base)
+    with mounted(base) as m:
+        target = m.path("wb", "outputs", "disk.img")
+        before = _disk_bytes(m.data_dir)
+        for path in (str(local), target):
+            subprocess.run(["truncate", "-s", str(size), path], check=True, timeout=120)
+            for seek in (100 * 1024 * 1024, size - 5):
+                subprocess.run(
+                    ["dd", "of=" + path, "bs=1", f"seek={seek}", "conv=notrunc", "status=none"],
+                    input=b"data\n",
+                    check=True,
+                    timeout=120,
+                )
+        assert _sha256_of(target) == _sha256_of(str(local))
+        added = _disk_bytes(m.data_dir) - before
+        assert added < 32 * 1024 * 1024, f"the data directory grew by {added} bytes for a sparse file"
+    with mounted(base, init=False) as m:
+        target = m.path("wb", "outputs", "disk.img")
+        assert os.path.getsize(target) == size
+        with open(target, "rb") as f:
+            f.seek(100 * 1024 * 1024)
+            assert f.read(5) == b"data\n"
+        assert _sha256_of(target) == _sha256_of(str(local))
+    fsck = [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "fsck"]
+    assert subprocess.run(fsck, capture_output=True, env=env()).returncode == 0
 
 
 def test_writes_out_of_order_truncates_and_appends_in_one_open_publish_the_file(mount, tmp_path):

@@ -80,6 +80,32 @@ def test_object_file_bytes_are_the_documented_trailer_with_an_xxh3_etag(store):
     assert store.stage_put(b"hello").commit("golden/staged") == etag
 
 
+def test_a_block_of_zeros_is_stored_as_a_hole_with_the_same_bytes_and_etag(store):
+    """A sparse file's zero blocks take no disk space in the store (the object file has a hole
+    where the zeros go), and everything read or compared is what writing them out would give."""
+    import xxhash
+
+    zeros = bytes(4 << 20)
+    etag = store.put("sparse/zeros", zeros, metadata={"k": "v"})
+    assert etag == "xxh3-" + xxhash.xxh3_128(zeros).hexdigest()
+    path = os.path.join(store.root, "sparse", "zeros")
+    trailer = ('{"etag":"%s","metadata":{"k":"v"},"size":%d,"v":1}' % (etag, len(zeros))).encode()
+    with open(path, "rb") as f:
+        assert f.read() == zeros + trailer + len(trailer).to_bytes(4, "big") + b"NOKVOBJ1"
+    assert os.stat(path).st_blocks * 512 < 1 << 20  # a hole, not 4 MiB of written zeros
+    assert store.get("sparse/zeros") == zeros and store.get("sparse/zeros", 1000, 10) == bytes(10)
+    assert store.head("sparse/zeros").etag == etag and store.head("sparse/zeros").size == len(zeros)
+    # Bytes that are not all zeros are written out, wherever the non-zero byte is.
+    for at in (0, len(zeros) // 2, len(zeros) - 1):
+        body = bytearray(zeros)
+        body[at] = 7
+        store.put(f"sparse/one-{at}", bytes(body))
+        assert store.get(f"sparse/one-{at}") == bytes(body)
+    staged = store.stage_put(zeros)
+    assert staged.commit("sparse/staged") == etag and store.get("sparse/staged") == zeros
+    assert os.stat(os.path.join(store.root, "sparse", "staged")).st_blocks * 512 < 1 << 20
+
+
 def _write_legacy_object(store, key, body):
     """An object file as the store wrote it before 2026-12-04: the etag the hex MD5 of the body."""
     import hashlib

@@ -14,13 +14,13 @@ touches and prefetches nothing. Concurrent requests for one block share one fetc
 from __future__ import annotations
 
 import bisect
-import hashlib
 import logging
 from collections import OrderedDict
 
 import trio
 
 from nokvfs.errors import IntegrityError, NokvError
+from nokvfs.objects import zeros
 from nokvfs.workspace import reading
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class BlockFetcher:
         _, rows = self.rows(entry)
         if len(rows) != 1 or rows[0].object_offset != 0 or rows[0].length != len(data):
             return
-        if rows[0].digest_uri != "sha256:" + hashlib.sha256(data).hexdigest():
+        if rows[0].digest_uri != "sha256:" + zeros.sha256_of(data).hex():
             log.warning("the bytes published as %s are not its block's digest", entry.artifact_revision_id.hex())
             return
         self._keep(_key(rows[0]), data)

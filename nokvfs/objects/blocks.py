@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
 from nokvfs.errors import IntegrityError, InvalidInput
+from nokvfs.objects import zeros
 from nokvfs.objects.cache import BlockCache
 from nokvfs.objects.keys import parse_sha256_uri, sha256_uri
 from nokvfs.objects.store import MiB, ObjectStore
@@ -99,7 +100,7 @@ class BlockReader:
             raise IntegrityError(f"block {object_key} is longer than the manifest's {expected_length} bytes")
         if len(data) < expected_length:
             raise IntegrityError(f"block {object_key} is {len(data)} bytes, the manifest says {expected_length}")
-        actual = hashlib.sha256(data).digest()
+        actual = zeros.sha256_of(data)
         if actual != digest:
             raise IntegrityError(f"block {object_key} has SHA-256 {sha256_uri(actual)}, manifest says {digest_uri}")
         if self.cache is not None:

@@ -46,6 +46,7 @@ import blake3
 
 from nokvfs import filemodes
 from nokvfs.errors import IntegrityError, InvalidInput, StoreError
+from nokvfs.objects import zeros
 from nokvfs.objects.keys import parse_sha256_uri
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ class BlockCache:
         """
         digest = parse_sha256_uri(digest_uri)
         data = bytes(data)
-        if hashlib.sha256(data).digest() != digest:
+        if zeros.sha256_of(data) != digest:
             raise IntegrityError(f"refusing to cache bytes whose SHA-256 is not {digest_uri}")
         return self.put_checked(digest, data)
 

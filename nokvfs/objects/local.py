@@ -84,7 +84,7 @@ from nokvfs.errors import (
     StoreFull,
 )
 from nokvfs.filemodes import DIR_MODE, FILE_MODE, makedirs
-from nokvfs.objects import removal
+from nokvfs.objects import removal, zeros
 from nokvfs.objects.store import (
     MIN_PART_SIZE,
     ObjectInfo,
@@ -470,7 +470,10 @@ class LocalStore(ObjectStore):
                 for chunk in chunks:
                     tag.update(chunk)
                     size += len(chunk)
-                    _write_all(fd, chunk)
+                    if zeros.is_zero(chunk):
+                        os.lseek(fd, len(chunk), os.SEEK_CUR)  # a hole: reads back as these zeros
+                    else:
+                        _write_all(fd, chunk)
                 etag = tag.etag()
                 _write_all(fd, _encode_trailer(etag, size, metadata))
                 if sync:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from nokvfs import filemodes
 from nokvfs.errors import IntegrityError, StoreError, StoreFull
+from nokvfs.objects import zeros
 
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 _READ_CHUNK = 1024 * 1024
@@ -90,7 +91,7 @@ class Body:
             with open(self.path, "rb") as f:
                 f.seek(block.offset)
                 data = f.read(block.length)
-        if len(data) != block.length or hashlib.sha256(data).digest() != block.sha256:
+        if len(data) != block.length or zeros.sha256_of(data) != block.sha256:
             raise IntegrityError(f"block {block.index} of the source changed while it was being published")
         return data
 
@@ -300,6 +301,9 @@ class WrittenBody:
                     start = index * bs
                     length = min(bs, size - start)
                     known = None
+                    # A block read from its start is hashed only once a byte in it is not zero
+                    # (a hole of a sparse spool: its digest is known, nokvfs.objects.zeros).
+                    holed = block is None
                     if block is None:
                         known = self._digests.get(index) if length == bs else None
                         block = hashlib.sha256() if known is None else None
@@ -310,8 +314,15 @@ class WrittenBody:
                             raise StoreError(f"{path} ended at {offset} bytes, expected {size}")
                         whole.update(chunk)
                         if block is not None:
-                            block.update(chunk)
+                            if holed and not zeros.is_zero(chunk):
+                                holed = False
+                                if offset > start:
+                                    block.update(zeros.zeros(offset - start))  # the zeros skipped
+                            if not holed:
+                                block.update(chunk)
                         offset += len(chunk)
+                    if block is not None and holed:
+                        known, block = zeros.zero_sha256(length), None
                     blocks.append(BlockPlan(index, start, length, known if block is None else block.digest()))
                     block = None
         except OSError as exc:
