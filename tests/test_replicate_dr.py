@@ -106,6 +106,10 @@ def test_a_restored_follower_refuses_every_write_before_anything_changes(owner, 
     with datadir.open_root(new) as root:  # writes through the facade meet the guard too
         with pytest.raises(ReadOnlyReplica):
             namespace.put(root, "wb", "input/y.txt", b"y")
+        with pytest.raises(ReadOnlyReplica):  # its commands go as one group (publish._run_bodiless)
+            namespace.put(root, "wb", "input/empty.txt", b"")
+        with pytest.raises(ReadOnlyReplica):
+            root.shard.apply_group([])
         with pytest.raises(ReadOnlyReplica):
             root.shard.observe_lease_clock(int(time.time() * 1000))
         with pytest.raises(ReadOnlyReplica):

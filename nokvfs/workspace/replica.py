@@ -174,7 +174,7 @@ class ReplicaShard:
     def _refuse(self, *args, **kwargs):
         raise self.role.refusal()
 
-    apply = observe_lease_clock = advance_owner_epoch = prune_history = replay_history_prune = _refuse
+    apply = apply_group = observe_lease_clock = advance_owner_epoch = prune_history = replay_history_prune = _refuse
     truncate_outbox = replay_outbox_truncate = prune_retained = replay_retention_prune = _refuse
 
     def __enter__(self):
