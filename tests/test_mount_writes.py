@@ -125,12 +125,15 @@ def test_truncate_by_path_and_by_descriptor(mount):
     assert os.stat(path).st_size == 8
 
 
-def test_mkdir_lives_in_memory_until_a_file_is_published_below_it(mount):
+def test_mkdir_stores_the_directory_and_rmdir_removes_it(mount):
     directory = mount.path("wb", "outputs", "new", "deeper")
     os.makedirs(directory)
     assert os.path.isdir(directory)
     assert "new" in os.listdir(mount.path("wb", "outputs"))
-    assert durable(mount, "outputs/new/deeper") is None  # nothing durable yet
+    assert durable(mount, "outputs/new/deeper") is None  # a directory, not a file
+    # Stored at mkdir (its marker), so another process lists it.
+    ls = [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", mount.data_dir, "ls", "wb:outputs/new"]
+    assert "deeper" in subprocess.run(ls, capture_output=True, text=True, env=env(), check=True).stdout
     with open(os.path.join(directory, "f.txt"), "w") as f:
         f.write("x")
     assert durable(mount, "outputs/new/deeper/f.txt")["size"] == 1
