@@ -104,6 +104,49 @@ def test_append_reuses_the_base_rows_and_depends_on_their_owner(bench):
     assert _dependency_targets(root, child.artifact_revision_id) == {base.artifact_revision_id}
 
 
+def test_an_append_continues_the_hash_of_a_base_this_process_published(monkeypatch, bench):
+    """`echo line >> log`: the seed's digest covers the whole body, but the base this process
+    just published (or appended) is not read back to hash it (nokvfs.workspace.hashstates); a
+    base it does not know is read, and the digests are the same either way."""
+    from nokvfs.workspace import hashstates, reading
+
+    root = bench
+    reads = []
+    real_iter_body = reading.iter_body
+    monkeypatch.setattr(reading, "iter_body", lambda *a, **kw: reads.append(a) or real_iter_body(*a, **kw))
+    whole = body(2 * BLOCK + 300, "base")
+    namespace.put(root, WB, PATH, whole)
+    for n in range(5):
+        line = b"line %d\n" % n
+        child = append.append(root, WB, PATH, line)
+        whole += line
+        assert child.body_digest_uri == "sha256:" + hashlib.sha256(whole).hexdigest()
+    assert reads == [] and get_bytes(root, PATH) == whole
+    hashstates.STATES.clear()  # another process, or a state pushed out: the base is read
+    child = append.append(root, WB, PATH, b"after\n")
+    assert len(reads) == 1 and child.body_digest_uri == "sha256:" + hashlib.sha256(whole + b"after\n").hexdigest()
+    append.append(root, WB, PATH, b"and again\n")
+    assert len(reads) == 1  # kept again from that append on
+
+
+def test_a_hash_state_is_kept_only_under_the_digest_it_gives():
+    import hashlib as h
+
+    from nokvfs.workspace.hashstates import HashStates
+
+    states = HashStates(limit=2)
+    states.remember(b"r1", 3, h.sha256(b"abc"), "sha256:" + h.sha256(b"abd").hexdigest())
+    assert states.resume(b"r1", 3) is None and len(states) == 0
+    states.remember(b"r1", 3, h.sha256(b"abc"), "sha256:" + h.sha256(b"abc").hexdigest())
+    assert states.resume(b"r1", 4) is None  # another size: not this state
+    resumed = states.resume(b"r1", 3)
+    resumed.update(b"d")
+    assert states.resume(b"r1", 3).hexdigest() == h.sha256(b"abc").hexdigest()  # a copy was handed out
+    for name in (b"r2", b"r3"):
+        states.remember(name, 1, h.sha256(b"x"), "sha256:" + h.sha256(b"x").hexdigest())
+    assert states.resume(b"r1", 3) is None and len(states) == 2  # bounded, least recently used out
+
+
 def test_each_append_depends_on_every_distinct_owner_and_counts_stay_exact(bench):
     root = bench
     data = body(1000, "a0")

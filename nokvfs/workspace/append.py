@@ -22,7 +22,7 @@ from nokvfs.schema.paths import join, normalize_path
 from nokvfs.schema.records import ArtifactRevision, PathEntry
 from nokvfs.workspace import attributes as attrs
 from nokvfs.workspace import body as bodies
-from nokvfs.workspace import namespace, publish, reading
+from nokvfs.workspace import hashstates, namespace, publish, reading
 from nokvfs.workspace import workbench as wb
 
 MAX_DEPENDENCY_OWNERS = 64
@@ -62,9 +62,6 @@ def append(
             if owner_raw is None:
                 raise NotFound(f"owner revision {owner.hex()} of {join(components)} is missing")
             depth = max(depth, ArtifactRevision.decode(owner_raw).dependency_depth + 1)
-    whole = hashlib.sha256()
-    for chunk in reading.iter_body(root, base):
-        whole.update(chunk)
     rematerialise = len(owners) > MAX_DEPENDENCY_OWNERS or depth > MAX_DEPENDENCY_DEPTH
     if rematerialise:
         full = _rematerialised_body(root, base, delta)
@@ -74,18 +71,26 @@ def append(
             whole.update(full.read_block(block))
         delta_body = full
     else:
+        # The base's hash state if this process published it, else the base read back in full
+        # (the seed's body digest covers every byte).
+        whole = hashstates.STATES.resume(base.artifact_revision_id, base.logical_size)
+        if whole is None:
+            whole = hashlib.sha256()
+            for chunk in reading.iter_body(root, base):
+                whole.update(chunk)
         for block in delta.blocks:
             whole.update(delta.read_block(block))
         reused, base_revision, delta_body = tuple(base_rows), base.artifact_revision_id, delta
+    digest_uri = "sha256:" + whole.hexdigest()
     try:
-        return publish.run(
+        entry = publish.run(
             root,
             publish.Publication(
                 workbench_id=workbench_id,
                 components=components,
                 body=delta_body,
                 logical_size=base.logical_size + delta.size,
-                body_digest_uri="sha256:" + whole.hexdigest(),
+                body_digest_uri=digest_uri,
                 # The seed's append generation CAS, and the exact base the delta extends.
                 expected_generation=base.generation,
                 expected_revision_id=base.artifact_revision_id,
@@ -102,6 +107,9 @@ def append(
     finally:
         if rematerialise:
             delta_body.discard()
+    if entry.logical_size == base.logical_size + delta.size:
+        hashstates.STATES.remember(entry.artifact_revision_id, entry.logical_size, whole, digest_uri)
+    return entry
 
 
 def _appended_projection(base: PathEntry) -> tuple:

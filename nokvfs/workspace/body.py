@@ -70,9 +70,12 @@ class Body:
         data: bytes | None = None,
         path: str | None = None,
         owned_spool: bool = False,
+        hasher=None,
     ):
         self.size = size
         self.sha256 = sha256
+        # The whole-body SHA-256 object that gave `sha256` (nokvfs.workspace.hashstates), if kept.
+        self.hasher = hasher
         self.blocks = blocks
         self._data = data
         self.path = path
@@ -109,7 +112,8 @@ def from_bytes(data: bytes, block_size: int = DEFAULT_BLOCK_SIZE) -> Body:
         BlockPlan(i, off, len(data[off : off + block_size]), hashlib.sha256(data[off : off + block_size]).digest())
         for i, off in enumerate(range(0, len(data), block_size))
     ]
-    return Body(len(data), hashlib.sha256(data).digest(), blocks, data=data)
+    whole = hashlib.sha256(data)
+    return Body(len(data), whole.digest(), blocks, data=data, hasher=whole)
 
 
 def from_file(path: str, block_size: int = DEFAULT_BLOCK_SIZE, *, owned_spool: bool = False) -> Body:
@@ -136,7 +140,7 @@ def from_file(path: str, block_size: int = DEFAULT_BLOCK_SIZE, *, owned_spool: b
                     break
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-    return Body(offset, whole.digest(), blocks, path=path, owned_spool=owned_spool)
+    return Body(offset, whole.digest(), blocks, path=path, owned_spool=owned_spool, hasher=whole)
 
 
 class _HashChain:
@@ -327,7 +331,7 @@ class WrittenBody:
                     block = None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-        return Body(size, whole.digest(), blocks, path=path)
+        return Body(size, whole.digest(), blocks, path=path, hasher=whole)
 
 
 def from_stream(stream, spool_dir: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Body:

@@ -82,7 +82,7 @@ from nokvfs.schema.records import (
     SecondaryIndex,
     StagedObject,
 )
-from nokvfs.workspace import attributes
+from nokvfs.workspace import attributes, hashstates
 from nokvfs.workspace import workbench as wb
 from nokvfs.workspace.body import Body
 from nokvfs.workspace.operations import (
@@ -231,7 +231,15 @@ def run(root, pub: Publication) -> PathEntry:
             # absence of the final command's dedupe row, so it can never undo a publication.
             _abort_after_failure(root, pub.operation_id, exc)
             raise
+        _remember_hash(pub, entry)
         return entry
+
+
+def _remember_hash(pub: Publication, entry: PathEntry) -> None:
+    """Keep the whole-body hash state of a published body, for an append to continue
+    (nokvfs.workspace.hashstates); an append's delta is not a whole body (it keeps its own)."""
+    if not pub.reused and entry.artifact_revision_id == pub.revision_id and entry.logical_size == pub.body.size:
+        hashstates.STATES.remember(pub.revision_id, pub.body.size, pub.body.hasher, pub.body_digest_uri)
 
 
 def _run_bodiless(root, pub: Publication) -> PathEntry:
@@ -268,7 +276,9 @@ def _run_bodiless(root, pub: Publication) -> PathEntry:
     if not isinstance(final, Exception):
         # Applied, or replayed by its request id (a retry of a publication that completed: its
         # finalize, rebuilt on the Published operation, is refused and changes nothing).
-        return PathEntry.decode(final.result) if final.replayed else built.value
+        entry = PathEntry.decode(final.result) if final.replayed else built.value
+        _remember_hash(pub, entry)
+        return entry
     refused = finalized if isinstance(finalized, Exception) else final
     _abort_after_failure(root, pub.operation_id, refused)
     raise refused
@@ -499,6 +509,7 @@ def _group_step(root, live, results, item, *, pubs, abort_refused=True, final=Fa
         still.append(index)
         if final:
             results[index] = PathEntry.decode(outcome.result) if outcome.replayed else built.value
+            _remember_hash(pubs[index], results[index])
     return still
 
 
