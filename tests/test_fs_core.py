@@ -571,3 +571,76 @@ def test_a_listing_starts_with_dot_and_dot_dot_and_pages_from_any_offset(kernel)
         k.call("releasedir", fh)
     assert root_listing[:2] == [(b".", ROOT_INODE), (b"..", ROOT_INODE)]
     assert k.stat("").st_ino == ROOT_INODE  # listing the root's ".." did not drop the root
+
+
+# --- a directory's link count ------------------------------------------------------------------------
+
+
+def test_a_directory_link_count_follows_this_mounts_mkdir_rmdir_and_rename_as_a_fresh_count(kernel):
+    """The count moves with this mount's own changes (the kernel stats the parent after each, and a
+    rescan of a big directory is costly); whatever the sequence, it equals what a mount that never
+    cached it counts, and what ext4 would show."""
+    import random
+
+    rng = random.Random(7)
+    kernel.mkdir("/wb/outputs/d")
+    kernel.put("/wb/outputs/d/file", b"x")
+    made: set[str] = set()
+    for step in range(120):
+        kernel.stat("/wb/outputs/d")  # counted, then cached
+        choice = rng.random()
+        name = f"s{rng.randrange(12)}"
+        if choice < 0.45 and name not in made:
+            kernel.mkdir(f"/wb/outputs/d/{name}")
+            made.add(name)
+        elif choice < 0.7 and made:
+            gone = rng.choice(sorted(made))
+            kernel.call("rmdir", kernel.ino("/wb/outputs/d"), gone.encode(), kernel.ctx)
+            made.discard(gone)
+        elif made:
+            old = rng.choice(sorted(made))
+            new = f"s{rng.randrange(12)}"
+            parent = kernel.ino("/wb/outputs/d")
+            kernel.call("rename", parent, old.encode(), parent, new.encode(), 0, kernel.ctx)  # may replace
+            made.discard(old)
+            made.add(new)
+        fresh = Kernel(kernel.fs.tree.root)
+        assert kernel.stat("/wb/outputs/d").st_nlink == 2 + len(made) == fresh.stat("/wb/outputs/d").st_nlink, step
+    assert kernel.stat("/wb/outputs").st_nlink == 3
+
+
+def test_a_stat_of_the_parent_during_an_rmdir_or_a_move_leaves_no_stale_count(kernel):
+    """A getattr of the parent while rmdir or rename awaits its command may count the change
+    already (when an event of another process dropped the cached count meanwhile); the count is
+    then taken again, never moved twice. (Directories this mount made are counted from its
+    overlay until they go, so the race needs ones it only found stored.)"""
+    kernel.mkdir("/wb/outputs/p")
+    kernel.mkdir("/wb/outputs/q")
+    for name in ("a", "b"):
+        kernel.mkdir(f"/wb/outputs/p/{name}")
+        kernel.put(f"/wb/outputs/p/{name}/file", b"x")  # published paths: the rename awaits a command
+        kernel.call("unlink", kernel.ino(f"/wb/outputs/p/{name}"), b"file", kernel.ctx)  # leaves a marker
+    kernel = Kernel(kernel.fs.tree.root)  # as after a remount: the directories are only stored ones
+    p, q = kernel.ino("/wb/outputs/p"), kernel.ino("/wb/outputs/q")
+    assert kernel.stat("/wb/outputs/p").st_nlink == 4
+    node = kernel.fs.tree.node(p)
+
+    async def racing(change):
+        done = trio.Event()
+
+        async def run():
+            await change()
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await trio.lowlevel.checkpoint()
+            while not done.is_set():
+                node.dir_subdirs = None  # as the change follower does on another process's event
+                await kernel.ops.getattr(p, kernel.ctx)
+                await trio.sleep(0.0005)
+
+    trio.run(racing, lambda: kernel.ops.rmdir(p, b"a", kernel.ctx))
+    assert kernel.stat("/wb/outputs/p").st_nlink == 3
+    trio.run(racing, lambda: kernel.ops.rename(p, b"b", q, b"b", 0, kernel.ctx))
+    assert (kernel.stat("/wb/outputs/p").st_nlink, kernel.stat("/wb/outputs/q").st_nlink) == (2, 3)

@@ -127,3 +127,16 @@ def test_two_mounts_of_one_data_directory_see_each_other(tmp_path):
             unmount(second_mnt)
             stop(proc)
         assert not os.path.ismount(second_mnt)
+
+
+def test_a_directory_another_process_makes_or_removes_is_counted_in_its_parents_links(mount):
+    outputs = mount.path("wb", "outputs")
+    os.makedirs(os.path.join(outputs, "top"))
+    top = os.path.join(outputs, "top")
+    assert (os.stat(outputs).st_nlink, os.stat(top).st_nlink) == (3, 2)  # cached by the kernel now
+    cli(mount, "put", "wb:outputs/top/new/deeper/file.txt", "-", input=b"x")
+    within(lambda: os.stat(top).st_nlink == 3, what="top's link count after a put below a new directory")
+    assert os.stat(os.path.join(top, "new")).st_nlink == 3
+    cli(mount, "rm", "wb:outputs/top/new/deeper/file.txt")
+    within(lambda: os.stat(top).st_nlink == 2, what="top's link count after its implicit directory went")
+    assert os.stat(outputs).st_nlink == 3

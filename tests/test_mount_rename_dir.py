@@ -121,3 +121,53 @@ def test_a_tree_bigger_than_one_command_is_exdev_and_mv_copies_it(tmp_path):
         )
         assert done.returncode == 0, done.stderr
         assert not os.path.exists(big) and len(os.listdir(m.path("wb", "outputs", "moved"))) == 1001
+
+
+DIR_LINKS_SCRIPT = r"""
+set -e
+mkdir -p a/s1 a/s2/deep b
+touch a/f b/g
+stat -c '%n %h' . a b a/s1 a/s2
+mv a/s1 b/t1              # a directory moves to another parent
+stat -c '%n %h' a b
+mv a/f b/f2               # a file moves: no link count changes
+stat -c '%n %h' a b
+mv b/t1 b/t2              # renamed within its parent
+stat -c '%n %h' b
+mkdir c && mv -T c a/s2/deep  # replaces an empty directory
+stat -c '%n %h' a a/s2
+rmdir a/s2/deep
+stat -c '%n %h' a/s2
+rm -r a
+stat -c '%n %h' .
+"""
+
+
+@pytest.mark.parametrize("extra_args", [(), ("--write-back",)], ids=["default", "write-back"])
+def test_a_directory_counts_its_subdirectories_in_its_link_count_as_ext4_does(tmp_path, extra_args):
+    """st_nlink of a directory is 2 plus its subdirectories (`ls -ld`, `stat -c %h`, find's
+    leaf optimisation and pjdfstest's rename/24 read it), through mkdir, mv, rmdir and rm -r,
+    here and after a remount."""
+    local = tmp_path / "local"
+    local.mkdir()
+    expected = subprocess.run(["sh", "-c", DIR_LINKS_SCRIPT], cwd=local, capture_output=True, text=True)
+    assert expected.returncode == 0, expected.stderr
+    with mounted(str(tmp_path / "m"), extra_args=extra_args) as m:
+        outputs = m.path("wb", "outputs")
+        got = subprocess.run(["sh", "-c", DIR_LINKS_SCRIPT], cwd=outputs, capture_output=True, text=True)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == expected.stdout
+        os.makedirs(os.path.join(outputs, "x", "y", "z"))
+        os.makedirs(os.path.join(outputs, "x", "w"))
+        workbench_links = os.stat(m.path("wb")).st_nlink
+        names = [e.name for e in os.scandir(m.path("wb")) if e.is_dir()]
+        assert workbench_links == 2 + len(names)  # the sections and the dot-directories of views
+        assert os.stat(m.path()).st_nlink == 2 + len([e for e in os.scandir(m.path()) if e.is_dir()])
+    with mounted(str(tmp_path / "m"), extra_args=extra_args, init=False) as m:
+        outputs = m.path("wb", "outputs")
+        assert [os.stat(os.path.join(outputs, *p)).st_nlink for p in ((), ("x",), ("x", "y"), ("x", "y", "z"))] == [
+            3 + 1,  # b, x
+            4,
+            3,
+            2,
+        ]

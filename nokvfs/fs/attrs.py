@@ -11,6 +11,10 @@ What the attributes say, and where it comes from:
 * a directory below a section: its stored attributes when it has them, else 0755 and the mount's
   owner; its mtime/ctime are derived from what the shard records (nokvfs.fs.tree). Sections,
   workbenches and the root show 0755; read-only views 0555 (files 0444).
+* st_nlink of a directory: 2 plus its subdirectories, as on ext4 (find's leaf optimisation and
+  `ls -ld` read it); 1, the usual "not counted", for the view families (`.snapshots/`, `.commits/`,
+  `.tags/`: the first-parent log may be long) and for a directory with more children than
+  tree.DIR_SCAN_LIMIT. A file or link: 1 (0 once no name links it).
 * st_blocks: 512-byte units of the logical size; st_blksize: the preferred I/O size (1 MiB, the
   largest FUSE request), so cp/cat use large buffers.
 * generation: 0 for every inode. The seed's synthesized directory generation (the workspace
@@ -68,6 +72,7 @@ class Shown:
     mtime_ns: int
     atime_ns: int
     ctime_ns: int
+    nlink: int = 2  # directories: 2 + subdirectories, or 1 when not counted
 
 
 def build(node, shown: Shown, *, timeouts=None) -> pyfuse3.EntryAttributes:
@@ -79,7 +84,7 @@ def build(node, shown: Shown, *, timeouts=None) -> pyfuse3.EntryAttributes:
     attr.attr_timeout = attr_timeout
     if node.kind.is_dir:
         attr.st_mode = stat_m.S_IFDIR | shown.mode
-        attr.st_nlink = 2
+        attr.st_nlink = shown.nlink
         attr.st_size = 0
     elif node.kind is Kind.LINK:
         attr.st_mode = stat_m.S_IFLNK | shown.mode

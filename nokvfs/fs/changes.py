@@ -95,7 +95,7 @@ class Changes:
                     tree.invalidator.inode(node.ino)
                 continue
             if node.kind.is_dir:
-                node.dir_ctime_ns = None
+                node.dir_ctime_ns = node.dir_subdirs = None
                 tree.invalidator.inode(node.ino)  # its cached listing too
                 continue
             if node.spool is not None:
@@ -145,7 +145,16 @@ class Changes:
         if parent is not None and not gone:
             parent.dir_ctime_ns = None  # re-derived from its entries at the next stat
             tree.invalidator.inode(parent.ino, attr_only=True)
-        # Implicit directories above the path may have appeared or vanished.
+        # Implicit directories above the path may have appeared or vanished, and with them the
+        # link counts of the directories above those: counted again unless the directory below
+        # was known here already and the path was not removed (it did not appear, then).
+        for depth in range(len(components) - 2, 0, -1):
+            above = tree.inodes.find(view, incarnation, components[:depth])
+            if above is None or above.dir_subdirs is None:
+                continue
+            if gone or tree.inodes.find(view, incarnation, components[: depth + 1]) is None:
+                above.dir_subdirs = None
+                tree.invalidator.inode(above.ino, attr_only=True)
         with tree.view.read() as v:
             for depth in range(len(components) - 1, 1, -1):
                 directory = components[:depth]

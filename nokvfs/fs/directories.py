@@ -67,10 +67,12 @@ class Directories:
         names.check_directory_path(self.root, parent, components)
         if tree.lookup(parent, name) is not None:
             raise refuse(errno.EEXIST, f"{parent.describe()}/{name} exists")
+        tree.subdirectories_changed(parent.incarnation, parent.components, +1)
         tree.overlay.add_dir(parent.incarnation, components)
         node = tree.child(parent, Kind.DIR, name)
         now = time.time_ns()
         node.dir_ctime_ns = now  # this mount's own change, shown until the shard records newer ones
+        node.dir_subdirs = 0  # new and empty: no scan for the stat the kernel makes next
         tree.directory_changed(parent.incarnation, parent.components, now)
         # The directory is stored at once, with its marker: without one an empty directory would
         # live only in this daemon's memory, and vanish at the next mount (git's empty
@@ -82,6 +84,7 @@ class Directories:
             await self.set_attributes(node, changes)
         except BaseException:
             tree.overlay.remove_dir(parent.incarnation, components)
+            tree.subdirectories_changed(parent.incarnation, parent.components, -1)
             tree.inodes.detach(node)
             raise
         return node
@@ -123,6 +126,7 @@ class Directories:
             raise refuse(errno.ENOTDIR, f"{node.describe()} is not a directory")
         if self._has_entries(node) or tree.overlay.has_children(node.incarnation, node.components):
             raise refuse(errno.ENOTEMPTY, f"{node.describe()} is not empty")
+        token = tree.subdirectories_token(parent.incarnation, parent.components)
         await self.keep(parent, name)
         if self._marker(node) is not None:
             await self.workers.bounded(
@@ -136,6 +140,7 @@ class Directories:
         tree.overlay.remove_dir(node.incarnation, node.components)
         # The parent stays, as on a local disk, even when this was its last entry.
         tree.overlay.add_dir(node.incarnation, node.components[:-1])
+        tree.subdirectories_changed(parent.incarnation, parent.components, -1, token)
         tree.directory_changed(parent.incarnation, parent.components, time.time_ns())
         tree.inodes.detach(node)
 
@@ -161,6 +166,7 @@ class Directories:
         incarnation = source.incarnation
         src = source.components
         limit = namespace.MAX_DIRECTORY_RENAME
+        tokens = [tree.subdirectories_token(incarnation, c) for c in (src[:-1], dst[:-1])]
         with tree.view.read() as v:
             durable = namespace.paths_below(v, self.root, incarnation, src, limit + 1)
         if len(durable) > limit:
@@ -228,6 +234,9 @@ class Directories:
             tree.overlay.add_dir(incarnation, dst)
         tree.overlay.add_dir(incarnation, src[:-1])  # the old parent stays
         now = time.time_ns()
+        tree.subdirectories_changed(incarnation, src[:-1], -1, tokens[0])
+        if target is None:
+            tree.subdirectories_changed(incarnation, dst[:-1], +1, tokens[1])
         tree.directory_changed(incarnation, src[:-1], now)
         tree.directory_changed(incarnation, dst[:-1], now)
 

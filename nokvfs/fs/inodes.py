@@ -76,6 +76,8 @@ class Node:
         "handles",
         "open_count",
         "dir_ctime_ns",
+        "dir_subdirs",
+        "dir_scans",
         "detached",
     )
 
@@ -98,6 +100,10 @@ class Node:
         self.handles = 0  # open file descriptors (FILE/LINK)
         self.open_count = 0  # open handles of any kind (file and directory)
         self.dir_ctime_ns = None  # directories: the derived change time, cached until a change below
+        # directories: how many subdirectories they hold (st_nlink is 2 more), cached until a
+        # directory below is made, removed or moved; -1: too many children to count
+        self.dir_subdirs = None
+        self.dir_scans = 0  # directories: scans of their children so far (see Tree.subdirectories_changed)
         self.detached = False
 
     def learn(self, entry) -> None:

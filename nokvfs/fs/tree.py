@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 LIVE = views_.LIVE
 _OWN_CHANGES_BOUND = 65536
 _VIEW_CACHE = 4096  # read-only view objects kept (each is rebuilt from its identity on demand)
-DIR_TIME_SCAN_LIMIT = 4096  # children read to derive a directory's time (the newest of them)
+DIR_SCAN_LIMIT = 4096  # children read to derive a directory's time and link count
 
 
 def _ms_to_ns(ms: int) -> int:
@@ -303,18 +303,27 @@ class Tree:
 
     def _directory_shown(self, node: Node, read_only: bool) -> attrs.Shown:
         mode = attrs.READ_ONLY_DIRECTORY_MODE if read_only else attrs.DIRECTORY_MODE
-        if node.kind is Kind.ROOT:
+        kind = node.kind
+        if kind is Kind.ROOT:
             t = self._root_mtime_ns
-            return attrs.Shown(mode, 0, self.uid, self.gid, t, t, t)
+            return attrs.Shown(mode, 0, self.uid, self.gid, t, t, t, 2 + len(self._workbenches))
         floor = self._workbench_times.get(node.workbench_id)
         if floor is None:
             floor = _ms_to_ns(creation_unix_ms(node.incarnation))
-        if node.kind not in (Kind.SECTION, Kind.DIR):
-            return attrs.Shown(mode, 0, self.uid, self.gid, floor, floor, floor)
+        if kind not in (Kind.SECTION, Kind.DIR):
+            if kind is Kind.WORKBENCH:
+                nlink = 2 + len(wb.SECTIONS) + len(views_.HISTORY_DIRS)
+            elif kind is Kind.VIEW:
+                nlink = 2 + len(wb.SECTIONS)
+            else:
+                nlink = 1  # a view family: not counted
+            return attrs.Shown(mode, 0, self.uid, self.gid, floor, floor, floor, nlink)
         newest = self.directory_time(node, floor)
+        subdirs = self.subdirectories(node)
+        nlink = 1 if subdirs < 0 else 2 + subdirs
         stored = self.directory_attributes(node)
         if stored is None:
-            return attrs.Shown(mode, 0, self.uid, self.gid, newest, newest, newest)
+            return attrs.Shown(mode, 0, self.uid, self.gid, newest, newest, newest, nlink)
         if read_only:
             stored_mode = stored.mode & ~0o222
         else:
@@ -322,8 +331,8 @@ class Tree:
         uid = self.uid if stored.uid is None else stored.uid
         gid = self.gid if stored.gid is None else stored.gid
         if stored.ctime_ns >= newest:
-            return attrs.Shown(stored_mode, 0, uid, gid, stored.mtime_ns, stored.atime_ns, stored.ctime_ns)
-        return attrs.Shown(stored_mode, 0, uid, gid, newest, newest, newest)
+            return attrs.Shown(stored_mode, 0, uid, gid, stored.mtime_ns, stored.atime_ns, stored.ctime_ns, nlink)
+        return attrs.Shown(stored_mode, 0, uid, gid, newest, newest, newest, nlink)
 
     def directory_attributes(self, node: Node):
         """A directory's stored attributes (its marker), or None."""
@@ -336,26 +345,68 @@ class Tree:
 
     def directory_time(self, node: Node, floor: int) -> int:
         """The newest change time of the entries directly in a directory (cached on the node)."""
-        if node.dir_ctime_ns is not None:
-            return max(node.dir_ctime_ns, floor)
-        newest = floor
+        if node.dir_ctime_ns is None and not self._scan_directory(node, floor):
+            return floor
+        return max(node.dir_ctime_ns, floor)
+
+    def subdirectories(self, node: Node) -> int:
+        """How many directories a section or directory holds (cached on the node); -1 when it
+        has more than DIR_SCAN_LIMIT children, which are not all read for a stat."""
+        if node.dir_subdirs is None and not self._scan_directory(node, 0):
+            return 0
+        return node.dir_subdirs
+
+    def _scan_directory(self, node: Node, floor: int) -> bool:
+        """One pass over the children of a directory (DIR_SCAN_LIMIT at most) for the two facts
+        its stat derives from them: their newest change time and the subdirectories among them
+        (implicit ones, ones with a marker, and this mount's own not stored yet). A cached time
+        this mount set for its own change is kept. False: the workbench is gone (nothing cached)."""
+        newest, subdirs = floor, set()
         view = self.view_of(node)
         anchor, seen = None, 0
         try:
             with view.read() as v:
                 workbench = view.require(v, node.workbench_id, node.incarnation)
-                while seen < DIR_TIME_SCAN_LIMIT:
+                while seen < DIR_SCAN_LIMIT:
                     children, anchor = view.children(v, workbench, node.components, start_after=anchor, limit=255)
                     for child in children:
                         seen += 1
-                        if child.entry is not None and child.name != attributes.DIRECTORY_MARKER:
+                        if child.entry is None:
+                            subdirs.add(child.name)
+                        elif child.name != attributes.DIRECTORY_MARKER:
                             newest = max(newest, attributes.shown(child.entry).ctime_ns)
                     if anchor is None:
                         break
         except NotFound:
-            return floor
-        node.dir_ctime_ns = newest
-        return newest
+            return False
+        if node.view == LIVE:
+            subdirs.update(
+                name for name, kind in self.overlay.children(node.incarnation, node.components) if kind == overlays.DIR
+            )
+        if node.dir_ctime_ns is None:
+            node.dir_ctime_ns = newest
+        node.dir_scans += 1
+        node.dir_subdirs = -1 if anchor is not None else len(subdirs)
+        return True
+
+    def subdirectories_token(self, incarnation: bytes, components: tuple) -> int | None:
+        """Taken before an own change that awaits (rmdir, rename): `subdirectories_changed` then
+        knows whether a scan ran meanwhile and may have seen the change already."""
+        node = self.inodes.find(LIVE, incarnation, components)
+        return None if node is None else node.dir_scans
+
+    def subdirectories_changed(self, incarnation: bytes, components: tuple, delta: int, token=None) -> None:
+        """This mount made (+1) or removed (-1) a directory directly in `components`. The cached
+        count moves by `delta` rather than being counted again: the kernel stats the parent
+        after each mkdir, and a scan of a big directory costs ~50 us per child. Counted again
+        at the next stat when a scan ran since `token` (it may have counted the change)."""
+        node = self.inodes.find(LIVE, incarnation, components)
+        if node is None or node.dir_subdirs is None or node.dir_subdirs < 0:
+            return  # not counted yet, or too many children to count
+        if token is not None and token != node.dir_scans:
+            node.dir_subdirs = None
+        else:
+            node.dir_subdirs = max(0, node.dir_subdirs + delta)
 
     def directory_changed(self, incarnation: bytes, components: tuple, ctime_ns: int | None) -> None:
         """An entry directly in the directory `components` changed at ctime_ns (None: unknown):
