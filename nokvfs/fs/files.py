@@ -133,20 +133,18 @@ class Files:
         return node.bound
 
     def _new_spool(self, node: Node, base) -> Spool:
-        spool = Spool(
+        # The write-back publisher publishes in groups (publish.run_group), whose blocks go in one
+        # store batch that does not take blocks staged ahead: staging them would write every byte
+        # once more for nothing. Decided at construction: the spool's running hash calls the stager.
+        return Spool(
             self.root,
             workbench_id=node.workbench_id,
             incarnation=node.incarnation,
             components=node.components,
             base=base,
             owner=self._owner,
+            stage=self.writeback is None,
         )
-        if self.writeback is not None:
-            # The write-back publisher publishes in groups (publish.run_group), whose blocks go
-            # in one store batch that does not take blocks staged ahead: staging them would
-            # write every byte once more for nothing.
-            spool.prestager = None
-        return spool
 
     async def create(self, fh: int, parent: Node, name: str, flags: int, mode: int, uid: int, gid: int) -> FileHandle:
         """open(O_CREAT): a new file, pending in the overlay until its first publication."""

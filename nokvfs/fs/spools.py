@@ -254,7 +254,9 @@ def _atomic_json(path: str, record: dict, *, durable: bool = False) -> None:
 class Spool:
     """The shared write state of one file in one mount (see the module docstring)."""
 
-    def __init__(self, root, *, workbench_id: str, incarnation: bytes, components: tuple, base, owner: dict):
+    def __init__(
+        self, root, *, workbench_id: str, incarnation: bytes, components: tuple, base, owner: dict, stage: bool = True
+    ):
         self.root = root
         self.workbench_id = workbench_id
         self.incarnation = incarnation
@@ -275,8 +277,9 @@ class Spool:
         # The spool's lock: a Semaphore, which has no owner, so a publication's syscall can take
         # it and its work release it (Workers.bounded_holding).
         self.lock = trio.Semaphore(1)
-        # Its complete blocks, staged in the store while it is written (nokvfs.workspace.prestage).
-        self.prestager = prestage.Prestager.for_store(root.store, root.block_size)
+        # Its complete blocks, staged in the store while it is written (nokvfs.workspace.prestage);
+        # None when the store stages nothing or the caller publishes without staged blocks.
+        self.prestager = prestage.Prestager.for_store(root.store, root.block_size) if stage else None
         # The spool file's blocks, hashed as they are written (publication reads only the rest);
         # each block hashed in order is staged from the bytes hashed, and whatever makes those
         # hashes stale makes the staged blocks stale too.
