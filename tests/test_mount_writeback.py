@@ -75,6 +75,14 @@ def _daemon_environment(name: str, value: str):
             os.environ[name] = old_env
 
 
+def _stop(proc, mnt: str) -> None:
+    """Unmount and make sure the daemon is gone (a test's finally)."""
+    unmount(mnt)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def _start_crashing_daemon(data: str, mnt: str, log: str, crash_at: str):
     """A write-back daemon that SIGKILLs itself at the publish crash point `crash_at`."""
     with _daemon_environment("NOKVFS_CRASH_AT", crash_at):
@@ -144,10 +152,7 @@ def test_a_daemon_killed_before_publishing_is_replayed_at_the_next_mount(tmp_pat
         proc.wait(timeout=60)
         assert proc.returncode == -9
     finally:
-        unmount(mnt)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        _stop(proc, mnt)
     assert accepted, "the first close returns before its publication starts"
     # Every accepted file has its acceptance record in the daemon's journal (small ones with
     # their bytes); a file whose close was never acknowledged has none.
@@ -251,10 +256,7 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
         proc.kill()
         proc.wait(timeout=30)
     finally:
-        unmount(mnt)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        _stop(proc, mnt)
     with mounted(base, init=False) as m:
         assert sorted(os.listdir(m.path("wb", "outputs"))) == ["build", "doc.txt", "later.txt"]
         with open(m.path("wb", "outputs", "build", "a.txt"), "rb") as f:
@@ -334,10 +336,7 @@ def test_sigkill_during_a_group_publication_loses_nothing_accepted(tmp_path, cra
         proc.wait(timeout=60)
         assert proc.returncode == -9
     finally:
-        unmount(mnt)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        _stop(proc, mnt)
     assert len(accepted) > 1
     with mounted(base, init=False) as m:
         for name, body in accepted.items():
@@ -370,3 +369,85 @@ def test_dd_of_several_blocks_in_order_is_written_and_published(tmp_path):
         assert _published(m.data_dir, "outputs/big.bin") == f.read()
     with mounted(base, init=False) as m:
         assert subprocess.run(["cmp", src, m.path("wb", "outputs", "big.bin")], timeout=60).returncode == 0
+
+
+def _directories(base: str) -> list[str]:
+    """Each directory below `base`: its relative path, mode, link count and mtime (ns)."""
+    found = []
+    for top, dirs, _ in os.walk(base):
+        for name in dirs:
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            found.append(f"{os.path.relpath(path, base)} {st.st_mode & 0o7777:o} {st.st_nlink} {st.st_mtime_ns}")
+    return sorted(found)
+
+
+def test_tar_x_directories_keep_their_modes_and_times_before_and_after_publication(tmp_path):
+    # mkdir and a directory's chmod/chown/utime are accepted into the journal and stored by the
+    # publisher; tar sets a directory's mode and times after its files, so what it restores must
+    # not be overtaken when the files are published.
+    base = str(tmp_path)
+    src = _tree(base, files=300)
+    for i, (top, _, _) in enumerate(sorted(os.walk(src))):
+        os.chmod(top, (0o750, 0o700, 0o755, 0o711)[i % 4])
+    for i, (top, _, _) in enumerate(sorted(os.walk(src), reverse=True)):
+        os.utime(top, ns=(1_600_000_000_123_456_789 + i * 10**9,) * 2)
+    tar_path = os.path.join(base, "tree.tar")
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(src, arcname="tree")
+    local = os.path.join(base, "local")
+    os.makedirs(local)
+    subprocess.run(["tar", "xpf", tar_path, "-C", local], check=True, timeout=120)
+    expected = _directories(local)
+    assert len(expected) == 19
+    with mounted(base, extra_args=WB) as m:
+        out = m.path("wb", "outputs")
+        subprocess.run(["tar", "xpf", tar_path, "-C", out], check=True, timeout=300)
+        assert _directories(out) == expected  # accepted, shown before they are stored
+        subprocess.run(["sync", "-f", os.path.join(out, "tree", "link")], check=True, timeout=300)
+        done = _cli("umount", m.mountpoint, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "could not be stored" not in m.log()
+    for extra in ((), WB):
+        with mounted(base, init=False, extra_args=extra) as m:
+            assert _directories(m.path("wb", "outputs")) == expected
+
+
+def test_directory_changes_accepted_before_a_kill_are_stored_at_the_next_mount(tmp_path):
+    base = str(tmp_path)
+    data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
+    os.makedirs(mnt)
+    init_data_dir(data)
+    with _daemon_environment(writeback.QUIET_ENV, "600"):  # nothing is published before the kill
+        proc = start_daemon(data, mnt, log, WB)
+    try:
+        wait_mounted(mnt, proc, log)
+        out = os.path.join(mnt, "wb", "outputs")
+        script = (
+            "mkdir -p a/b/c empty gone moved && chmod 700 a/b && chmod 1777 empty && touch -d @1500000000 a/b/c"
+            " && rmdir gone && mv moved renamed && touch -d @1400000000 renamed"
+        )
+        subprocess.run(["sh", "-c", script], cwd=out, check=True, timeout=120)
+        shown = _directories(out)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        _stop(proc, mnt)
+    (journal,) = glob.glob(os.path.join(data, "spool", "mount", "writeback-*.journal"))
+    with open(journal, "rb") as f:
+        kinds = [kind for kind, _, _ in writeback.decode_records(f.read())]
+    assert writeback.DIRECTORY in kinds
+    with mounted(base, init=False) as m:
+        assert _directories(m.path("wb", "outputs")) == shown
+        assert not os.path.exists(m.path("wb", "outputs", "gone"))
+        assert "accepted before the last daemon ended" in m.log()
+    assert not glob.glob(os.path.join(data, "spool", "mount", "writeback-*.journal"))
+    with mounted(base, init=False) as m:
+        assert _directories(m.path("wb", "outputs")) == shown
+        assert [line.split()[:2] for line in shown] == [
+            ["a", "755"],
+            ["a/b", "700"],
+            ["a/b/c", "755"],
+            ["empty", "1777"],
+            ["renamed", "755"],
+        ]

@@ -32,6 +32,82 @@ def test_golden_bytes():
     assert writeback.decode_records(data) == [(1, ACCEPTED_META, b"hi"), (2, {"spool": "wb--a--00.spool"}, None)]
 
 
+DIRECTORY_META = {
+    "spool": "directory-00ff",
+    "workbench": "wb",
+    "incarnation": "0a0b",
+    "path": "outputs/d",
+    "changes": {"mode": 448},
+    "made_ns": 5,
+    "changed_ns": 7,
+}
+GOLDEN_DIRECTORY = (
+    "4e4b5742"
+    "01"
+    "03"
+    "00000085"
+    + b'{"changed_ns":7,"changes":{"mode":448},"incarnation":"0a0b","made_ns":5,"path":"outputs/d",'
+    b'"spool":"directory-00ff","workbench":"wb"}'.hex()
+    + "00"
+    "0000000000000000"
+    "d9a205a6ed2da691"
+)
+
+
+def test_golden_bytes_of_a_directory_change():
+    raw = writeback.encode_record(writeback.DIRECTORY, DIRECTORY_META)
+    assert raw.hex() == GOLDEN_DIRECTORY
+    assert writeback.decode_records(bytes.fromhex(GOLDEN_DIRECTORY)) == [(3, DIRECTORY_META, None)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"changes": {"mode": "700"}},
+        {"changes": {"size": 1}},
+        {"changes": []},
+        {"incarnation": "not hex"},
+        {"path": 7},
+        {"made_ns": 1.5},
+        {"changed_ns": None},
+        {"workbench": None},
+    ],
+)
+def test_a_directory_change_with_unreadable_fields_is_refused(change):
+    with pytest.raises(CorruptRecord):
+        writeback.decode_records(writeback.encode_record(writeback.DIRECTORY, dict(DIRECTORY_META, **change)))
+    missing = {k: v for k, v in DIRECTORY_META.items() if k not in change}
+    with pytest.raises(CorruptRecord):
+        writeback.decode_records(writeback.encode_record(writeback.DIRECTORY, missing))
+    with pytest.raises(CorruptRecord):  # a directory change has no body
+        writeback.decode_records(writeback.encode_record(writeback.DIRECTORY, DIRECTORY_META, b"x"))
+
+
+def test_restore_returns_the_directory_changes_in_queue_order(tmp_path):
+    # A change accepted again moves to the end (as in the publisher's queue); a published one is done.
+    data = str(tmp_path)
+
+    def change(name, path, **changes):
+        return dict(DIRECTORY_META, spool=name, path=path, changes=changes)
+
+    path = _journal(
+        data,
+        [
+            writeback.encode_record(writeback.DIRECTORY, change("directory-1", "outputs/a", mode=0o700)),
+            writeback.encode_record(writeback.DIRECTORY, change("directory-2", "outputs/b", mode=0o755)),
+            writeback.encode_record(writeback.DIRECTORY, change("directory-3", "outputs/c", mode=0o711)),
+            writeback.encode_record(writeback.PUBLISHED, {"spool": "directory-2"}),
+            writeback.encode_record(writeback.DIRECTORY, change("directory-1", "outputs/a", mode=0o700, mtime_ns=9)),
+        ],
+    )
+    restored, directories, journals = writeback.restore_journals(data)
+    assert (restored, journals) == (0, [path])
+    assert [(d["path"], d["changes"]) for d in directories] == [
+        ("outputs/c", {"mode": 0o711}),
+        ("outputs/a", {"mode": 0o700, "mtime_ns": 9}),
+    ]
+
+
 def test_a_torn_or_damaged_tail_ends_the_journal():
     first = bytes.fromhex(GOLDEN_ACCEPTED)
     second = writeback.encode_record(writeback.ACCEPTED, dict(ACCEPTED_META, spool="wb--b--01.spool"), b"x" * 100)
@@ -92,8 +168,8 @@ def test_restore_turns_a_dead_daemons_journal_into_pending_spools(tmp_path):
             writeback.encode_record(writeback.ACCEPTED, meta("never.spool", "outputs/never"), b"torn")[:-3],
         ],
     )
-    assert writeback.restore_journals(data) == 2
-    assert not os.path.exists(path)
+    restored, directories, journals = writeback.restore_journals(data)
+    assert (restored, directories, journals) == (2, [], [path])  # replay removes it once all is stored
     with open(os.path.join(directory, "small.spool"), "rb") as f:
         assert f.read() == b"v2"  # the last acceptance of a file wins
     assert not os.path.exists(os.path.join(directory, "gone.spool"))  # published
@@ -109,6 +185,6 @@ def test_a_journal_this_build_cannot_read_is_left_in_place(tmp_path):
     data = str(tmp_path)
     raw = _resealed(writeback.encode_record(writeback.ACCEPTED, {"spool": "a.spool", "path": "outputs/a"}, b"x"), 4, 7)
     path = _journal(data, [raw])
-    assert writeback.restore_journals(data) == 0
+    assert writeback.restore_journals(data) == (0, [], [])
     with open(path, "rb") as f:
         assert f.read() == raw

@@ -395,6 +395,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
         publisher = None
         if o.write_back and not read_only:
             publisher = fs.files.writeback = writeback.Publisher(fs.files)
+            fs.directories.writeback = publisher
         operations = Operations(fs)
         if publisher is not None:
             # close(2) does not publish here, so the kernel may cache writes too (fewer, larger

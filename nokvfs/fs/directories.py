@@ -43,6 +43,9 @@ class Directories:
         self.tree = tree
         self.root = tree.root
         self.workers = tree.workers
+        # Write-back mode (nokvfs.fs.writeback.Publisher): mkdir and a directory's attribute
+        # changes are accepted into its journal and stored by its publisher.
+        self.writeback = None
 
     async def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         tree = self.tree
@@ -74,9 +77,10 @@ class Directories:
         node.dir_ctime_ns = now  # this mount's own change, shown until the shard records newer ones
         node.dir_subdirs = 0  # new and empty: no scan for the stat the kernel makes next
         tree.directory_changed(parent.incarnation, parent.components, now)
-        # The directory is stored at once, with its marker: without one an empty directory would
-        # live only in this daemon's memory, and vanish at the next mount (git's empty
-        # `.git/refs/heads` with it). An owner other than the mount's is stored too.
+        # The directory is stored with its marker: without one an empty directory would live only
+        # in this daemon's memory, and vanish at the next mount (git's empty `.git/refs/heads`
+        # with it). An owner other than the mount's is stored too. At once by default; in
+        # write-back mode accepted into the journal and stored by the publisher.
         changes = {"mode": mode & 0o7777}
         if (uid, gid) != (tree.uid, tree.gid):
             changes.update(uid=uid, gid=gid)
@@ -103,7 +107,7 @@ class Directories:
             children, anchor = tree.view.children(v, workbench, parent.components, start_after=None, limit=2)
         if anchor is not None or len(children) != 1 or children[0].name != leaving:
             return  # other entries (the marker among them) keep it
-        await self.set_attributes(parent, {})
+        await self.set_attributes(parent, {}, now=True)  # stored before the path goes, in either mode
 
     async def rmdir(self, parent: Node, name: str) -> None:
         tree = self.tree
@@ -128,6 +132,8 @@ class Directories:
             raise refuse(errno.ENOTEMPTY, f"{node.describe()} is not empty")
         token = tree.subdirectories_token(parent.incarnation, parent.components)
         await self.keep(parent, name)
+        if self.writeback is not None:
+            await self.writeback.directory_settled(node)  # its marker stored, then removed
         if self._marker(node) is not None:
             await self.workers.bounded(
                 f"rmdir {node.describe()}",
@@ -242,8 +248,9 @@ class Directories:
 
     # --- attributes ----------------------------------------------------------------------------
 
-    async def set_attributes(self, node: Node, changes: dict) -> None:
-        """chmod/chown/utime of a directory below a section: stored in its attribute marker."""
+    async def set_attributes(self, node: Node, changes: dict, *, now: bool = False) -> None:
+        """chmod/chown/utime of a directory below a section: stored in its attribute marker (in
+        write-back mode accepted, and stored by the publisher, unless `now`)."""
         tree = self.tree
         tree.check_writable(f"attributes of {node.describe()}", node)
         if node.kind not in (Kind.SECTION, Kind.DIR):
@@ -251,6 +258,9 @@ class Directories:
                 errno.EPERM, f"the attributes of {node.describe()} are fixed (the root, a workbench or a view)"
             )
         names.check_storable(self.root, node.workbench_id, node.components + (attributes.DIRECTORY_MARKER,))
+        if self.writeback is not None and not now:
+            await self.writeback.accept_directory(node, changes)
+            return
         entry = await self.workers.bounded(
             f"attributes of {node.describe()}",
             self.workers.run,

@@ -426,6 +426,8 @@ class Files:
         pending = spool.attributes or {}
         now = attributes.now_ns()
         mtime = pending.get("mtime_ns", spool.mtime_ns if spool.written or base is None else base.mtime_ns)
+        if spool.accepted_ns is not None:  # write-back: changed when accepted, never before the last revision
+            now = spool.accepted_ns if base is None else max(spool.accepted_ns, base.ctime_ns)
         return attributes.Attributes(
             mode=pending.get("mode", attributes.FILE_MODE if base is None else base.mode),
             uid=pending.get("uid", None if base is None else base.uid),

@@ -273,6 +273,7 @@ class Spool:
         self.failed: Exception | None = None  # the last publication's error, if it failed
         self.mtime_ns = time.time_ns()
         self.attributes = None  # attribute changes waiting for the next publication
+        self.accepted_ns = None  # write-back: when its unpublished state was last accepted
         self.writers = 0  # descriptors open for writing
         # The spool's lock: a Semaphore, which has no owner, so a publication's syscall can take
         # it and its work release it (Workers.bounded_holding).
@@ -638,6 +639,7 @@ class Spool:
         self.dirty = False
         self.failed = None
         self.attributes = None
+        self.accepted_ns = None
         if not drop_file:
             self.describe_state(LIVE)
 

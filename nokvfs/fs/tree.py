@@ -68,6 +68,9 @@ class Tree:
         self.invalidator = invalidator
         self.inodes = InodeTable()
         self.overlay = overlays.Overlay()
+        # Write-back mode: directory attribute changes accepted and not yet stored
+        # ((incarnation, components) -> nokvfs.fs.writeback.DirectoryChange), shown over the marker.
+        self.pending_directories: dict = {}
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.read_only = view.read_only
@@ -322,6 +325,16 @@ class Tree:
         subdirs = self.subdirectories(node)
         nlink = 1 if subdirs < 0 else 2 + subdirs
         stored = self.directory_attributes(node)
+        pending = (
+            self.pending_directories.get((node.incarnation, node.components)) if self.pending_directories else None
+        )
+        if pending is not None:
+            # What storing it will make of the marker: the stored attributes, or a new marker's
+            # (times from when the change was first accepted), with the change over them.
+            base = stored or attributes.Attributes(
+                attrs.DIRECTORY_MODE, None, None, pending.made_ns, pending.made_ns, pending.made_ns
+            )
+            stored = attributes.merged(base, **pending.changes, ctime_ns=pending.changed_ns)
         if stored is None:
             return attrs.Shown(mode, 0, self.uid, self.gid, newest, newest, newest, nlink)
         if read_only:

@@ -40,15 +40,17 @@ import json
 import logging
 import os
 import struct
+import time
 
 import trio
 import xxhash
 
 from nokvfs import filemodes
 from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
-from nokvfs.fs import spools
+from nokvfs.fs import spools, views
+from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.ids import new_id16
-from nokvfs.workspace import publish
+from nokvfs.workspace import attributes, publish
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +62,19 @@ log = logging.getLogger(__name__)
 # u64 length | body | u64 xxh3-64 of everything before it, all integers big-endian. Kind 1
 # (accepted): meta is the spool's pending sidecar plus "spool" (its file name); with inline 1 the
 # body is the file's complete bytes, with inline 0 (and no body) the spool file holds them. Kind 2
-# (published): meta is {"spool": name}; that acceptance needs no replay. A record cut short or
-# failing its checksum ends the journal (a close that never returned); an unknown version or kind
-# is refused, and the journal is left untouched.
+# (published): meta is {"spool": name}; that acceptance needs no replay. Kind 3 (directory, a
+# nokvfs extension of 2026-12-05): a directory's attribute change accepted here (mkdir's marker,
+# chmod/chown/utime of a directory), no body; meta is {"spool": "directory-<hex id>" (the change's
+# name: a later record of that name replaces it, a published record ends it), "workbench",
+# "incarnation" (hex), "path" (the directory's, below a section), "changes" (mode, uid, gid,
+# mtime_ns, atime_ns: integers), "made_ns" and "changed_ns" (first and last acceptance)}. A record
+# cut short or failing its checksum ends the journal (a close that never returned); an unknown
+# version or kind is refused, and the journal is left untouched.
 
 JOURNAL_MAGIC = b"NKWB"
 JOURNAL_VERSION = 1
-ACCEPTED, PUBLISHED = 1, 2
+ACCEPTED, PUBLISHED, DIRECTORY = 1, 2, 3
+DIRECTORY_CHANGES = ("mode", "uid", "gid", "mtime_ns", "atime_ns")
 # A memory spool (nokvfs.fs.spools) is never larger: its bytes always travel in the journal.
 INLINE_MAX = spools.MEMORY_SPOOL_MAX
 _HEAD = struct.Struct(">4sBBI")
@@ -99,7 +107,7 @@ def decode_records(data: bytes) -> list[tuple[int, dict, bytes | None]]:
             raise UnknownVersion(
                 f"write-back journal record version {version}, this build knows only {JOURNAL_VERSION}"
             )
-        if kind not in (ACCEPTED, PUBLISHED) or inline not in (0, 1):
+        if kind not in (ACCEPTED, PUBLISHED, DIRECTORY) or inline not in (0, 1) or (kind == DIRECTORY and inline):
             raise CorruptRecord(
                 f"write-back journal record of kind {kind} (inline {inline}) is not one this build knows"
             )
@@ -109,9 +117,29 @@ def decode_records(data: bytes) -> list[tuple[int, dict, bytes | None]]:
             raise CorruptRecord("write-back journal record with unreadable meta") from None
         if not isinstance(meta, dict) or not isinstance(meta.get("spool"), str) or os.sep in meta["spool"]:
             raise CorruptRecord("write-back journal record names no spool file")
+        if kind == DIRECTORY:
+            _check_directory_meta(meta)
         records.append((kind, meta, bytes(data[at + _BODY.size : end]) if inline else None))
         pos = end + _SUM.size
     return records
+
+
+def _check_directory_meta(meta: dict) -> None:
+    changes = meta.get("changes")
+    try:
+        bytes.fromhex(meta["incarnation"])
+        valid = (
+            isinstance(meta["workbench"], str)
+            and isinstance(meta["path"], str)
+            and isinstance(changes, dict)
+            and all(k in DIRECTORY_CHANGES and type(v) is int for k, v in changes.items())
+            and type(meta["made_ns"]) is int
+            and type(meta["changed_ns"]) is int
+        )
+    except (KeyError, TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise CorruptRecord("write-back journal directory record with unreadable fields")
 
 
 class Journal:
@@ -146,15 +174,19 @@ class Journal:
         os.close(self.fd)
 
 
-def restore_journals(data_dir: str) -> int:
+def restore_journals(data_dir: str) -> tuple[int, list, list]:
     """Turn each journal a dead write-back daemon left into spool files and pending sidecars
-    (`replay` then publishes them) and remove it. Returns the number of acceptances restored."""
+    (`replay` then publishes them). Returns (the number of acceptances restored, the directory
+    changes still to store (their meta, in acceptance order), the journals read: `replay` removes
+    them once those changes are stored)."""
     directory = spools.spool_dir(data_dir)
     try:
         names = sorted(n for n in os.listdir(directory) if n.startswith(JOURNAL_PREFIX) and n.endswith(JOURNAL_SUFFIX))
     except FileNotFoundError:
-        return 0
+        return 0, [], []
     restored = 0
+    directories: list = []
+    journals: list = []
     for name in names:
         path = os.path.join(directory, name)
         if spools._held(path):
@@ -166,10 +198,14 @@ def restore_journals(data_dir: str) -> int:
             log.error("write-back journal %s cannot be replayed by this build (%s): left in place", path, exc)
             continue
         pending: dict = {}
+        changes: dict = {}  # a directory change accepted again moves to the end, as in the queue
         for kind, meta, body in records:
             pending.pop(meta["spool"], None)
+            changes.pop(meta["spool"], None)
             if kind == ACCEPTED:
                 pending[meta["spool"]] = (meta, body)
+            elif kind == DIRECTORY:
+                changes[meta["spool"]] = meta
         for spool_name, (meta, body) in pending.items():
             spool_path = os.path.join(directory, spool_name)
             if body is not None:
@@ -185,8 +221,9 @@ def restore_journals(data_dir: str) -> int:
             spools._atomic_json(spool_path + ".json", record, durable=True)
             spools.forget_memory_copy(data_dir, spool_name)  # superseded by the journal's bytes
             restored += 1
-        os.unlink(path)
-    return restored
+        directories.extend(changes.values())
+        journals.append(path)
+    return restored, directories, journals
 
 
 # A burst of closes (tar x, a build) runs first and its publications after it: the publisher
@@ -217,6 +254,45 @@ def backlog_limit() -> int:
     return max(16, min(MAX_BACKLOG, (soft - _RESERVED_DESCRIPTORS) // 2))
 
 
+class DirectoryChange:
+    """A directory's attribute change accepted here and not yet stored: mkdir's marker, or chmod,
+    chown, utime of a directory. Queued with the files, in acceptance order; a change accepted for
+    a directory whose change is still queued is merged into it and moves it to the end of the
+    queue, so a directory's times set after its files (tar x) are stored after them."""
+
+    __slots__ = ("workbench_id", "incarnation", "components", "changes", "made_ns", "changed_ns", "name")
+
+    def __init__(self, workbench_id: str, incarnation: bytes, components: tuple, now_ns: int):
+        self.workbench_id = workbench_id
+        self.incarnation = incarnation
+        self.components = components
+        self.changes: dict = {}
+        self.made_ns = self.changed_ns = now_ns
+        self.name = f"directory-{new_id16().hex()}"
+
+    @property
+    def path(self) -> str:
+        return "/".join(self.components)
+
+    def describe(self) -> str:
+        return f"{self.workbench_id}:{self.path}/"
+
+    def meta(self) -> dict:
+        return {
+            "spool": self.name,
+            "workbench": self.workbench_id,
+            "incarnation": self.incarnation.hex(),
+            "path": self.path,
+            "changes": dict(self.changes),
+            "made_ns": self.made_ns,
+            "changed_ns": self.changed_ns,
+        }
+
+    def item(self) -> tuple:
+        """What namespace.set_directories_attributes takes."""
+        return (self.workbench_id, self.path, dict(self.changes), self.made_ns, self.changed_ns)
+
+
 class Publisher:
     """The accepted, not yet published spools of a write-back mount, and the task publishing them."""
 
@@ -235,6 +311,10 @@ class Publisher:
         self._journal_lock = trio.Lock()
         self._accepting = 0  # acceptances between their journal record and the queue
         self._journal_names: dict = {}  # spool -> its file name in the last acceptance record
+        # (incarnation, components) -> its DirectoryChange, queued or being stored; shared with
+        # the tree, which shows it until it is stored.
+        self._directories: dict = files.tree.pending_directories
+        self._storing: set = set()  # DirectoryChanges taken from the queue and being stored
         self.accepted = 0
         self.published = 0
         self.failed = 0
@@ -271,6 +351,9 @@ class Publisher:
         if spool.orphaned or node.spool is not spool or (not spool.dirty and not spool.attributes):
             return
         self._accepting += 1
+        # The file's change time is its acceptance (its close), not its later publication: a
+        # directory's times set after its files (tar x) stay newer than theirs.
+        spool.accepted_ns = time.time_ns()
         try:
             if spool.path is not None:  # else attributes only, nothing in a file: the publication applies them
                 record = spool.pending_record(self.files.attributes_to_publish(node, spool))
@@ -342,6 +425,67 @@ class Publisher:
         for spool in list(self._done):
             await self.settled(spool)
 
+    async def accept_directory(self, node, changes: dict) -> None:
+        """mkdir, or chmod/chown/utime of a directory, in write-back mode: the change is durable
+        here (one journal record, synced) and queued; the directory shows it from now on."""
+        key = (node.incarnation, node.components)
+        change = self._directories.get(key)
+        if change is not None and change in self._storing:
+            await self.settled(change)  # being stored: the next change is another one
+            change = self._directories.get(key)
+        while change is None and len(self._queue) >= self.max_backlog:
+            self._wakeup.set()
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+            change = self._directories.get(key)
+        now = time.time_ns()
+        merged = DirectoryChange(node.workbench_id, node.incarnation, node.components, now)
+        if change is not None:
+            merged.name, merged.made_ns = change.name, change.made_ns
+            merged.changes.update(change.changes)
+        merged.changes.update({k: v for k, v in changes.items() if k in DIRECTORY_CHANGES})
+        record = encode_record(DIRECTORY, merged.meta())
+        self._accepting += 1
+        try:
+            async with self._journal_lock:
+                await self.files.workers.bounded(
+                    f"acceptance of directory {merged.describe()}",
+                    self.files.workers.run,
+                    self._append_directory,
+                    record,
+                )
+            # Recorded: the merged change replaces the queued one, at the end of the queue.
+            done = None
+            if change is not None:
+                self._queue.pop(change, None)
+                done = self._done.pop(change, None)
+            self._directories[key] = merged
+            self._queue[merged] = node
+            self._done[merged] = done if done is not None else trio.Event()
+            if change is None:
+                self.accepted += 1
+        finally:
+            self._accepting -= 1
+        self._last_accept = trio.current_time()
+        self._wakeup.set()
+
+    def _append_directory(self, record: bytes) -> None:
+        try:
+            if self._journal is None:
+                self._journal = Journal(self.files.root.data_dir)
+            self._journal.append(record, sync=True)
+        except OSError as exc:
+            raise spools._storage_error("record a write-back directory change", exc) from None
+
+    async def directory_settled(self, node) -> None:
+        """Before rmdir: the directory's accepted change (if any) is stored first."""
+        change = self._directories.get((node.incarnation, node.components))
+        if change is not None:
+            await self.files.workers.bounded(
+                f"the write-back change of directory {change.describe()}", self.settled, change
+            )
+
     # --- publishing ----------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -379,10 +523,13 @@ class Publisher:
         head alone (an append, attributes only) through the default mode's publication."""
         files = self.files
         head = list(itertools.islice(self._queue.items(), GROUP_MAX))
+        if isinstance(head[0][0], DirectoryChange):
+            await self._store_directories([key for key, _ in itertools.takewhile(_is_directory, head)])
+            return
         group, errors = [], []
         async with contextlib.AsyncExitStack() as locks:
             for spool, node in head:
-                if not _groupable(spool, node):
+                if isinstance(spool, DirectoryChange) or not _groupable(spool, node):
                     break
                 await locks.enter_async_context(spool.locked())
                 if not _groupable(spool, node):
@@ -440,6 +587,63 @@ class Publisher:
         if not self._queue:
             await self._reset_journal()
 
+    async def _store_directories(self, changes: list) -> None:
+        """Store a run of directory changes from the head of the queue (new markers as one group,
+        namespace.set_directories_attributes), then record them published with one sync. One
+        that is refused is logged: what it would have stored is a directory's attributes (an empty
+        one's existence), never a file's bytes."""
+        from nokvfs.workspace import namespace
+
+        files, tree = self.files, self.files.tree
+        self._storing.update(changes)
+        try:
+            try:
+                outcomes = await files.workers.run(
+                    namespace.set_directories_attributes, files.root, [c.item() for c in changes]
+                )
+            except Exception as exc:  # noqa: BLE001 - the whole run failed (a damaged or full shard)
+                outcomes = [exc] * len(changes)
+        finally:
+            self._storing.difference_update(changes)
+        names = []
+        for change, outcome in zip(changes, outcomes):
+            self._queue.pop(change, None)
+            key = (change.incarnation, change.components)
+            if self._directories.get(key) is change:
+                del self._directories[key]
+            names.append(change.name)
+            if isinstance(outcome, Exception):
+                self.failed += 1
+                log.error(
+                    "write-back: the attributes of directory %s (%s) could not be stored: %s: %s",
+                    change.describe(),
+                    change.changes,
+                    type(outcome).__name__,
+                    outcome,
+                )
+                continue
+            self.published += 1
+            tree.own(ChangeEventKind.PathPut, outcome.artifact_revision_id)
+            tree.own(ChangeEventKind.PathAttributesChanged, outcome.artifact_revision_id)
+            tree.overlay.published(change.incarnation, change.components + (attributes.DIRECTORY_MARKER,))
+            node = tree.inodes.find(views.LIVE, change.incarnation, change.components)
+            if node is not None:
+                node.dir_ctime_ns = None  # the marker's times take over from the change shown
+        if len(self._queue) < self.max_backlog:
+            self._room.set()
+        if self._journal is not None:
+            records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
+            try:
+                await files.workers.run(self._journal.append, records, sync=True)
+            except OSError as exc:
+                log.warning("write-back journal %s: %s", self._journal.path, exc)
+        for change in changes:
+            done = self._done.pop(change, None)
+            if done is not None:
+                done.set()
+        if not self._queue:
+            await self._reset_journal()
+
     async def _reset_journal(self) -> None:
         async with self._journal_lock:
             # Not while a failed publication's file is still open: its accepted bytes are only
@@ -452,6 +656,10 @@ class Publisher:
 
 
 GROUP_MAX = publish.GROUP_MAX  # files one group publication takes from the head of the queue
+
+
+def _is_directory(item) -> bool:
+    return isinstance(item[0], DirectoryChange)
 
 
 def _groupable(spool, node) -> bool:
@@ -490,10 +698,12 @@ def publish_spools_blocking(root, items) -> list:
 
 def replay(root, data_dir: str) -> tuple[int, int]:
     """At mount start: publish the pending spools a write-back daemon accepted and did not
-    publish before it ended, oldest first. One that cannot be published (its path changed since,
-    say) becomes a kept spool with the reason in its sidecar and a log line. Returns (published,
-    kept)."""
-    restore_journals(data_dir)
+    publish before it ended, oldest first, then store the directory changes it accepted (last, as
+    the publisher would have: a directory's restored times are not overtaken by the files
+    published below it). One that cannot be published (its path changed since, say) becomes a
+    kept spool with the reason in its sidecar and a log line; a directory change that cannot be
+    stored is logged. Returns (published, kept)."""
+    _, directories, journals = restore_journals(data_dir)
     pending = [s for s in spools.scan(data_dir) if not s.live and s.record.get("state") == spools.PENDING]
     pending.sort(key=lambda s: (s.record.get("accepted_unix_ns") or 0, s.record.get("created_unix_ms") or 0))
     published = kept = 0
@@ -518,7 +728,46 @@ def replay(root, data_dir: str) -> tuple[int, int]:
         except Exception as exc:  # noqa: BLE001 - nothing accepted is dropped: it is kept and logged
             kept += 1
             _keep(spool, f"write-back replay failed: {type(exc).__name__}: {exc}")
+    try:
+        _replay_directories(root, directories)
+    except Exception:
+        log.exception("write-back replay: the accepted directory changes were not stored; journals kept: %s", journals)
+        return published, kept
+    for path in journals:
+        os.unlink(path)
     return published, kept
+
+
+def _replay_directories(root, changes: list) -> None:
+    """Store the directory changes a dead daemon accepted (those of a workbench since replaced
+    are not: the directory went with its incarnation)."""
+    from nokvfs.workspace import namespace
+    from nokvfs.workspace import workbench as wb
+
+    items = []
+    for meta in changes:
+        with root.read() as view:
+            try:
+                _, workbench = wb.visible(view, root.root_id, meta["workbench"])
+            except Exception as exc:  # noqa: BLE001 - logged below, with the change
+                workbench, why = None, f"{type(exc).__name__}: {exc}"
+            else:
+                why = "the workbench was replaced since"
+        if workbench is None or workbench.incarnation_id.hex() != meta["incarnation"]:
+            log.error("write-back replay: directory %s:%s not stored (%s)", meta["workbench"], meta["path"], why)
+            continue
+        items.append((meta["workbench"], meta["path"], meta["changes"], meta["made_ns"], meta["changed_ns"]))
+    for (workbench_id, path, _, _, _), outcome in zip(items, namespace.set_directories_attributes(root, items)):
+        if isinstance(outcome, Exception):
+            log.error(
+                "write-back replay: directory %s:%s not stored (%s: %s)",
+                workbench_id,
+                path,
+                type(outcome).__name__,
+                outcome,
+            )
+        else:
+            log.info("write-back: stored directory %s:%s accepted before the last daemon ended", workbench_id, path)
 
 
 def _already_published(root, spool) -> bool:

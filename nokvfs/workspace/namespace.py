@@ -23,6 +23,7 @@ from nokvfs.errors import (
     GenerationConflict,
     InvalidInput,
     IsADirectory,
+    NokvError,
     NotADirectory,
     NotFound,
 )
@@ -602,6 +603,69 @@ def set_directory_attributes(
         except GenerationConflict:
             pass  # another writer created the marker first: change it instead
     return _set_attributes(root, workbench_id, components, changes)
+
+
+def set_directories_attributes(root, items) -> list:
+    """Several directories' attribute changes, in order (the write-back mount's publisher).
+    Each item is (workbench_id, dir_path, changes, made_ns, changed_ns): as
+    set_directory_attributes, except that a marker made here takes its times from when the change
+    was accepted (mtime and atime `made_ns`, ctime `changed_ns`, then `changes`), and consecutive
+    new markers are published as one group (publish.run_group). Per item its PathEntry, or the
+    NokvError that refused it."""
+    results: list = [None] * len(items)
+    run: list = []  # (index, Publication) of new markers, published together
+
+    def flush() -> None:
+        if not run:
+            return
+        try:
+            outcomes = publish.run_group(root, [pub for _, pub in run])
+        finally:
+            for _, pub in run:
+                pub.body.discard()
+        for (index, _), outcome in zip(run, outcomes):
+            if isinstance(outcome, GenerationConflict):  # another writer made the marker first
+                workbench_id, dir_path, given, _, _ = items[index]
+                try:
+                    outcome = set_directory_attributes(root, workbench_id, dir_path, **given)
+                except NokvError as exc:
+                    outcome = exc
+            results[index] = outcome
+        run.clear()
+
+    for index, (workbench_id, dir_path, given, made_ns, changed_ns) in enumerate(items):
+        changes = {**dict.fromkeys(("mode", "uid", "gid", "mtime_ns", "atime_ns")), **given}
+        try:
+            components = _marker(dir_path)
+            with root.read() as view:
+                _, workbench = wb.visible(view, root.root_id, workbench_id)
+                incarnation = workbench.incarnation_id
+                if view.get("path_current", keys.path_current_key(root.root_id, incarnation, components[:-1])):
+                    raise NotADirectory(f"{workbench_id}:{join(components[:-1])} is a file")
+                exists = view.get("path_current", keys.path_current_key(root.root_id, incarnation, components))
+            if exists is not None:
+                flush()
+                results[index] = _set_attributes(root, workbench_id, components, changes)
+                continue
+            fresh = attrs.merged(Attributes(attrs.DIRECTORY_MODE, None, None, made_ns, made_ns, changed_ns), **changes)
+            body = bodies.from_bytes(b"", root.block_size)
+            run.append(
+                (
+                    index,
+                    publication(
+                        workbench_id,
+                        components,
+                        body,
+                        expected_generation=0,
+                        content_type=attrs.DIRECTORY_CONTENT_TYPE,
+                        attributes=fresh,
+                    ),
+                )
+            )
+        except NokvError as exc:
+            results[index] = exc
+    flush()
+    return results
 
 
 def remove_directory_attributes(root, workbench_id: str, dir_path: str) -> PathEntry | None:
