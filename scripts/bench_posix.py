@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """POSIX conformance of a mount: pjdfstest, run per group, each failure classed.
 
-    python3 scripts/bench_posix.py --pjdfstest DIR [--groups chmod,rename,...] [--keep]
+    python3 scripts/bench_posix.py --pjdfstest DIR [--groups chmod,rename,...] [--keep] [--write-back]
 
 DIR is a pjdfstest source checkout (github.com/pjd/pjdfstest; not shipped with nokvfs). The
 script builds its `pjdfstest` binary there with gcc if it is missing (a config.h for Linux/glibc
@@ -154,6 +154,7 @@ def main() -> int:
     parser.add_argument("--pjdfstest", required=True, metavar="DIR", help="a pjdfstest source checkout")
     parser.add_argument("--groups", default=None, help="comma-separated groups (default: every directory of DIR/tests)")
     parser.add_argument("--keep", action="store_true", help="leave the data directory for inspection")
+    parser.add_argument("--write-back", action="store_true", help="mount with --write-back")
     parser.add_argument("--show", type=int, default=20, help="open failures listed (default 20)")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -179,7 +180,8 @@ def main() -> int:
     rows, opened = [], []
     started = time.monotonic()
     try:
-        with mounted(base, extra_args=("--allow-other",)) as m:
+        extra = ("--allow-other",) + (("--write-back",) if args.write_back else ())
+        with mounted(base, extra_args=extra) as m:
             where = m.path("wb", "outputs")
             for group in groups:
                 files = sorted(f for f in os.listdir(os.path.join(tests, group)) if f.endswith(".t"))
