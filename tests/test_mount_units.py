@@ -202,7 +202,7 @@ def write_back_filesystem(root, *, syscall_timeout: float):
 
     workers = Workers(syscall_timeout=syscall_timeout)
     fs = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
-    publisher = fs.files.writeback = writeback.Publisher(fs.files, quiet=0)
+    publisher = fs.files.writeback = fs.directories.writeback = writeback.Publisher(fs.files, quiet=0)
     section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
     fs.tree.inodes.remember(section)
     return fs, workers, publisher, section
@@ -563,3 +563,74 @@ def test_memory_spools_stay_off_unless_their_directory_is_private(root, monkeypa
     finally:
         spools._memory_dirs.clear()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_directory_change_accepted_while_the_one_it_replaces_is_stored_survives_in_the_journal(root, monkeypatch):
+    """chmod of a directory whose mkdir the publisher takes while the chmod's record is being
+    synced, and stores after it: the chmod is its own journal entry (a new name, ending the one it replaces in the same
+    write), so the mkdir's published record does not end it, and a replay would store 0o755."""
+    import glob
+    import threading
+
+    from nokvfs.fs import writeback
+    from nokvfs.workspace import attributes, namespace
+
+    disk = threading.Event()
+    append = writeback.Journal.append
+
+    def slow_chmod(self, record, *, sync):  # the chmod's flush is slow; the publisher's is not
+        if b'"mode":493' in record:
+            disk.wait(10)
+        append(self, record, sync=sync)
+
+    monkeypatch.setattr(writeback.Journal, "append", slow_chmod)
+    storing = threading.Event()
+    store = namespace.set_directories_attributes
+
+    def slow_store(root, items):  # the publisher stores the mkdir slowly too
+        storing.wait(10)
+        return store(root, items)
+
+    monkeypatch.setattr(namespace, "set_directories_attributes", slow_store)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=5)
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            node = await fs.directories.mkdir(section, "d", 0o700, fs.tree.uid, fs.tree.gid)
+            fs.tree.inodes.remember(node)
+            nursery.start_soon(fs.directories.set_attributes, node, {"mode": 0o755})
+            await trio.sleep(0.2)  # the chmod waits for its flush
+            (mkdir,) = [c for c in publisher._done if isinstance(c, writeback.DirectoryChange)]
+            stored = publisher._done[mkdir]
+            nursery.start_soon(publisher._publish_next)  # takes the mkdir meanwhile
+            await trio.sleep(0.2)
+            disk.set()  # the chmod is recorded while the mkdir is being stored
+            with trio.fail_after(10):
+                while publisher._directories[(node.incarnation, node.components)] is mkdir:
+                    await trio.sleep(0.01)
+            storing.set()  # then the mkdir is stored, and its published record written
+            with trio.fail_after(10):
+                while mkdir in publisher._storing or publisher._journal_lock.locked():
+                    await trio.sleep(0.01)
+                await trio.sleep(0.1)  # its published record written
+            assert publisher.backlog == 1 and not stored.is_set()  # waiters wait for the chmod
+            (journal,) = glob.glob(os.path.join(root.data_dir, "spool", "mount", "writeback-*.journal"))
+            with open(journal, "rb") as f:
+                raw = f.read()
+            assert fs.tree.attributes(node).st_mode & 0o7777 == 0o755  # shown before it is stored
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return node, raw
+
+    node, raw = trio.run(scenario)
+    with tempfile.TemporaryDirectory() as other:
+        directory = spools.spool_dir(other)
+        os.makedirs(directory)
+        with open(os.path.join(directory, "writeback-00.journal"), "wb") as f:
+            f.write(raw)
+        _, changes, _ = writeback.restore_journals(other)
+    assert [(c["path"], c["changes"]) for c in changes] == [("outputs/d", {"mode": 0o755})]
+    with root.read() as view:
+        stored = namespace.directory_attributes(view, root, node.incarnation, node.components)
+    assert stored.mode == 0o755 and isinstance(stored, attributes.Attributes)

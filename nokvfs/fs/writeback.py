@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 # (published): meta is {"spool": name}; that acceptance needs no replay. Kind 3 (directory, a
 # nokvfs extension of 2026-12-05): a directory's attribute change accepted here (mkdir's marker,
 # chmod/chown/utime of a directory), no body; meta is {"spool": "directory-<hex id>" (the change's
-# name: a later record of that name replaces it, a published record ends it), "workbench",
+# name: a later record of that name replaces it, a published record ends it; a change accepted
+# again is written as a new one plus the published record of the one it replaces), "workbench",
 # "incarnation" (hex), "path" (the directory's, below a section), "changes" (mode, uid, gid,
 # mtime_ns, atime_ns: integers), "made_ns" and "changed_ns" (first and last acceptance)}. A record
 # cut short or failing its checksum ends the journal (a close that never returned); an unknown
@@ -442,10 +443,14 @@ class Publisher:
         now = time.time_ns()
         merged = DirectoryChange(node.workbench_id, node.incarnation, node.components, now)
         if change is not None:
-            merged.name, merged.made_ns = change.name, change.made_ns
+            merged.made_ns = change.made_ns
             merged.changes.update(change.changes)
         merged.changes.update({k: v for k, v in changes.items() if k in DIRECTORY_CHANGES})
+        # Under a name of its own, with the change it replaces ended in the same synced write: the
+        # publisher may take that one meanwhile, and its published record must not end this one.
         record = encode_record(DIRECTORY, merged.meta())
+        if change is not None:
+            record += encode_record(PUBLISHED, {"spool": change.name})
         self._accepting += 1
         try:
             async with self._journal_lock:
