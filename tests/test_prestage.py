@@ -21,6 +21,7 @@ BLOCK = 4096
 def kernel(tmp_path, monkeypatch):
     # The bound is process-wide: a test that fails with blocks staged must not shrink the next one's.
     monkeypatch.setattr(prestage, "_held", 0)
+    monkeypatch.setattr(prestage, "COUNTS", {"staged": 0, "linked": 0})
     data = str(tmp_path / "data")
     datadir.init(data, block_size=BLOCK)
     root = datadir.open_root(data, verify=False)
@@ -52,6 +53,17 @@ def write_in_order(kernel, fh, data: bytes, piece: int = 1000) -> None:
         kernel.write(fh, data[offset : offset + piece], offset)
 
 
+def staged(count: int) -> None:
+    """Wait until `count` blocks are staged. Staging is a background job that a publication
+    cancels when it has not started yet (the block is then uploaded at close instead), so a test
+    that asserts which blocks were linked waits for them first: on a busy machine a close can
+    come before the pool has started the job."""
+    deadline = time.monotonic() + 30
+    while prestage.COUNTS["staged"] < count:
+        assert time.monotonic() < deadline, f"{prestage.COUNTS['staged']} of {count} blocks staged"
+        time.sleep(0.005)
+
+
 def stored(kernel, path: str) -> bytes:
     """The published bytes, read from the store (verified), not through the mount."""
     root = kernel.root
@@ -71,6 +83,7 @@ def test_blocks_written_in_order_are_staged_and_linked_at_close(kernel, released
     data = os.urandom(10 * BLOCK + 123)
     fh = kernel.create("/wb/outputs/big.bin")
     write_in_order(kernel, fh, data)
+    staged(10)
     kernel.close(fh)
     assert kernel.cat("/wb/outputs/big.bin") == data
     assert stored(kernel, "outputs/big.bin") == data
@@ -92,6 +105,7 @@ def test_a_block_changed_after_it_was_staged_is_uploaded_from_the_file(kernel, r
     write_in_order(kernel, fh, bytes(data))
     kernel.write(fh, b"CHANGED", 100)  # behind the staged blocks
     data[100:107] = b"CHANGED"
+    staged(6)
     kernel.close(fh)
     assert stored(kernel, "outputs/rewritten.bin") == bytes(data)
     [blocks] = released
@@ -161,6 +175,7 @@ def test_a_file_of_exactly_one_block_is_staged_once(kernel, released):
     data = os.urandom(BLOCK)
     fh = kernel.create("/wb/outputs/one.bin")
     write_in_order(kernel, fh, data)
+    staged(1)
     kernel.close(fh)
     assert stored(kernel, "outputs/one.bin") == data
     [blocks] = released
@@ -192,6 +207,7 @@ def test_many_small_writes_and_a_mutable_buffer(kernel, released):
     buffer[:] = b"\0" * BLOCK  # the caller reuses its buffer
     write_in_order_from = data[3 * BLOCK :]
     kernel.write(fh, write_in_order_from, 3 * BLOCK)
+    staged(3)
     kernel.close(fh)
     assert stored(kernel, "outputs/small.bin") == data
     [blocks] = released
