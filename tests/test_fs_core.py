@@ -401,6 +401,56 @@ def test_an_open_of_a_replaced_file_is_estale_so_the_kernel_looks_again(kernel):
     assert k.cat("wb/outputs/r") == b"new"
 
 
+def test_an_open_retried_after_estale_reads_what_its_own_lookup_showed(kernel):
+    """open(2) racing two replacements in a row: the first open answers ESTALE, the kernel looks
+    the path up again (LOOKUP_REVAL, once) and the path is replaced again before its second open.
+    That lookup ran inside this open(2), so the open reads the revision it showed, as a local
+    disk resolves the path once; an ESTALE here would reach the caller."""
+    k = kernel
+    root = k.fs.tree.root
+    retrying, other = Ctx(), Ctx()
+    retrying.pid, other.pid = 4242, 4343
+    k.put("wb/outputs/r", b"v1")
+    ino = k.ino("wb/outputs/r")
+    namespace.put(root, "wb", "outputs/r", b"v2")
+    assert k.errno_of("open", ino, os.O_RDONLY, retrying) == errno.ESTALE
+    parent, name = k.split("wb/outputs/r")
+    retried = k.call("lookup", parent, name, retrying).st_ino  # the kernel's LOOKUP_REVAL
+    assert retried != ino
+    namespace.put(root, "wb", "outputs/r", b"v3")
+    # Another caller reaching that inode from the dentry cache gets no such grace: it must see v3.
+    assert k.errno_of("open", retried, os.O_RDONLY, other) == errno.ESTALE
+    fh = k.call("open", retried, os.O_RDONLY, retrying).fh
+    try:
+        assert k.read(fh) == b"v2"
+    finally:
+        k.close(fh)
+    assert k.cat("wb/outputs/r") == b"v3"
+
+
+def test_the_retry_grace_is_one_open_of_the_inode_its_lookup_handed_out(kernel):
+    k = kernel
+    root = k.fs.tree.root
+    ctx = Ctx()
+    ctx.pid = 4242
+    k.put("wb/outputs/r", b"v1")
+    ino = k.ino("wb/outputs/r")
+    namespace.put(root, "wb", "outputs/r", b"v2")
+    assert k.errno_of("open", ino, os.O_RDONLY, ctx) == errno.ESTALE
+    parent, name = k.split("wb/outputs/r")
+    retried = k.call("lookup", parent, name, ctx).st_ino
+    namespace.put(root, "wb", "outputs/r", b"v3")
+    # A writer is not served a revision the path no longer holds: its close could only conflict.
+    assert k.errno_of("open", retried, os.O_WRONLY, ctx) == errno.ESTALE
+    # The grace was used up by that open: the same caller's next open of the inode is refused.
+    assert k.errno_of("open", retried, os.O_RDONLY, ctx) == errno.ESTALE
+    # A lookup by a caller that was not retrying an open earns nothing either.
+    fresh = k.call("lookup", parent, name, ctx).st_ino
+    namespace.put(root, "wb", "outputs/r", b"v4")
+    assert k.errno_of("open", fresh, os.O_RDONLY, Ctx()) == errno.ESTALE
+    assert k.cat("wb/outputs/r") == b"v4"
+
+
 # --- attributes and links --------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from nokvfs.fs import names
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.inodes import Kind, Node
 from nokvfs.fs.prefetch import Stream
+from nokvfs.fs.retries import OpenRetries
 from nokvfs.fs.spools import Spool
 from nokvfs.meters import Meters
 from nokvfs.schema.enums import ChangeEventKind
@@ -79,12 +80,16 @@ class Files:
         # `--write-back`: a nokvfs.fs.writeback.Publisher; close(2) then accepts (durable here)
         # and the publisher publishes. None: close(2) publishes.
         self.writeback = None
+        # Callers whose open(2) was answered ESTALE, and what the kernel's retry of it may read.
+        self.retries = OpenRetries()
 
     # --- opening -----------------------------------------------------------------------------------
 
-    async def open(self, fh: int, node: Node, flags: int) -> tuple[FileHandle, bool]:
-        """A handle for open(2) of a file, and whether the kernel may keep its page cache."""
+    async def open(self, fh: int, node: Node, flags: int, pid: int | None = None) -> tuple[FileHandle, bool]:
+        """A handle for open(2) of a file by the kernel task `pid`, and whether the kernel may keep
+        its page cache."""
         tree = self.tree
+        retry = self.retries.take(pid, node.ino)
         if node.kind.is_dir:
             raise refuse(errno.EISDIR, f"{node.describe()} is a directory")
         if node.kind is Kind.LINK:
@@ -96,7 +101,7 @@ class Files:
         if node.spool is None or not node.spool.dirty:
             # Nothing unpublished here: the open reads the path's revision (ESTALE if another
             # process replaced it, even while this mount still holds the file's write state).
-            self._entry_to_open(node, writing)
+            self._entry_to_open(node, writing, pid, retry)
         # An inode only ever holds one revision's bytes (or this mount's own, published as its
         # next revision): its page cache is always right.
         keep_cache = True
@@ -114,23 +119,35 @@ class Files:
         node.open_count += 1
         return handle, keep_cache
 
-    def _entry_to_open(self, node: Node, writing: bool):
+    def _entry_to_open(self, node: Node, writing: bool, pid: int | None = None, retry=None):
         """The revision an open of a node without a spool reads: the node's own. ESTALE when the
         path holds another one now (or nothing): the kernel then looks the path up again, and the
-        lookup hands it the path's current inode."""
+        lookup hands it the path's current inode. `retry`: what that lookup showed when this open
+        is the kernel's retry (nokvfs.fs.retries): a reader reads it, though the path moved on."""
         tree = self.tree
         if node.detached:
             if node.handles and node.bound is not None and not writing:
                 return node.bound  # reopened through /proc/PID/fd: the same file
-            raise refuse(errno.ESTALE, f"{node.describe()} was replaced or removed")
+            return self._retried(node, writing, pid, retry, f"{node.describe()} was replaced or removed")
         entry = tree.current_entry(node)
         if entry is None or not node.shows(entry):
             tree.detach(node)
-            raise refuse(errno.ESTALE, f"{node.describe()} was replaced or removed: look it up again")
+            return self._retried(
+                node, writing, pid, retry, f"{node.describe()} was replaced or removed: look it up again"
+            )
         node.learn(entry)
         if node.bound is None:
             node.bound = entry
         return node.bound
+
+    def _retried(self, node: Node, writing: bool, pid: int | None, retry, why: str):
+        if retry is not None and not writing and node.shows(retry):
+            if node.bound is None:
+                node.bound = retry
+            if node.bound.artifact_revision_id == retry.artifact_revision_id:
+                return node.bound
+        self.retries.refused(pid)
+        raise refuse(errno.ESTALE, why)
 
     def _new_spool(self, node: Node, base) -> Spool:
         # The write-back publisher publishes in groups (publish.run_group), whose blocks go in one

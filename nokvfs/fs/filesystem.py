@@ -24,7 +24,7 @@ from nokvfs.fs.changes import Changes
 from nokvfs.fs.directories import Directories
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.files import FileHandle, Files, changes_of
-from nokvfs.fs.inodes import Node
+from nokvfs.fs.inodes import Kind, Node
 from nokvfs.fs.listing import DOTS, DirHandle, Listing
 from nokvfs.fs.tree import Tree
 from nokvfs.fs.xattrs import Xattrs
@@ -98,11 +98,13 @@ class FileSystem:
         self.tree.inodes.remember(node)
         return self.tree.attributes(node, fresh=False)
 
-    def lookup(self, parent_ino: int, raw: bytes):
+    def lookup(self, parent_ino: int, raw: bytes, pid: int | None = None):
         tree = self.tree
-        node = tree.lookup(tree.node(parent_ino), self._name(raw, creating=False))
+        node, shown = tree.lookup_shown(tree.node(parent_ino), self._name(raw, creating=False))
         if node is None:
             return attrs.negative()
+        if shown is not None and node.kind is Kind.FILE and node.shows(shown):
+            self.files.retries.looked_up(pid, node.ino, shown)  # the kernel's retry of an open
         return self._entry(node)
 
     def forget(self, inode_list) -> None:
@@ -192,8 +194,8 @@ class FileSystem:
         self.handles.add(handle)
         return handle.fh, self._entry(handle.node)
 
-    async def open(self, ino: int, flags: int) -> tuple[int, bool]:
-        handle, keep_cache = await self.files.open(self.handles.next_fh(), self.tree.node(ino), flags)
+    async def open(self, ino: int, flags: int, pid: int | None = None) -> tuple[int, bool]:
+        handle, keep_cache = await self.files.open(self.handles.next_fh(), self.tree.node(ino), flags, pid)
         self.handles.add(handle)
         return handle.fh, keep_cache
 

@@ -28,7 +28,7 @@ class Operations(pyfuse3.Operations):
 
     async def lookup(self, parent_inode, name, ctx=None):
         with translated("lookup"):
-            return self.fs.lookup(parent_inode, name)
+            return self.fs.lookup(parent_inode, name, None if ctx is None else ctx.pid)
 
     async def forget(self, inode_list):
         self.fs.forget(inode_list)
@@ -71,7 +71,7 @@ class Operations(pyfuse3.Operations):
 
     async def open(self, inode, flags, ctx):
         with translated("open"):
-            fh, keep_cache = await self.fs.open(inode, flags)
+            fh, keep_cache = await self.fs.open(inode, flags, ctx.pid)
             return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
     async def read(self, fh, off, size):

@@ -189,53 +189,61 @@ class Tree:
     # --- lookup -----------------------------------------------------------------------------------
 
     def lookup(self, parent: Node, name: str | None) -> Node | None:
+        return self.lookup_shown(parent, name)[0]
+
+    def lookup_shown(self, parent: Node, name: str | None) -> tuple[Node | None, object]:
+        """The node of parent/name, and the PathEntry the lookup found there (None for anything
+        but a published file or link): what the node shows as of this lookup."""
         if name is None:
-            return None
+            return None, None
+        return self._lookup(parent, name)
+
+    def _lookup(self, parent: Node, name: str):
         if name == ".":
-            return parent
+            return parent, None
         if name == "..":
-            return self.parent_of(parent)
+            return self.parent_of(parent), None
         if not parent.kind.is_dir:
             raise refuse(errno.ENOTDIR, f"{parent.describe()} is not a directory")
         if parent.kind is Kind.HISTORY:
             with self.view.read() as v:
                 workbench = self.view.require(v, parent.workbench_id, parent.incarnation)
             view = views_.resolve(self.root, workbench, parent.components[0], name)
-            return None if view is None else self.view_root(view)
+            return (None if view is None else self.view_root(view)), None
         view = self.view_of(parent)
         with view.read() as v:
             if parent.kind is Kind.ROOT:
                 try:
                     check_workbench_id(name)
-                    return self.workbench_node(self.view.workbench(v, name))
+                    return self.workbench_node(self.view.workbench(v, name)), None
                 except (NameInvalid, NotFound):
-                    return None
+                    return None, None
             workbench = view.require(v, parent.workbench_id, parent.incarnation)
             if parent.kind is Kind.WORKBENCH:
                 if name in views_.HISTORY_DIRS:
-                    return self.history_node(parent, name)
-                return self.child(parent, Kind.SECTION, name) if name in wb.SECTIONS else None
+                    return self.history_node(parent, name), None
+                return (self.child(parent, Kind.SECTION, name) if name in wb.SECTIONS else None), None
             if parent.kind is Kind.VIEW:
-                return self.child(parent, Kind.SECTION, name) if name in wb.SECTIONS else None
+                return (self.child(parent, Kind.SECTION, name) if name in wb.SECTIONS else None), None
             if name == attributes.DIRECTORY_MARKER:
-                return None  # a directory's attributes, never an entry of its own
+                return None, None  # a directory's attributes, never an entry of its own
             components = parent.components + (name,)
             try:
                 found = view.stat(v, workbench, components)
             except NotFound:
                 found = None
         if found is not None and found.entry is not None:
-            return self.path_node(parent, name, found.entry)
+            return self.path_node(parent, name, found.entry), found.entry
         if found is not None:
-            return self.child(parent, Kind.DIR, name)
+            return self.child(parent, Kind.DIR, name), None
         if parent.view != LIVE:
-            return None
+            return None, None
         pending = self.overlay.pending(parent.incarnation, components)
         if pending is not None:
-            return pending
+            return pending, None
         if self.overlay.is_dir(parent.incarnation, components):
-            return self.child(parent, Kind.DIR, name)
-        return None
+            return self.child(parent, Kind.DIR, name), None
+        return None, None
 
     def current_entry(self, node: Node):
         """The PathEntry at the node's path now (None: nothing published there)."""
