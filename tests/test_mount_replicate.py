@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from nokvfs.engine.shard import Shard
 from nokvfs.replicate import Replicator
 from nokvfs.replicate.restore import restore
@@ -178,3 +180,58 @@ def test_with_sync_close_returns_only_once_the_bucket_holds_the_write(tmp_path, 
         status = replication_status(m.data_dir, url, s3_endpoint)
         assert status["head_lsn"] >= status["local_applied_lsn"], status
         os.close(fd)
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("mode", ["default", "write-back"])
+def test_with_sync_fsync_of_a_directory_returns_once_the_bucket_holds_its_entries(
+    tmp_path, s3_bucket, s3_endpoint, mode
+):
+    """The durable rename (write a temporary, fsync it, rename it over, fsync the directory), and
+    files closed (write-back: accepted, published later) in a directory made with mkdir: with
+    `--sync`, fsync(2) of the directory returns only once the bucket holds them. It returned at
+    once (the mount had no fsyncdir), so losing the machine right after it lost the rename."""
+    url = f"s3://{s3_bucket}/dirsync-{mode}"
+    args = ("--replicate", url, "--replicate-endpoint-url", s3_endpoint, "--replicate-interval", "3600", "--sync")
+    # Write-back: enough files that the publisher is still at them when the fsync comes.
+    count = 1
+    if mode == "write-back":
+        args += ("--write-back",)
+        count = 200
+    closed = {f"closed-{i}.txt": f"closed {i}".encode() for i in range(count)}
+    with mounted(str(tmp_path), extra_args=args) as m:
+        outputs = m.path("wb", "outputs")
+        with open(os.path.join(outputs, "state.tmp"), "wb") as f:
+            f.write(b"state 1")
+            os.fsync(f.fileno())
+        os.mkdir(os.path.join(outputs, "made"))
+        for name, body in closed.items():
+            write(os.path.join(outputs, "made", name), body)
+        if mode == "default":
+            time.sleep(1)  # a push the last close started may run on after it returned: let it end
+        os.rename(os.path.join(outputs, "state.tmp"), os.path.join(outputs, "state"))
+        before = replication_status(m.data_dir, url, s3_endpoint)
+        fsync_directory(os.path.join(outputs, "made"))
+        fsync_directory(outputs)
+        after = replication_status(m.data_dir, url, s3_endpoint)
+        assert after["head_lsn"] is not None and after["head_lsn"] >= after["local_applied_lsn"], (before, after)
+        if mode == "default":
+            assert before["head_lsn"] < before["local_applied_lsn"], before  # the rename was not shipped yet
+        # The machine is lost now: another one restores what the bucket holds (while this mount
+        # still runs, so no unmount's last push can have shipped anything).
+        fresh = tmp_path / "elsewhere"
+        restore(url, str(fresh / "shard"), endpoint_url=s3_endpoint)
+        shutil.copy(os.path.join(m.data_dir, "nokvfs.json"), fresh / "nokvfs.json")
+        shutil.copytree(os.path.join(m.data_dir, "control"), fresh / "control")
+        files = files_of(str(fresh))
+    assert files["wb:outputs/state"] == hashlib.sha256(b"state 1").hexdigest()
+    assert "wb:outputs/state.tmp" not in files
+    missing = [n for n, body in closed.items() if files.get(f"wb:outputs/made/{n}") != hashlib.sha256(body).hexdigest()]
+    assert missing == [], f"{len(missing)} of {len(closed)} closed files not in the bucket after fsync of the directory"

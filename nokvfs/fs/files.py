@@ -298,6 +298,28 @@ class Files:
                 return
             await self.publish(handle.node, why="publication at fsync")
 
+    async def sync_directory(self, node: Node) -> None:
+        """fsync(2) of a directory. Its entries are durable on this machine when each call that
+        made them returned (a command, or a synced write-back journal record), so there is
+        nothing to wait for, except where the durability boundary is further: in write-back mode
+        with `--sync` what the publisher has not stored yet, and with `--sync` the bucket, which
+        receives a rename, unlink or mkdir only with a later publication. Waits for both then, for
+        the whole mount (which entries are the directory's is not worth telling apart)."""
+        if self.ship is None:
+            return
+        if self.writeback is not None:
+            await self.workers.bounded(
+                f"the write-back publications before fsync of {node.describe()}", self.writeback.settled_all
+            )
+        lsn = self.root.shard.recovery_tail.applied_lsn
+        await self.workers.bounded(
+            f"shipping before fsync of {node.describe()}",
+            self.workers.run,
+            self.ship,
+            lsn,
+            self.workers.syscall_timeout,
+        )
+
     async def publish(self, node: Node, *, why: str, closing: bool = False, deadline: bool = True) -> None:
         """Publish the node's spool if it holds anything unpublished (bytes or attributes);
         within the syscall deadline unless `deadline` is False (the write-back publisher, which

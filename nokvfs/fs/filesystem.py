@@ -171,6 +171,12 @@ class FileSystem:
             handle.buffer.popleft()
             listing.advance(handle, item)
 
+    async def fsyncdir(self, fh: int) -> None:
+        handle = self.handles.get(fh)
+        if not isinstance(handle, DirHandle):
+            raise refuse(errno.EBADF, f"no open directory {fh}")
+        await self.files.sync_directory(handle.node)
+
     def releasedir(self, fh: int) -> None:
         handle = self.handles.pop(fh)
         if isinstance(handle, DirHandle):

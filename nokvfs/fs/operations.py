@@ -51,6 +51,10 @@ class Operations(pyfuse3.Operations):
         with translated("readdir"):
             self.fs.readdir(fh, start_id, lambda name, attr, next_id: pyfuse3.readdir_reply(token, name, attr, next_id))
 
+    async def fsyncdir(self, fh, datasync):
+        with translated("fsyncdir"):
+            await self.fs.fsyncdir(fh)
+
     async def releasedir(self, fh):
         self.fs.releasedir(fh)
 
