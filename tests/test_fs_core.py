@@ -17,10 +17,12 @@ import pyfuse3
 import pytest
 import trio
 
+from nokvfs.fs import retries as retries_module
 from nokvfs.fs.filesystem import FileSystem
 from nokvfs.fs.inodes import ROOT_INODE
 from nokvfs.fs.operations import Operations
 from nokvfs.fs.prefetch import BlockFetcher
+from nokvfs.fs.retries import OpenRetries
 from nokvfs.fs.threads import Workers
 from nokvfs.fs.views import LiveView
 from nokvfs.workspace import datadir, namespace, snapshot, workbench
@@ -449,6 +451,27 @@ def test_the_retry_grace_is_one_open_of_the_inode_its_lookup_handed_out(kernel):
     namespace.put(root, "wb", "outputs/r", b"v4")
     assert k.errno_of("open", fresh, os.O_RDONLY, Ctx()) == errno.ESTALE
     assert k.cat("wb/outputs/r") == b"v4"
+
+
+def test_the_retry_grace_ends_at_a_lookup_that_finds_nothing_and_lapses_after_its_window():
+    now = [100.0]
+    retries = OpenRetries(clock=lambda: now[0])
+    retries.refused(7)
+    retries.looked_up(7, 11, "entry")
+    assert retries.take(7, 11) == "entry"
+    assert retries.take(7, 11) is None  # used up
+    retries.refused(7)
+    retries.looked_up(7, None)  # the retry's lookup found nothing: the open failed with ENOENT
+    retries.looked_up(7, 11, "entry")  # a later lookup by the same task is another system call
+    assert retries.take(7, 11) is None
+    retries.refused(7)
+    retries.looked_up(7, 11, "entry")
+    now[0] += retries_module.WINDOW + 0.1  # the task never opened: its id may be another's now
+    assert retries.take(7, 11) is None
+    retries.refused(8)
+    retries.looked_up(8, 12, "entry")
+    assert retries.take(8, 13) is None  # another inode than its lookup handed out
+    assert retries.take(None, 12) is None
 
 
 # --- attributes and links --------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class FileSystem:
         tree = self.tree
         node, shown = tree.lookup_shown(tree.node(parent_ino), self._name(raw, creating=False))
         if node is None:
+            self.files.retries.looked_up(pid, None)
             return attrs.negative()
         if shown is not None and node.kind is Kind.FILE and node.shows(shown):
             self.files.retries.looked_up(pid, node.ino, shown)  # the kernel's retry of an open

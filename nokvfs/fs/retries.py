@@ -11,43 +11,65 @@ and opens what it found. So a caller (the kernel's task id, the same for every r
 system call) refused an open is remembered, the entry its next lookup of a file showed is kept,
 and its next open of that inode, for reading, reads it. Any open by that caller uses the grace up.
 
-Bounded: a caller refused and never retrying (killed, or its second attempt failed) is dropped
-after `LIMIT` newer ones.
+The retry follows the refusal at once, inside the same system call, and a task makes one system
+call at a time, so nothing but that retry's lookups comes from the caller in between. Should the
+retry not come (its lookup found nothing, the task was killed), the grace must not outlive it:
+a lookup that finds nothing ends it, it lapses after `WINDOW` seconds (a task id can be reused),
+and at most `LIMIT` callers are remembered.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 
 LIMIT = 1024
+WINDOW = 1.0
 
 
 class OpenRetries:
-    def __init__(self):
-        # pid -> None (refused, not looked up since) or (ino, PathEntry its retry's lookup showed)
+    def __init__(self, clock=time.monotonic):
+        # pid -> (refused at, None or (ino, PathEntry its retry's lookup showed))
         self._callers: collections.OrderedDict = collections.OrderedDict()
+        self._clock = clock
 
     def refused(self, pid: int | None) -> None:
         """An open by `pid` was answered ESTALE: the kernel retries it once."""
         if pid is None:
             return
-        self._callers[pid] = None
+        self._callers[pid] = (self._clock(), None)
         self._callers.move_to_end(pid)
         while len(self._callers) > LIMIT:
             self._callers.popitem(last=False)
 
-    def looked_up(self, pid: int | None, ino: int, entry) -> None:
-        """A lookup by `pid` handed out `ino`, showing `entry` (the path's PathEntry): kept when
-        `pid` is retrying an open."""
-        if pid is not None and pid in self._callers:
-            self._callers[pid] = (ino, entry)
+    def _current(self, pid: int | None):
+        if pid is None or pid not in self._callers:
+            return None
+        refused_at, held = self._callers[pid]
+        if self._clock() - refused_at > WINDOW:
+            del self._callers[pid]
+            return None
+        return refused_at, held
+
+    def looked_up(self, pid: int | None, ino: int | None, entry=None) -> None:
+        """A lookup by `pid` handed out `ino`, showing `entry` (the path's PathEntry; ino None:
+        it found nothing, and the retry is over): kept when `pid` is retrying an open."""
+        current = self._current(pid)
+        if current is None:
+            return
+        if ino is None:
+            del self._callers[pid]
+        else:
+            self._callers[pid] = (current[0], (ino, entry))
 
     def take(self, pid: int | None, ino: int):
         """The entry an open by `pid` of `ino` may read though the path moved on (None: none).
         Any open by the caller ends its retry, whatever it opens."""
-        if pid is None:
+        current = self._current(pid)
+        if current is None:
             return None
-        held = self._callers.pop(pid, None)
+        del self._callers[pid]
+        held = current[1]
         if held is None or held[0] != ino:
             return None
         return held[1]
