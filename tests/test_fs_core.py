@@ -474,6 +474,45 @@ def test_the_retry_grace_ends_at_a_lookup_that_finds_nothing_and_lapses_after_it
     assert retries.take(None, 12) is None
 
 
+def test_fsync_of_a_directory_with_sync_publishes_a_created_file_whose_release_has_not_come(kernel):
+    """`touch f`, then fsync(2) of its directory, on a `--sync` mount: an empty new file is
+    published at RELEASE, which the kernel sends after close(2) returned, so it can come after the
+    fsync. The fsync publishes it, and ships an LSN that holds it."""
+    k = kernel
+    root = k.fs.tree.root
+    shipped = []
+    k.fs.files.ship = lambda lsn, timeout: shipped.append(lsn)
+    fh = k.create("wb/outputs/touched", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    k.call("flush", fh)  # close(2) returned; its RELEASE is still queued
+    assert namespace_entry(root, "outputs/touched") is None
+    writing = k.create("wb/outputs/half-written")
+    k.write(writing, b"half")  # another process is still writing this one: it is not published
+    dh = k.call("opendir", k.ino("wb/outputs"), k.ctx)
+    try:
+        k.call("fsyncdir", dh, False)
+    finally:
+        k.call("releasedir", dh)
+    assert namespace_entry(root, "outputs/touched") is not None
+    assert shipped and shipped[-1] >= root.shard.recovery_tail.applied_lsn
+    k.call("release", fh)
+    assert k.cat("wb/outputs/touched") == b""
+    assert namespace_entry(root, "outputs/half-written") is None
+    k.write(writing, b" and done", offset=4)
+    k.close(writing)
+    assert k.cat("wb/outputs/half-written") == b"half and done"
+
+
+def namespace_entry(root, path: str):
+    from nokvfs.errors import NotFound
+    from nokvfs.workspace import listing
+
+    with root.read() as view:
+        try:
+            return listing.stat(view, root, "wb", path).entry
+        except NotFound:
+            return None
+
+
 # --- attributes and links --------------------------------------------------------------------------
 
 

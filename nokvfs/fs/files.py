@@ -311,6 +311,8 @@ class Files:
             await self.workers.bounded(
                 f"the write-back publications before fsync of {node.describe()}", self.writeback.settled_all
             )
+        else:
+            await self._publications_settled(node)
         lsn = self.root.shard.recovery_tail.applied_lsn
         await self.workers.bounded(
             f"shipping before fsync of {node.describe()}",
@@ -319,6 +321,29 @@ class Files:
             lsn,
             self.workers.syscall_timeout,
         )
+
+    async def _publications_settled(self, directory: Node) -> None:
+        """Before a directory's fsync ships: a publication under way has committed (each holds
+        its spool's lock), and a file created or emptied by O_TRUNC and closed without a write is
+        published now -- its RELEASE, which would publish it, comes after close(2) returned and
+        may come after this fsync. A file still being written is not published: only waited on."""
+        for other in self.tree.inodes.with_spools():
+            spool = other.spool
+            if spool is None or spool.orphaned or spool.closed:
+                continue
+            if spool.dirty and not spool.written and (spool.truncated_only or spool.base is None):
+                await self._holding(
+                    f"publication of {spool.describe()} at fsync of {directory.describe()}",
+                    spool,
+                    self._publish_held,
+                    other,
+                    spool,
+                    "publication at fsync of a directory",
+                    False,
+                    cheap=False,
+                )
+            else:
+                await self._holding(f"fsync of {directory.describe()}", spool, _settled)
 
     async def publish(self, node: Node, *, why: str, closing: bool = False, deadline: bool = True) -> None:
         """Publish the node's spool if it holds anything unpublished (bytes or attributes);
@@ -878,3 +903,7 @@ def _attributes_to_spool(spool: Spool, changes: dict) -> bool:
         spool.attributes = {**(spool.attributes or {}), **changes}
         return True
     return False
+
+
+async def _settled() -> None:
+    """(spool locked) Nothing: holding the lock is the wait for a publication under way."""

@@ -290,5 +290,9 @@ class InodeTable:
             if v == view and inc == incarnation and len(path) > depth and path[:depth] == components
         ]
 
+    def with_spools(self) -> list[Node]:
+        """The nodes holding write state (a spool) now."""
+        return [node for node in self._by_ino.values() if node.spool is not None]
+
     def of_workbench(self, workbench_id: str):
         return [node for node in list(self._by_ino.values()) if node.workbench_id == workbench_id]
