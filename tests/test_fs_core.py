@@ -475,8 +475,8 @@ def test_the_retry_grace_ends_at_a_lookup_that_finds_nothing_and_lapses_after_it
 
 
 def test_fsync_of_a_directory_with_sync_publishes_a_created_file_whose_release_has_not_come(kernel):
-    """`touch f`, then fsync(2) of its directory, on a `--sync` mount: an empty new file is
-    published at RELEASE, which the kernel sends after close(2) returned, so it can come after the
+    """`touch f` (or `: > f`), then fsync(2) of its directory, on a `--sync` mount: an empty new
+    (or emptied) file is published at RELEASE, which the kernel sends after close(2) returned, so it can come after the
     fsync. The fsync publishes it, and ships an LSN that holds it."""
     k = kernel
     root = k.fs.tree.root
@@ -485,6 +485,9 @@ def test_fsync_of_a_directory_with_sync_publishes_a_created_file_whose_release_h
     fh = k.create("wb/outputs/touched", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     k.call("flush", fh)  # close(2) returned; its RELEASE is still queued
     assert namespace_entry(root, "outputs/touched") is None
+    k.put("wb/outputs/emptied", b"was here")
+    emptied = k.open("wb/outputs/emptied", os.O_WRONLY | os.O_TRUNC)  # `: > emptied`
+    k.call("flush", emptied)
     writing = k.create("wb/outputs/half-written")
     k.write(writing, b"half")  # another process is still writing this one: it is not published
     dh = k.call("opendir", k.ino("wb/outputs"), k.ctx)
@@ -493,9 +496,12 @@ def test_fsync_of_a_directory_with_sync_publishes_a_created_file_whose_release_h
     finally:
         k.call("releasedir", dh)
     assert namespace_entry(root, "outputs/touched") is not None
+    assert namespace_entry(root, "outputs/emptied").logical_size == 0
     assert shipped and shipped[-1] >= root.shard.recovery_tail.applied_lsn
     k.call("release", fh)
+    k.call("release", emptied)
     assert k.cat("wb/outputs/touched") == b""
+    assert k.cat("wb/outputs/emptied") == b""
     assert namespace_entry(root, "outputs/half-written") is None
     k.write(writing, b" and done", offset=4)
     k.close(writing)

@@ -331,7 +331,7 @@ class Files:
             spool = other.spool
             if spool is None or spool.orphaned or spool.closed:
                 continue
-            if spool.dirty and not spool.written and (spool.truncated_only or spool.base is None):
+            if spool.dirty and spool.published_at_release:
                 await self._holding(
                     f"publication of {spool.describe()} at fsync of {directory.describe()}",
                     spool,
@@ -378,7 +378,7 @@ class Files:
                 await self._apply_attributes(node, spool.attributes)
                 spool.attributes = None
             return
-        if closing and (spool.truncated_only or (spool.base is None and not spool.written)):
+        if closing and spool.published_at_release:
             return  # an empty new or O_TRUNC-emptied file is published at release (module docstring)
         await self._publish_locked(node, spool, why, closing and spool.writers <= 1)
 

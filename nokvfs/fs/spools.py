@@ -380,6 +380,13 @@ class Spool:
     # --- what it is ------------------------------------------------------------------------------
 
     @property
+    def published_at_release(self) -> bool:
+        """An empty new file, or one emptied by O_TRUNC, not written since: published when its
+        last descriptor is released rather than at close (nokvfs.fs.files, the shell's
+        `echo x > f`)."""
+        return self.truncated_only or (self.base is None and not self.written)
+
+    @property
     def sidecar(self) -> str | None:
         return None if self.path is None else self.path + ".json"
 

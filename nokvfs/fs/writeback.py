@@ -676,7 +676,7 @@ def _groupable(spool, node) -> bool:
 def _closing(spool) -> bool:
     """The last writer is gone: the spool file goes with the publication. An empty new or
     O_TRUNC-emptied file is published all the same (the default mode's release rule)."""
-    return spool.writers == 0 and not spool.truncated_only and (spool.written or spool.base is not None)
+    return spool.writers == 0 and not spool.published_at_release
 
 
 def publish_spools_blocking(root, items) -> list:
