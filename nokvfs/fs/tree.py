@@ -196,9 +196,6 @@ class Tree:
         but a published file or link): what the node shows as of this lookup."""
         if name is None:
             return None, None
-        return self._lookup(parent, name)
-
-    def _lookup(self, parent: Node, name: str):
         if name == ".":
             return parent, None
         if name == "..":

@@ -142,17 +142,10 @@ class Root:
             # Another process committed in between. Back off a little, at random, so two busy
             # processes do not keep invalidating each other's rebuilt commands.
             time.sleep(random.random() * 0.002 * (attempt + 1))
-        held: list = []
-
-        def locked(view):
-            held.append(build(view))
-            return self._command(held[-1], view.version, request_id, digest)
-
-        with self._writer:
-            (outcome,) = self.shard.apply_group([locked])
+        ((outcome, built),) = self.apply_group([(build, digest, request_id)])
         if isinstance(outcome, Exception):
             raise outcome
-        return outcome, held[-1]
+        return outcome, built
 
     def _command(self, built: Built, read_version: int, request_id: bytes, digest: bytes) -> MetadataCommand:
         return MetadataCommand(
