@@ -316,3 +316,34 @@ def test_deflated_rows_and_plain_rows_of_the_same_tree_read_after_reopen(shard_e
     )
     with shard_env.shard.read() as view:
         assert view.get("operation", plain_key) == OPERATION_VALUE + b"?"
+
+
+@pytest.mark.damages_store("a system row and a root fence damaged in place")
+@pytest.mark.parametrize("target", ["clock", "fence"])
+def test_a_system_row_or_fence_damaged_after_it_was_read_and_cached_is_still_shard_corrupt(shard_env, target):
+    """The shard keeps the last decoded form of its system rows and root fences keyed by their
+    stored bytes (a read view opens faster); bytes that differ from those are verified afresh,
+    so damage after a read is refused by the next one, never served from the cache."""
+    from nokvfs.engine import fences
+    from nokvfs.engine.fences import ReadFence
+    from nokvfs.engine.records import SYS_CLOCK
+
+    shard = shard_env.shard
+    fence = ReadFence(shard_env.root_id, shard_env.placement_generation, None)
+    shard_env.apply(mutations=[Put("operation", b"k" * 40, OPERATION_VALUE)])
+    with shard.read(fence=fence) as view:  # reads (and caches) both rows
+        version = view.version
+    tree, key = ("system", SYS_CLOCK) if target == "clock" else ("root_fence", fences.fence_key(shard_env.root_id))
+    db = shard._dbs[tree]
+    with shard._env.inner.begin(write=True) as txn:  # the damage, from outside the engine
+        stored = bytearray(txn.get(key, db=db))
+        stored[-1] ^= 0x01
+        txn.put(key, bytes(stored), db=db)
+    with pytest.raises(ShardCorrupt, match=f"tree {tree}"):
+        with shard.read(fence=fence):
+            pass
+    with shard._env.inner.begin(write=True) as txn:  # repaired: the same bytes read as before
+        stored[-1] ^= 0x01
+        txn.put(key, bytes(stored), db=db)
+    with shard.read(fence=fence) as view:
+        assert view.version == version

@@ -229,6 +229,11 @@ class Shard:
         self._bind(dbs)
         self._alarm = IntegrityAlarm(path)
         self._witness = CommitWitness(path)
+        # (tree, key) -> (stored bytes, decoded record) of the system rows and root fences every
+        # read view and command reads first: the same stored bytes verify and decode the same
+        # way, so a row whose bytes equal the last ones seen is not verified and decoded again
+        # (a third of opening a read view). Records are frozen; any other bytes are read afresh.
+        self._decoded: dict = {}
         # Environments opened with sync=False witness their commits only when `sync` flushes them.
         self._witnessed = witnessed
         # Commands applied with durable=False (Shard.apply): committed since the last flush, and
@@ -675,17 +680,39 @@ class Shard:
     # --- System state --------------------------------------------------------------------------
 
     def _system(self, txn, key: bytes, record):
-        return record.decode(rows.unseal(SYSTEM_TREE, key, txn.get(key, db=self._dbs[SYSTEM_TREE])))
+        return self._decoded_row(txn, SYSTEM_TREE, key, record.decode, missing=False)
+
+    def _decoded_row(self, txn, tree: str, key: bytes, decode, *, missing: bool):
+        """decode(the verified value at `key`), from `_decoded` when its stored bytes are the
+        ones decoded last. `missing`: an absent row is None (verified as rows.get verifies a
+        miss); otherwise it is handed to unseal and decode, which refuse it."""
+        db = self._dbs[tree]
+        raw = txn.get(key, db=db)
+        if raw is None:
+            if not missing:
+                return decode(rows.unseal(tree, key, raw))
+            rows.verify_neighbours(txn.cursor(db), tree, key)
+            return None
+        cached = self._decoded.get((tree, key))
+        if cached is not None and cached[0] == raw:
+            return cached[1]
+        value = decode(rows.unseal(tree, key, raw))
+        self._decoded[tree, key] = (bytes(raw), value)
+        return value
 
     def _put_system(self, txn, key: bytes, value) -> None:
         rows.put(txn, self._dbs[SYSTEM_TREE], SYSTEM_TREE, key, value.encode())
 
     def _floors(self, txn) -> RetentionFloors:
         """What retention has removed (nothing, until the first retention step writes the row)."""
-        raw = rows.get(txn, self._dbs[SYSTEM_TREE], SYSTEM_TREE, SYS_RETENTION)
-        if raw is None:
+        floors = self._decoded_row(txn, SYSTEM_TREE, SYS_RETENTION, RetentionFloors.decode, missing=True)
+        if floors is None:
             return RetentionFloors(0, self._genesis, 0, 0, 0, 0)
-        return RetentionFloors.decode(raw)
+        return floors
+
+    def _fence(self, txn, root_id: bytes):
+        """The root's RootFence on this shard (None: none)."""
+        return self._decoded_row(txn, "root_fence", fences.fence_key(root_id), fences.decode_fence, missing=True)
 
     def _get(self, txn, tree: str, key: bytes) -> bytes | None:
         return rows.get(txn, self._dbs[tree], tree, key)
@@ -739,7 +766,7 @@ class Shard:
                 current = self._system(txn, SYS_CLOCK, CommitClock).commit_version
                 floor = self._system(txn, SYS_HISTORY_FLOOR, HistoryFloor).floor_version
                 if fence is not None:
-                    installed = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(fence.root_id)))
+                    installed = self._fence(txn, fence.root_id)
                     fences.require_active(installed, fence.root_id, self.logical_shard_id, fence.placement_generation)
                     if fence.owner_epoch is not None:
                         fences.require_owner(fence.owner_epoch, self._system(txn, SYS_OWNER, OwnerRecord).owner_epoch)
@@ -1012,7 +1039,7 @@ class Shard:
         return outbox.payloads(txn, db, first, lsn - 1)
 
     def _check_fences(self, txn, command: MetadataCommand) -> None:
-        fence = fences.decode_fence(self._get(txn, "root_fence", fences.fence_key(command.root_id)))
+        fence = self._fence(txn, command.root_id)
         if command.fence_install:
             fences.check_installation(command, fence, self.logical_shard_id)
         else:
