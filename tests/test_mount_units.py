@@ -187,6 +187,55 @@ def test_work_that_outlives_its_syscall_keeps_the_lock_until_it_ends():
     assert events == ["publishing", "published", "written"]
 
 
+def test_worker_threads_return_raise_stay_within_their_limit_and_finish_a_cancelled_call():
+    """Workers.run and speculate run blocking calls in threads: the value or the exception comes
+    back to the caller; no more calls run at once than the limiter allows (threads are reused,
+    never more than ran at once); a caller cancelled while its call runs still waits for it and
+    gets its value, as with trio.to_thread.run_sync, so no work outlives the task that owns it."""
+    import threading
+    import time
+
+    running, peak, finished = [0], [0], []
+    guard = threading.Lock()
+
+    def blocking(n):
+        with guard:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with guard:
+            running[0] -= 1
+        finished.append(n)
+        return n * n
+
+    def failing():
+        raise E.StoreError("the disk said no")
+
+    async def scenario():
+        workers = Workers(foreground=3, background=1)
+        results = {}
+
+        async def call(n):
+            results[n] = await workers.run(blocking, n)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(12):
+                nursery.start_soon(call, n)
+            nursery.start_soon(workers.speculate, blocking, 100)
+        assert results == {n: n * n for n in range(12)}
+        assert peak[0] <= 4  # 3 foreground + 1 background
+        with pytest.raises(E.StoreError, match="the disk said no"):
+            await workers.run(failing)
+        assert await workers.run(lambda *, x: x + 1, x=41) == 42
+        with trio.move_on_after(0.001) as scope:
+            value = await workers.run(blocking, 200)
+        assert scope.cancel_called and value == 40000 and 200 in finished  # waited for, not abandoned
+
+    before = threading.active_count()
+    trio.run(scenario)
+    assert threading.active_count() - before <= 5
+
+
 # --- with a real root (no kernel) ----------------------------------------------------------------
 
 
