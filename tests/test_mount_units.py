@@ -683,3 +683,23 @@ def test_a_directory_change_accepted_while_the_one_it_replaces_is_stored_survive
     with root.read() as view:
         stored = namespace.directory_attributes(view, root, node.incarnation, node.components)
     assert stored.mode == 0o755 and isinstance(stored, attributes.Attributes)
+
+
+def test_worker_threads_serve_a_forked_child_whose_parent_used_them():
+    """A daemon forks after its parent process may have run worker calls: the child starts its
+    own threads instead of queueing its calls for the parent's, which it does not have."""
+    import signal
+
+    async def square(n):
+        return await Workers().run(lambda: n * n)
+
+    assert trio.run(square, 3) == 9  # the parent's thread, idle now
+    pid = os.fork()
+    if pid == 0:  # the child: a call that never returns is killed by the alarm
+        signal.alarm(10)
+        try:
+            os._exit(0 if trio.run(square, 4) == 16 else 1)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import queue
 import threading
 
@@ -81,8 +82,13 @@ class _Threads:
             with self._lock:
                 self._idle += 1
 
+    def forget(self) -> None:
+        """In a forked child: the parent's threads are not there, and nor are its jobs."""
+        self.__init__()
+
 
 _THREADS = _Threads()
+os.register_at_fork(after_in_child=_THREADS.forget)
 
 
 class Workers:
