@@ -161,10 +161,13 @@ class _Digests:
 
     A command changes thousands of rows: each hash is taken with one hasher, reset after each
     row (creating a hasher per row was a third of the cost), and the sums are reduced modulo
-    2**256 once, by `record` (the same digest as reducing after every row)."""
+    2**256 once, by `record` (the same digest as reducing after every row). Most commands change
+    a few of the trees: only those are converted to integers and rebuilt, the others' entries
+    are carried over as they are."""
 
     def __init__(self, record: StateDigest):
-        self.trees = {t.name: [t.row_count, int.from_bytes(t.digest, "big")] for t in record.trees}
+        self._record = record
+        self.trees: dict = {}  # the trees changed so far: name -> [row count, unreduced sum]
         self._hasher = blake3.blake3()  # one write transaction's: used by one thread
 
     def _row_hash(self, key: bytes, value: bytes) -> int:  # _row_hash's value
@@ -174,8 +177,15 @@ class _Digests:
         hasher.reset()
         return int.from_bytes(digest, "big")
 
+    def _entry(self, tree: str) -> list:
+        for stored in self._record.trees:
+            if stored.name == tree:
+                entry = self.trees[tree] = [stored.row_count, int.from_bytes(stored.digest, "big")]
+                return entry
+        raise KeyError(tree)
+
     def change(self, tree: str, key: bytes, old: bytes | None, new: bytes | None) -> None:
-        entry = self.trees[tree]
+        entry = self.trees.get(tree) or self._entry(tree)
         if old is not None:
             entry[0] -= 1
             entry[1] -= self._row_hash(key, old)
@@ -184,8 +194,16 @@ class _Digests:
             entry[1] += self._row_hash(key, new)
 
     def record(self) -> StateDigest:
+        changed = self.trees
         return StateDigest(
-            tuple(TreeDigest(name, c, (d % _DIGEST_MOD).to_bytes(32, "big")) for name, (c, d) in self.trees.items())
+            tuple(
+                stored
+                if stored.name not in changed
+                else TreeDigest(
+                    stored.name, changed[stored.name][0], (changed[stored.name][1] % _DIGEST_MOD).to_bytes(32, "big")
+                )
+                for stored in self._record.trees
+            )
         )
 
 
@@ -701,7 +719,11 @@ class Shard:
         return value
 
     def _put_system(self, txn, key: bytes, value) -> None:
-        rows.put(txn, self._dbs[SYSTEM_TREE], SYSTEM_TREE, key, value.encode())
+        stored = rows.seal(SYSTEM_TREE, key, value.encode())
+        txn.put(key, stored, db=self._dbs[SYSTEM_TREE])
+        # The next command reads what this one wrote: these bytes decode to `value` whether or
+        # not the transaction commits (an entry is only used for equal bytes).
+        self._decoded[SYSTEM_TREE, key] = (stored, value)
 
     def _floors(self, txn) -> RetentionFloors:
         """What retention has removed (nothing, until the first retention step writes the row)."""
