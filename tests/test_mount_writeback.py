@@ -451,3 +451,39 @@ def test_directory_changes_accepted_before_a_kill_are_stored_at_the_next_mount(t
             ["empty", "1777"],
             ["renamed", "755"],
         ]
+
+
+def test_fsync_after_tar_x_waits_for_a_backlog_longer_than_the_syscall_deadline(tmp_path):
+    """`tar x` of a few thousand files, then `sync` of the last one: fsync(2) waits until the
+    publisher has published everything accepted before it. On a loopback S3 store that took
+    longer than the syscall deadline (30 s), and fsync answered EIO although nothing had failed,
+    which an application takes for lost data. The deadline now bounds a wait without progress
+    only: a 1 s deadline here, a backlog that takes several seconds, and fsync succeeds."""
+    import time
+
+    base = str(tmp_path)
+    src = os.path.join(base, "src", "many")
+    for i in range(1500):
+        d = os.path.join(src, f"d{i % 10}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i:04d}"), "wb") as f:
+            f.write(b"%d\n" % i)
+    tar_path = os.path.join(base, "many.tar")
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(src, arcname="many")
+    # Nothing is published before the sync asks (the quiet time outlasts the test), so the
+    # whole backlog stands between the sync and its file, whatever the machine's speed.
+    with (
+        _daemon_environment(writeback.QUIET_ENV, "600"),
+        mounted(base, extra_args=(*WB, "--syscall-timeout", "1")) as m,
+    ):
+        out = m.path("wb", "outputs")
+        subprocess.run(["tar", "xf", tar_path, "-C", out], check=True, timeout=300)
+        last = os.path.join(out, "many", "d9", "f1499")
+        start = time.monotonic()
+        done = subprocess.run(["sync", last], capture_output=True, text=True, timeout=300)
+        waited = time.monotonic() - start
+        assert done.returncode == 0, (done.stderr, m.log()[-2000:])
+        assert waited > 1.0, f"the backlog took {waited:.2f} s: shorter than the deadline, nothing tested"
+        assert _published(m.data_dir, "outputs/many/d9/f1499") == b"1499\n"
+        assert "SyscallTimeout" not in m.log()

@@ -308,9 +308,7 @@ class Files:
         if self.ship is None:
             return
         if self.writeback is not None:
-            await self.workers.bounded(
-                f"the write-back publications before fsync of {node.describe()}", self.writeback.settled_all
-            )
+            await self.writeback.wait_settled_all(f"the write-back publications before fsync of {node.describe()}")
         else:
             await self._publications_settled(node)
         lsn = self.root.shard.recovery_tail.applied_lsn

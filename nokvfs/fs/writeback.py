@@ -46,7 +46,7 @@ import trio
 import xxhash
 
 from nokvfs import filemodes
-from nokvfs.errors import CorruptRecord, GenerationConflict, UnknownVersion
+from nokvfs.errors import CorruptRecord, GenerationConflict, SyscallTimeout, UnknownVersion
 from nokvfs.fs import spools, views
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.ids import new_id16
@@ -319,6 +319,7 @@ class Publisher:
         self.accepted = 0
         self.published = 0
         self.failed = 0
+        self.finished = 0  # publications that ran (files published or failed, directories stored)
 
     def holds(self, spool) -> bool:
         return spool in self._queue
@@ -402,8 +403,7 @@ class Publisher:
             return
         if spool not in self._queue:
             await self.accept(node)
-        # Within the deadline (SyscallTimeout); the publication goes on, and a later fsync waits again.
-        await self.files.workers.bounded(f"the write-back publication of {spool.describe()}", self.settled, spool)
+        await self._while_progressing(f"the write-back publication of {spool.describe()}", self.settled, spool)
         error = self._outcome.get(spool)
         if error is not None:
             raise error
@@ -420,11 +420,36 @@ class Publisher:
             finally:
                 self._urgent -= 1
 
-    async def settled_all(self) -> None:
-        """Wait until every publication accepted so far has run (before a directory rename:
-        the files below it must not be replayed at their old paths)."""
-        for spool in list(self._done):
+    async def settled_all(self, accepted: list | None = None) -> None:
+        """Wait until every publication accepted so far (or each of `accepted`) has run (before
+        a directory rename: the files below it must not be replayed at their old paths)."""
+        for spool in list(self._done) if accepted is None else accepted:
             await self.settled(spool)
+
+    async def wait_settled_all(self, what: str) -> None:
+        """settled_all for a syscall (fsync of a directory under --sync): bounded as fsync's
+        wait is (_while_progressing), for what was accepted when it was called."""
+        await self._while_progressing(what, self.settled_all, list(self._done))
+
+    async def _while_progressing(self, what: str, wait, *args) -> None:
+        """await wait(*args) for as long as publications keep finishing: SyscallTimeout only
+        once a whole syscall deadline passed without one (a stalled publisher: a store or disk
+        that hangs, or one publication slower than the deadline; it goes on, and a later call
+        waits again). A backlog of thousands of files can take longer than the deadline to
+        publish, and is not an error: fsync(2) on a local disk waits as long as its writes take.
+        Waiting does no work and holds no lock, so giving up leaves nothing behind."""
+        workers = self.files.workers
+        while True:
+            finished = self.finished
+            with trio.move_on_after(workers.syscall_timeout):
+                await wait(*args)
+                return
+            if self.finished == finished:
+                workers.timeouts += 1
+                raise SyscallTimeout(
+                    f"{what} did not finish, and no write-back publication finished within "
+                    f"{workers.syscall_timeout:g} s (it goes on in the background)"
+                )
 
     async def accept_directory(self, node, changes: dict) -> None:
         """mkdir, or chmod/chown/utime of a directory, in write-back mode: the change is durable
@@ -568,6 +593,7 @@ class Publisher:
             else:
                 self.failed += 1
                 self._outcome[spool] = error
+        self.finished += len(group)
         if len(self._queue) < self.max_backlog:
             self._room.set()
         if len(group) > 1:
@@ -642,6 +668,7 @@ class Publisher:
                 await files.workers.run(self._journal.append, records, sync=True)
             except OSError as exc:
                 log.warning("write-back journal %s: %s", self._journal.path, exc)
+        self.finished += len(changes)
         for change in changes:
             done = self._done.pop(change, None)
             if done is not None:
