@@ -3,6 +3,7 @@ fetcher and the change-feed follower."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -311,37 +312,60 @@ def test_a_write_back_acceptance_outliving_its_close_keeps_the_file_until_it_is_
     assert reading.read(root, entry) == b"LATERted"
 
 
+def _log_and_a_hung_store(root, monkeypatch):
+    """wb:outputs/log holding "one" and a newline, and a store in which publications wait until
+    the returned Event is set (10 s at most)."""
+    import threading
+
+    from nokvfs.fs import spools
+
+    store = threading.Event()
+    publish_blocking = spools.Spool.publish_blocking
+
+    def hung(self, attributes=None):
+        store.wait(10)
+        return publish_blocking(self, attributes)
+
+    monkeypatch.setattr(spools.Spool, "publish_blocking", hung)
+    namespace.put(root, "wb", "outputs/log", b"one\n")
+    return store
+
+
+@contextlib.asynccontextmanager
+async def _publishing(workers, publisher):
+    """A daemon's nursery, with the write-back publisher running in it."""
+    async with trio.open_nursery() as nursery:
+        workers.start(nursery)
+        nursery.start_soon(publisher.run)
+        yield nursery
+
+
+async def _append_two(fs, section) -> int:
+    """Open outputs/log with O_APPEND and write a second line: the handle. Its publication is an
+    append, which is not a plain put: published alone."""
+    import os
+
+    node = fs.tree.lookup(section, "log")
+    fs.tree.inodes.remember(node)
+    fh, _ = await fs.open(node.ino, os.O_WRONLY | os.O_APPEND)
+    await fs.write(fh, 4, b"two\n")
+    return fh
+
+
 def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome(root, monkeypatch):
     """fsync(2) on a write-back mount waits for the file's publication within the deadline and
     answers EIO when it is slower; the publication itself has no deadline (no syscall runs it),
     so when it lands the file counts as published, not failed, and the next fsync succeeds."""
-    import os
-    import threading
-
-    from nokvfs.fs import spools
     from nokvfs.workspace import listing, reading
 
-    namespace.put(root, "wb", "outputs/log", b"one\n")
-    store = threading.Event()
-    publish_blocking = spools.Spool.publish_blocking
-
-    def slow_publication(self, attributes=None):  # a store slower than the syscall deadline
-        store.wait(10)
-        return publish_blocking(self, attributes)
-
-    monkeypatch.setattr(spools.Spool, "publish_blocking", slow_publication)
+    store = _log_and_a_hung_store(root, monkeypatch)  # a store slower than the syscall deadline
 
     async def scenario():
         fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.2)
-        node = fs.tree.lookup(section, "log")
-        fs.tree.inodes.remember(node)
-        async with trio.open_nursery() as nursery:
-            workers.start(nursery)
-            nursery.start_soon(publisher.run)
-            fh, _ = await fs.open(node.ino, os.O_WRONLY | os.O_APPEND)
-            await fs.write(fh, 4, b"two\n")
+        async with _publishing(workers, publisher) as nursery:
+            fh = await _append_two(fs, section)
             with pytest.raises(E.SyscallTimeout):
-                await fs.fsync(fh)  # the append's publication is not a plain put: published alone
+                await fs.fsync(fh)
             store.set()
             with trio.fail_after(10):
                 while publisher.published + publisher.failed == 0:
@@ -358,6 +382,39 @@ def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome
     with root.read() as view:
         entry = listing.stat(view, root, "wb", "outputs/log").entry
     assert reading.read(root, entry) == b"one\ntwo\n"
+
+
+def test_a_rename_or_unlink_waiting_on_a_stalled_write_back_publication_gives_up_at_the_deadline(root, monkeypatch):
+    """rename(2) and unlink(2) of an accepted file wait for its publication (they apply to what
+    is published). While publications keep finishing they wait as long as it takes; when none
+    finishes for a whole syscall deadline (a store that hangs) they answer EIO (SyscallTimeout)
+    and change nothing, where they used to wait forever. Once the store answers, both work."""
+    from nokvfs.workspace import listing
+
+    store = _log_and_a_hung_store(root, monkeypatch)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.3)
+        async with _publishing(workers, publisher) as nursery:
+            fh = await _append_two(fs, section)
+            await fs.flush(fh)  # accepted; its publication hangs in the store
+            await fs.release(fh)
+            with trio.fail_after(5):  # it used to wait for ever
+                with pytest.raises(E.SyscallTimeout):
+                    await fs.rename(section.ino, b"log", section.ino, b"renamed", 0)
+                with pytest.raises(E.SyscallTimeout):
+                    await fs.unlink(section.ino, b"log")
+            store.set()
+            with trio.fail_after(10):
+                await fs.rename(section.ino, b"log", section.ino, b"renamed", 0)
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    with root.read() as view:
+        assert listing.stat(view, root, "wb", "outputs/renamed").entry is not None
+        with pytest.raises(E.NotFound):
+            listing.stat(view, root, "wb", "outputs/log")
 
 
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):

@@ -453,12 +453,15 @@ def test_directory_changes_accepted_before_a_kill_are_stored_at_the_next_mount(t
         ]
 
 
-def test_fsync_after_tar_x_waits_for_a_backlog_longer_than_the_syscall_deadline(tmp_path):
-    """`tar x` of a few thousand files, then `sync` of the last one: fsync(2) waits until the
-    publisher has published everything accepted before it. On a loopback S3 store that took
-    longer than the syscall deadline (30 s), and fsync answered EIO although nothing had failed,
+@pytest.mark.parametrize("call", ["sync FILE", "mkdir + rmdir", "mv FILE"])
+def test_calls_after_tar_x_wait_for_a_backlog_longer_than_the_syscall_deadline(tmp_path, call):
+    """`tar x` of a few thousand files, then a call that must wait for the publications ahead of
+    it: `sync` of the last file (fsync(2) waits for its publication), `rmdir` of a directory made
+    after the extract (its mkdir is stored in order, behind the files), `mv` of the last file
+    (a rename applies to what is published). On a loopback S3 store the backlog took longer than
+    the syscall deadline (30 s), and fsync and rmdir answered EIO although nothing had failed,
     which an application takes for lost data. The deadline now bounds a wait without progress
-    only: a 1 s deadline here, a backlog that takes several seconds, and fsync succeeds."""
+    only: a 1 s deadline here, a backlog that takes several seconds, and the call succeeds."""
     import time
 
     base = str(tmp_path)
@@ -471,8 +474,8 @@ def test_fsync_after_tar_x_waits_for_a_backlog_longer_than_the_syscall_deadline(
     tar_path = os.path.join(base, "many.tar")
     with tarfile.open(tar_path, "w") as tar:
         tar.add(src, arcname="many")
-    # Nothing is published before the sync asks (the quiet time outlasts the test), so the
-    # whole backlog stands between the sync and its file, whatever the machine's speed.
+    # Nothing is published before the call asks (the quiet time outlasts the test), so the
+    # whole backlog stands between the call and its file, whatever the machine's speed.
     with (
         _daemon_environment(writeback.QUIET_ENV, "600"),
         mounted(base, extra_args=(*WB, "--syscall-timeout", "1")) as m,
@@ -480,10 +483,19 @@ def test_fsync_after_tar_x_waits_for_a_backlog_longer_than_the_syscall_deadline(
         out = m.path("wb", "outputs")
         subprocess.run(["tar", "xf", tar_path, "-C", out], check=True, timeout=300)
         last = os.path.join(out, "many", "d9", "f1499")
+        if call == "mkdir + rmdir":
+            os.mkdir(os.path.join(out, "scratch"))  # accepted behind the extract's files
+            argv, published = ["rmdir", os.path.join(out, "scratch")], "outputs/many/d9/f1499"
+        elif call == "mv FILE":
+            argv, published = ["mv", last, os.path.join(out, "moved")], "outputs/moved"
+        else:
+            argv, published = ["sync", last], "outputs/many/d9/f1499"
         start = time.monotonic()
-        done = subprocess.run(["sync", last], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         waited = time.monotonic() - start
         assert done.returncode == 0, (done.stderr, m.log()[-2000:])
         assert waited > 1.0, f"the backlog took {waited:.2f} s: shorter than the deadline, nothing tested"
-        assert _published(m.data_dir, "outputs/many/d9/f1499") == b"1499\n"
+        assert _published(m.data_dir, published) == b"1499\n"
         assert "SyscallTimeout" not in m.log()
+        assert not os.path.exists(os.path.join(out, "scratch"))
+        assert os.path.exists(last) == (call != "mv FILE")

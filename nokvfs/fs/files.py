@@ -656,7 +656,7 @@ class Files:
             spool = getattr(node, "spool", None)
             if spool is not None:
                 if self.writeback is not None:
-                    await self.writeback.settled(spool)
+                    await self.writeback.wait_settled(f"the write-back publication of {spool.describe()}", spool)
                 await self._holding(f"publication of {spool.describe()}", spool, _now(lambda: None))
 
     async def unlink(self, parent: Node, name: str, directories) -> None:
@@ -743,8 +743,10 @@ class Files:
         if old_parent.components != new_parent.components:
             await directories.keep(old_parent, old_name)
         if source.kind.is_dir:
-            if self.writeback is not None:
-                await self.writeback.settled_all()  # accepted files below move as published ones
+            if self.writeback is not None:  # accepted files below move as published ones
+                await self.writeback.wait_settled_all(
+                    f"the write-back publications before rename of {source.describe()}"
+                )
             await directories.rename_dir(source, target, dst)
             return
         if target is not None and target.kind.is_dir:

@@ -426,8 +426,13 @@ class Publisher:
         for spool in list(self._done) if accepted is None else accepted:
             await self.settled(spool)
 
+    async def wait_settled(self, what: str, item) -> None:
+        """settled for a syscall (rename, unlink, rmdir of what was accepted): bounded as fsync's
+        wait is (_while_progressing)."""
+        await self._while_progressing(what, self.settled, item)
+
     async def wait_settled_all(self, what: str) -> None:
-        """settled_all for a syscall (fsync of a directory under --sync): bounded as fsync's
+        """settled_all for a syscall (rename of a directory, fsync of one under --sync): bounded as fsync's
         wait is (_while_progressing), for what was accepted when it was called."""
         await self._while_progressing(what, self.settled_all, list(self._done))
 
@@ -512,9 +517,7 @@ class Publisher:
         """Before rmdir: the directory's accepted change (if any) is stored first."""
         change = self._directories.get((node.incarnation, node.components))
         if change is not None:
-            await self.files.workers.bounded(
-                f"the write-back change of directory {change.describe()}", self.settled, change
-            )
+            await self.wait_settled(f"the write-back change of directory {change.describe()}", change)
 
     # --- publishing ----------------------------------------------------------------------------
 
