@@ -194,17 +194,13 @@ class _Digests:
             entry[1] += self._row_hash(key, new)
 
     def record(self) -> StateDigest:
-        changed = self.trees
-        return StateDigest(
-            tuple(
-                stored
-                if stored.name not in changed
-                else TreeDigest(
-                    stored.name, changed[stored.name][0], (changed[stored.name][1] % _DIGEST_MOD).to_bytes(32, "big")
-                )
-                for stored in self._record.trees
-            )
-        )
+        trees = []
+        for stored in self._record.trees:
+            entry = self.trees.get(stored.name)
+            if entry is not None:
+                stored = TreeDigest(stored.name, entry[0], (entry[1] % _DIGEST_MOD).to_bytes(32, "big"))
+            trees.append(stored)
+        return StateDigest(tuple(trees))
 
 
 def _digested_trees() -> list[str]:

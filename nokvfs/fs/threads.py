@@ -43,6 +43,10 @@ class _Threads:
     here makes, and every close, fsync and publication makes at least one round trip."""
 
     def __init__(self):
+        self.forget()
+
+    def forget(self) -> None:
+        """No threads and no jobs (in a forked child: the parent's are not there)."""
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
@@ -77,14 +81,10 @@ class _Threads:
             fn, args, deliver = self._jobs.get()
             result = outcome.capture(fn, *args)
             del fn, args  # nothing of the job outlives it here
+            with self._lock:  # idle before the caller can submit again: no thread beyond need
+                self._idle += 1
             deliver(result)
             del deliver, result
-            with self._lock:
-                self._idle += 1
-
-    def forget(self) -> None:
-        """In a forked child: the parent's threads are not there, and nor are its jobs."""
-        self.__init__()
 
 
 _THREADS = _Threads()

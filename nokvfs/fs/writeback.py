@@ -403,7 +403,7 @@ class Publisher:
             return
         if spool not in self._queue:
             await self.accept(node)
-        await self._while_progressing(f"the write-back publication of {spool.describe()}", self.settled, spool)
+        await self.wait_settled(f"the write-back publication of {spool.describe()}", spool)
         error = self._outcome.get(spool)
         if error is not None:
             raise error
@@ -420,21 +420,21 @@ class Publisher:
             finally:
                 self._urgent -= 1
 
-    async def settled_all(self, accepted: list | None = None) -> None:
-        """Wait until every publication accepted so far (or each of `accepted`) has run (before
-        a directory rename: the files below it must not be replayed at their old paths)."""
-        for spool in list(self._done) if accepted is None else accepted:
-            await self.settled(spool)
+    async def _settled_each(self, accepted: list) -> None:
+        for item in accepted:
+            await self.settled(item)
 
     async def wait_settled(self, what: str, item) -> None:
-        """settled for a syscall (rename, unlink, rmdir of what was accepted): bounded as fsync's
-        wait is (_while_progressing)."""
+        """settled, for a syscall (fsync, and rename, unlink or rmdir of what was accepted):
+        bounded by _while_progressing."""
         await self._while_progressing(what, self.settled, item)
 
     async def wait_settled_all(self, what: str) -> None:
-        """settled_all for a syscall (rename of a directory, fsync of one under --sync): bounded as fsync's
-        wait is (_while_progressing), for what was accepted when it was called."""
-        await self._while_progressing(what, self.settled_all, list(self._done))
+        """Wait until every publication accepted so far has run (before a directory rename: the
+        files below it must not be replayed at their old paths; before fsync of a directory under
+        --sync), bounded by _while_progressing: what was accepted when it was called, so a writer
+        that keeps accepting files cannot extend the wait."""
+        await self._while_progressing(what, self._settled_each, list(self._done))
 
     async def _while_progressing(self, what: str, wait, *args) -> None:
         """await wait(*args) for as long as publications keep finishing: SyscallTimeout only
