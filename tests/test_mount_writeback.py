@@ -499,3 +499,34 @@ def test_calls_after_tar_x_wait_for_a_backlog_longer_than_the_syscall_deadline(t
         assert "SyscallTimeout" not in m.log()
         assert not os.path.exists(os.path.join(out, "scratch"))
         assert os.path.exists(last) == (call != "mv FILE")
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def test_a_large_file_is_published_without_holding_it_in_memory(tmp_path):
+    """Write a 384 MiB file with `dd` into a write-back mount and `sync` it. The publisher used
+    to read every block of a group into memory before storing them (one put_many), a large file
+    included: the daemon's peak RSS grew by the file's size (512 MiB gave a 567 MB peak), so a
+    file larger than the machine's memory would have killed the daemon. A large file is now
+    published alone, its blocks streamed a few at a time: the peak grows by far less than the
+    file, and the bytes published are the file's."""
+    import hashlib
+
+    base = str(tmp_path)
+    source = os.path.join(base, "source.bin")
+    with open(source, "wb") as f:
+        for _ in range(384):
+            f.write(os.urandom(1024 * 1024))
+    with mounted(base, extra_args=WB) as m:
+        before = _peak_rss_kib(m.proc.pid)
+        target = m.path("wb", "outputs", "large.bin")
+        subprocess.run(["dd", f"if={source}", f"of={target}", "bs=1M", "status=none"], check=True, timeout=300)
+        subprocess.run(["sync", target], check=True, timeout=300)
+        grown_mib = (_peak_rss_kib(m.proc.pid) - before) / 1024
+        published = _published(m.data_dir, "outputs/large.bin")
+    with open(source, "rb") as f:
+        assert hashlib.sha256(published).digest() == hashlib.sha256(f.read()).digest()
+    assert grown_mib < 192, f"the daemon's peak RSS grew by {grown_mib:.0f} MiB publishing a 384 MiB file"

@@ -90,6 +90,46 @@ def test_a_conflict_in_one_publication_aborts_it_alone(data_dir):
         holder.close()
 
 
+def test_a_large_file_leaves_the_group_and_streams_its_blocks(data_dir, monkeypatch):
+    """A group stores all its blocks with one put_many, so it holds them in memory at once:
+    only files up to GROUP_FILE_MAX join one, and a group holds at most GROUP_BYTES_MAX. A
+    larger file is published alone in its place (its blocks streamed a few at a time), and the
+    order and every file's bytes are kept."""
+    monkeypatch.setattr(publish, "GROUP_FILE_MAX", 4 * BLOCK)
+    monkeypatch.setattr(publish, "GROUP_BYTES_MAX", 7 * BLOCK)
+    holder = RootHolder(data_dir)
+    try:
+        root = holder.root
+        wb.create(root, WB)
+        sizes = [BLOCK, 4 * BLOCK + 1, 3 * BLOCK, 3 * BLOCK, 2 * BLOCK]  # small, large, then 7 + 2 blocks
+        paths = [f"outputs/g/{n}.bin" for n in range(len(sizes))]
+        data = {p: body(size, p) for p, size in zip(paths, sizes)}
+        held = []
+        put_many = root.store.put_many
+
+        def counting(items, **kwargs):
+            held.append(sum(len(payload) for _, payload in items))
+            return put_many(items, **kwargs)
+
+        monkeypatch.setattr(root.store, "put_many", counting)
+        alone = []
+        run = publish.run
+
+        def running(root_, pub):
+            alone.append(pub.body.size)
+            return run(root_, pub)
+
+        monkeypatch.setattr(publish, "run", running)
+        results = publish.run_group(root, _pubs(root, data))
+        assert [r.generation for r in results] == [1] * len(sizes)
+        assert alone == [4 * BLOCK + 1]
+        assert max(held) <= 7 * BLOCK
+        for path, payload in data.items():
+            assert get_bytes(root, path) == payload
+    finally:
+        holder.close()
+
+
 def group_crash_worker(data_dir: str, data: dict, crash_at: str) -> None:
     root = datadir.open_root(data_dir)
     os.environ[publish.CRASH_ENV] = crash_at

@@ -331,8 +331,13 @@ def _drop_staged(staged) -> None:
 # publication refused at any step (a conflict, a failed upload) is aborted and cleaned alone; the
 # others go on. The crash points are `run`'s, at the same boundaries of the state machine (each
 # reached once per group). GROUP_MAX bounds a group (one transaction's size and the time it holds the writer).
+# A group's uploads hold every block of it in memory at once (one put_many), so only small files
+# join one (GROUP_FILE_MAX bytes) and a group holds at most GROUP_BYTES_MAX: a larger file runs
+# alone through `run`, which streams its blocks (UPLOAD_BLOCKS_IN_FLIGHT at a time).
 
 GROUP_MAX = 64
+GROUP_FILE_MAX = 4 * 1024 * 1024
+GROUP_BYTES_MAX = 64 * 1024 * 1024
 
 
 def groupable(root, pub: Publication) -> bool:
@@ -341,6 +346,7 @@ def groupable(root, pub: Publication) -> bool:
     threshold = getattr(root.store, "multipart_threshold", None)
     return (
         not pub.reused
+        and pub.body.size <= GROUP_FILE_MAX
         and 2 * len(pub.body.blocks) <= ROW_BATCH
         and (threshold is None or all(block.length <= threshold for block in pub.body.blocks))
     )
@@ -352,14 +358,17 @@ def run_group(root, pubs: list[Publication]) -> list:
     Publications `groupable` refuses run alone through `run`, in their place."""
     results: list = [None] * len(pubs)
     group: list[int] = []
+    group_bytes = 0
     for index, pub in enumerate(pubs):
-        if groupable(root, pub) and len(group) < GROUP_MAX:
+        if groupable(root, pub) and len(group) < GROUP_MAX and group_bytes + pub.body.size <= GROUP_BYTES_MAX:
             group.append(index)
+            group_bytes += pub.body.size
             continue
         _run_group_part(root, pubs, group, results)
-        group = []
+        group, group_bytes = [], 0
         if groupable(root, pub):
             group.append(index)
+            group_bytes = pub.body.size
         else:
             try:
                 results[index] = run(root, pub)
