@@ -12,10 +12,13 @@ S3 decides them atomically, and the lock gives the emulator that same guarantee.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
 import socket
 import threading
+import time
 import uuid
 
 import boto3
@@ -283,11 +286,14 @@ def scripted_server(aws_test_env):
 class CuttableProxy:
     """A TCP proxy on 127.0.0.1 in front of `target` ("http://127.0.0.1:PORT") that can be cut:
     `cut()` closes every connection and refuses new ones (a network partition between one
-    "machine" and the bucket), `mend()` forwards again. `endpoint` is what a client uses."""
+    "machine" and the bucket), `mend()` forwards again. `endpoint` is what a client uses.
+    `upload_rate` (bytes/s per connection, None: unlimited) slows what a client sends: a slow
+    link to the bucket, however fast the machine."""
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, *, upload_rate: float | None = None):
         host, port = target.removeprefix("http://").split(":")
         self._target = (host, int(port))
+        self._upload_rate = upload_rate
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -316,13 +322,15 @@ class CuttableProxy:
                 continue
             with self._lock:
                 self._sockets.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, rate in ((client, upstream, self._upload_rate), (upstream, client, None)):
+                threading.Thread(target=self._pipe, args=(a, b, rate), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, rate: float | None = None) -> None:
         try:
             while not self._cut.is_set() and (data := source.recv(65536)):
                 sink.sendall(data)
+                if rate is not None:
+                    time.sleep(len(data) / rate)
         except OSError:
             pass
         for sock in (source, sink):
@@ -359,3 +367,22 @@ def cuttable_proxy(s3_endpoint):
     proxy = CuttableProxy(s3_endpoint)
     yield proxy
     proxy.close()
+
+
+@contextlib.contextmanager
+def slow_link(s3_endpoint: str, data_dir: str, upload_rate: float):
+    """A CuttableProxy sending at most `upload_rate` bytes/s per connection to the bucket, for a
+    data directory made to use it; afterwards the data directory's configuration names the
+    bucket's own endpoint again (what checks it after the test reaches the bucket directly)."""
+    proxy = CuttableProxy(s3_endpoint, upload_rate=upload_rate)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+        config_path = os.path.join(data_dir, "nokvfs.json")
+        if os.path.exists(config_path):
+            with open(config_path) as f:
+                config = json.load(f)
+            config["endpoint_url"] = s3_endpoint
+            with open(config_path, "w") as f:
+                json.dump(config, f)

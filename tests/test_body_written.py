@@ -172,3 +172,16 @@ def test_a_file_shorter_than_its_size_is_a_store_error(tmp_path):
             w.hashes.body(w.path, 64)
     finally:
         w.close()
+
+
+def test_planning_reports_progress_for_each_block_it_reads(tmp_path):
+    """The blocks a plan reads (those the running hashes do not cover: here a 5-block file grown
+    by truncate) each report progress, so a close(2) waiting on a long plan is not taken for a
+    hung one (nokvfs.fs.threads: the syscall deadline counts time without progress)."""
+    written = Written(str(tmp_path / "f"), 4096)
+    written.write(0, b"x" * 4096)
+    written.truncate(5 * 4096)
+    steps = []
+    body = written.hashes.body(written.path, 5 * 4096, lambda: steps.append(len(steps)))
+    assert len(body.blocks) == 5 and len(steps) == 4  # the first block was hashed while written
+    assert body.digest_uri == bodies.from_file(written.path, 4096).digest_uri

@@ -605,6 +605,54 @@ def test_a_silent_store_gives_eio_within_the_deadline_and_the_mount_keeps_servin
         assert exc.value.errno == errno.EIO and waited < 10, waited
 
 
+@pytest.mark.parametrize("write_back", [False, True], ids=["default", "write-back"])
+def test_cp_of_a_file_whose_upload_outlasts_the_deadline_succeeds_over_a_slow_link(
+    tmp_path, s3_bucket, s3_endpoint, write_back
+):
+    """`cp` of a 12 MiB file into a mount whose bucket is behind a slow link (2 MiB/s per
+    connection, 1 MiB blocks: the upload takes at least 1.5 s on any machine) with a 1 s syscall
+    deadline. close(2) (default) or `sync FILE` (write-back: fsync waits for the publication)
+    used to answer EIO at the deadline while the upload was healthy, so cp reported a failure
+    for a file that was then published. The deadline now counts only time without progress (a
+    block stored): both succeed, the bytes are the file's, and nothing timed out. A store that
+    stops answering still fails at the deadline (test_a_silent_store_gives_eio_...)."""
+    from nokvfs.workspace import datadir, listing, reading
+    from tests.s3_fixtures import slow_link
+
+    base = str(tmp_path)
+    source = os.path.join(base, "source.bin")
+    data = os.urandom(12 * 1024 * 1024)
+    with open(source, "wb") as f:
+        f.write(data)
+    with slow_link(s3_endpoint, os.path.join(base, "data"), 2 * 1024 * 1024) as link:
+        extra = ("--syscall-timeout", "1", *(("--write-back",) if write_back else ()))
+        with mounted(
+            base,
+            extra_args=extra,
+            store=f"s3://{s3_bucket}/objects",
+            endpoint_url=link.endpoint,
+            block_size=1024 * 1024,
+        ) as m:
+            target = m.path("wb", "outputs", "copy.bin")
+            started = time.monotonic()
+            done = subprocess.run(["cp", source, target], capture_output=True, text=True, timeout=120)
+            if write_back and done.returncode == 0:
+                done = subprocess.run(["sync", target], capture_output=True, text=True, timeout=120)
+            waited = time.monotonic() - started
+            assert done.returncode == 0, (done.stderr, m.log()[-2000:])
+            assert waited > 1.0, f"the upload took {waited:.2f} s: shorter than the deadline, nothing tested"
+            assert "SyscallTimeout" not in m.log()
+            with open(target, "rb") as f:
+                assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
+        root = datadir.open_root(os.path.join(base, "data"), verify=False)  # what was published
+        try:
+            with root.read() as view:
+                entry = listing.stat(view, root, "wb", "outputs/copy.bin").entry
+            assert hashlib.sha256(reading.read(root, entry)).digest() == hashlib.sha256(data).digest()
+        finally:
+            root.close()
+
+
 # --- a few thousand files with the tools that move trees ------------------------------------------
 
 

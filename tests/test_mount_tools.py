@@ -18,6 +18,7 @@ import pytest
 from tests.mount_fixtures import REPO, env, mount, mounted, needs_fuse  # noqa: F401 - the fixture
 
 pytestmark = needs_fuse
+pytest_plugins = ["tests.s3_fixtures"]
 
 SYS_GETDENTS64 = 217  # x86_64
 
@@ -80,20 +81,29 @@ def _published(m, relative: str) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path):
-    """A close(2) whose publication outlives the syscall deadline answers EIO while the
-    publication goes on; until it ends nothing else may touch the file's spool. A write through
-    another descriptor then waits (or fails) and is published by the next close, never dropped
-    with the spool of the first publication; and `truncate -s` (whose release publishes again)
-    never conflicts with its own publication (a kept spool)."""
-    body = bytes(range(256)) * (256 * 1024)  # 64 MiB: its publication takes about 0.4 s here
-    with mounted(str(tmp_path), extra_args=("--syscall-timeout", "0.1")) as m:
+def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path, s3_bucket, s3_endpoint):
+    """A close(2) whose publication makes no progress for the syscall deadline answers EIO while
+    the publication goes on (a bucket behind a link so slow that storing one 1 MiB block takes
+    about a second, against a 0.3 s deadline); until it ends nothing else may touch the file's
+    spool. A write through another descriptor then waits (or fails) and is published by the
+    next close, never dropped with the spool of the first publication; and `truncate -s` (whose
+    release publishes again) never conflicts with its own publication (a kept spool)."""
+    from tests.s3_fixtures import slow_link
+
+    body = bytes(range(256)) * (32 * 1024)  # 8 MiB: 8 blocks, about 2 s to store
+    with (
+        slow_link(s3_endpoint, os.path.join(str(tmp_path), "data"), 1 << 20) as link,
+        mounted(
+            str(tmp_path),
+            extra_args=("--syscall-timeout", "0.3"),
+            store=f"s3://{s3_bucket}/objects",
+            endpoint_url=link.endpoint,
+            block_size=1 << 20,
+        ) as m,
+    ):
         path = m.path("wb", "outputs", "slow.bin")
         fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
-        # Last block first: blocks written in order are stored while they are written, and the
-        # close would then only link them, too fast to outlive the deadline.
-        for offset in reversed(range(0, len(body), 1 << 20)):
-            os.pwrite(fd, body[offset : offset + (1 << 20)], offset)
+        os.write(fd, body)
         with pytest.raises(OSError) as exc:
             os.close(os.dup(fd))  # `exec 3>&1 ...`: a duplicate's close publishes, and gives up
         assert exc.value.errno == errno.EIO
@@ -112,10 +122,10 @@ def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path):
             time.sleep(0.2)
 
         truncated = m.path("wb", "outputs", "image")
-        done = subprocess.run(["truncate", "-s", "48M", truncated], capture_output=True, text=True)
+        done = subprocess.run(["truncate", "-s", "8M", truncated], capture_output=True, text=True)
         assert done.returncode in (0, 1), done.stderr  # 1: its close gave up waiting (EIO)
         deadline = time.monotonic() + 60
-        while _published(m, "outputs/image") != bytes(48 << 20):
+        while _published(m, "outputs/image") != bytes(8 << 20):
             assert time.monotonic() < deadline
             time.sleep(0.2)
         spools = subprocess.run(

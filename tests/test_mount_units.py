@@ -188,6 +188,66 @@ def test_work_that_outlives_its_syscall_keeps_the_lock_until_it_ends():
     assert events == ["publishing", "published", "written"]
 
 
+def test_a_syscall_waits_as_long_as_its_work_progresses_and_gives_up_when_it_stops():
+    """The deadline counts time without progress: a publication that stores a block every 40 ms
+    for 0.4 s finishes under a 0.15 s deadline, and so does a write queued behind it on the same
+    lock; one that stops progressing halfway fails at the deadline after its last step, and a
+    write behind it gives up too (SyscallTimeout), leaving the lock to the work."""
+
+    async def scenario():
+        workers = Workers(syscall_timeout=0.15)
+        lock = trio.Semaphore(1)
+        steps = {"done": 0}
+        stall = trio.Event()
+
+        async def publication(count, stop_at=None):
+            for step in range(count):
+                if step == stop_at:
+                    await stall.wait()
+                await trio.sleep(0.04)
+                steps["done"] += 1
+            return "published"
+
+        async def write():
+            return "written"
+
+        def progress():
+            return steps["done"]
+
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            started = trio.current_time()
+            results = {}
+
+            async def closing():
+                results["close"] = await workers.bounded_holding("close", lock, publication, 10, progress=progress)
+
+            nursery.start_soon(closing)
+            await trio.sleep(0.01)
+            assert await workers.bounded_holding("write", lock, write, inline=True, progress=progress) == "written"
+            assert trio.current_time() - started >= 0.4  # it waited for the whole publication
+            with trio.fail_after(1):
+                while "close" not in results:
+                    await trio.sleep(0.01)
+            assert results["close"] == "published"
+
+            # It stops after 3 steps: the close gives up one deadline after the last step.
+            steps["done"] = 0
+            started = trio.current_time()
+            with pytest.raises(E.SyscallTimeout, match="no progress"):
+                await workers.bounded_holding("close", lock, publication, 6, 3, progress=progress)
+            waited = trio.current_time() - started
+            assert 0.12 + 0.15 <= waited < 0.12 + 0.15 + 1.0, waited
+            with pytest.raises(E.SyscallTimeout, match="made no progress"):
+                await workers.bounded_holding("write", lock, write, inline=True, progress=progress)
+            assert lock.value == 0
+            stall.set()
+            assert await workers.bounded_holding("write", lock, write, inline=True, progress=progress) == "written"
+        return workers.timeouts
+
+    assert trio.run(scenario) == 2
+
+
 def test_worker_threads_return_raise_stay_within_their_limit_and_finish_a_cancelled_call():
     """Workers.run and speculate run blocking calls in threads: the value or the exception comes
     back to the caller; no more calls run at once than the limiter allows (threads are reused,

@@ -278,9 +278,13 @@ class Files:
         syscall that gave up waiting: a publication (or a fill, a truncate) whose close(2) answered
         EIO keeps the spool to itself until it ends, so no write lands in a spool that its end
         marks published, and no second publication of the same bytes races it. A `cheap` call
-        (no I/O, or I/O it bounds itself) runs in this task.
+        (no I/O, or I/O it bounds itself) runs in this task. The deadline counts only time in
+        which the spool's work made no progress (a large file stored at a healthy pace is not an
+        error; a store that stops answering is).
         """
-        return await self.workers.bounded_holding(what, spool.lock, async_fn, *args, inline=cheap)
+        return await self.workers.bounded_holding(
+            what, spool.lock, async_fn, *args, inline=cheap, progress=lambda: spool.progress
+        )
 
     # --- publication -------------------------------------------------------------------------------
 

@@ -278,6 +278,9 @@ class Spool:
         self.truncated_only = False  # emptied by an O_TRUNC open and not written since
         self.orphaned = False  # unlinked in this mount: its bytes go with the last descriptor
         self.failed: Exception | None = None  # the last publication's error, if it failed
+        # Advanced as a publication stores blocks or a fill copies the base: a syscall waiting on
+        # the spool waits as long as it moves (nokvfs.fs.threads, `progress`).
+        self.progress = 0
         self.mtime_ns = time.time_ns()
         self.attributes = None  # attribute changes waiting for the next publication
         self.accepted_ns = None  # write-back: when its unpublished state was last accepted
@@ -507,6 +510,7 @@ class Spool:
             _write_all(self.fd, chunk, offset)
             self.hashes.wrote(offset, chunk)
             offset += len(chunk)
+            self.progress += 1
 
     def truncate_blocking(self, size: int) -> None:
         if self.append_only or (not self.filled and size > 0):
@@ -529,21 +533,20 @@ class Spool:
     def publish_blocking(self, attributes=None):
         """Publish the spool as the path's next revision (or the appended bytes); the PathEntry."""
         path = self.text_path
-        extra = {} if attributes is None else {"attributes": attributes}
+        extra = {"expected_revision_id": self.expected_revision, "progress": self.progressed}
+        if attributes is not None:
+            extra["attributes"] = attributes
         if self.append_only and self.base is not None and self.size > self.base.logical_size:
-            body = self.hashes.body(self.path, self.size - self.base.logical_size)
-            return appends.append(
-                self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
-            )
+            body = self.hashes.body(self.path, self.size - self.base.logical_size, self.progressed)
+            return appends.append(self.root, self.workbench_id, path, body, **extra)
         body = self._whole_body_blocking()
         if self.prestager is not None:
             body.prestaged = self.prestager.take()
         try:
             if self.expected_revision is None:
+                del extra["expected_revision_id"]
                 return namespace.put(self.root, self.workbench_id, path, body, expected_generation=0, **extra)
-            return namespace.put(
-                self.root, self.workbench_id, path, body, expected_revision_id=self.expected_revision, **extra
-            )
+            return namespace.put(self.root, self.workbench_id, path, body, **extra)
         finally:
             prestage.release(body.prestaged)  # the blocks it did not link
             body.prestaged = {}
@@ -552,7 +555,7 @@ class Spool:
         """The file's complete bytes as a Body over the spool file."""
         if not self.filled:
             self.fill_blocking()
-        body = self.hashes.body(self.path, self.size)  # hashed while written (WrittenBody)
+        body = self.hashes.body(self.path, self.size, self.progressed)  # hashed while written (WrittenBody)
         if body.size != self.size:
             raise InvalidInput(f"the spool of {self.describe()} holds {body.size} bytes, expected {self.size}")
         return body
@@ -568,7 +571,12 @@ class Spool:
             expected_generation=0 if self.expected_revision is None else None,
             expected_revision_id=self.expected_revision,
             attributes=attributes,
+            progress=self.progressed,
         )
+
+    def progressed(self, done=None, total=None) -> None:
+        """A publication's progress callback (publish.Publication.progress): one step more."""
+        self.progress += 1
 
     @property
     def appends(self) -> bool:

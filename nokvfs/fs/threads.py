@@ -5,8 +5,11 @@ write transaction that syncs) run in worker threads. Two limiters keep foregroun
 queueing behind speculative work: `foreground` for what a syscall is waiting on, `background` for
 prefetch. LMDB point reads and bounded scans stay inline: they cost microseconds.
 
-A syscall never waits longer than the deadline (`--syscall-timeout`, default 30 s): `bounded` runs
-the work as a task of the daemon's own nursery and waits for it at most that long. When the
+A syscall never waits longer than the deadline (`--syscall-timeout`, default 30 s) for work that
+makes no progress: `bounded` runs the work as a task of the daemon's own nursery and waits for it
+that long, and once more each time the work's `progress` (a counter it advances, such as the blocks
+a publication has stored) moved meanwhile: a large file stored at a healthy pace is not an error,
+however long it takes, where a store that stops answering is. When the
 deadline passes the syscall answers ETIMEDOUT-as-EIO (`SyscallTimeout`) while the work goes on and
 finishes what it started (a publication still lands, or fails and keeps its spool); the work
 itself updates the mount's state, so nothing depends on the waiter still being there, and work
@@ -112,8 +115,9 @@ class Workers:
         """Run fn(*args) in a worker thread for work nobody waits on yet (prefetch)."""
         return await _THREADS.run(fn, args, self.background)
 
-    async def bounded(self, what: str, async_fn, *args, timeout: float | None = None):
-        """await async_fn(*args), but give up waiting after the syscall deadline (or `timeout`).
+    async def bounded(self, what: str, async_fn, *args, timeout: float | None = None, progress=None):
+        """await async_fn(*args), but give up waiting after the syscall deadline (or `timeout`)
+        passed without `progress()` (a counter the work advances, if given) moving.
 
         Without a nursery (kernel-less tests before start) the work is simply awaited.
         """
@@ -134,19 +138,33 @@ class Workers:
                 done.set()
 
         self._nursery.start_soon(work)
-        with trio.move_on_after(timeout):
-            await done.wait()
+        await self._wait_while_progressing(done, timeout, progress)
         if not done.is_set():
             box["abandoned"] = True
             self.timeouts += 1
             raise SyscallTimeout(
-                f"{what} did not finish within {self.syscall_timeout:g} s (it goes on in the background)"
+                f"{what} did not finish within {self.syscall_timeout:g} s"
+                f"{'' if progress is None else ' of no progress'} (it goes on in the background)"
             )
         if "error" in box:
             raise box["error"]
         return box["value"]
 
-    async def bounded_holding(self, what: str, lock: trio.Semaphore, async_fn, *args, inline: bool = False):
+    async def _wait_while_progressing(self, done: trio.Event, timeout: float, progress) -> None:
+        """Wait for `done` for `timeout`, then for a whole deadline more each time `progress()`
+        moved meanwhile."""
+        seen = None if progress is None else progress()
+        while True:
+            with trio.move_on_after(timeout):
+                await done.wait()
+                return
+            if progress is None or progress() == seen:
+                return
+            seen, timeout = progress(), self.syscall_timeout
+
+    async def bounded_holding(
+        self, what: str, lock: trio.Semaphore, async_fn, *args, inline: bool = False, progress=None
+    ):
         """bounded(), with `lock` taken by the syscall and released by the work when it ends.
 
         The syscall takes the lock in its turn (at once, without yielding, when it is free: calls
@@ -157,17 +175,23 @@ class Workers:
         `inline` runs the work in the syscall's own task (for work without I/O, or that bounds
         its own).
         """
-        started = trio.current_time()
+        window = trio.current_time()  # when the current deadline started
+        seen = None if progress is None else progress()
         try:
             lock.acquire_nowait()
         except trio.WouldBlock:
-            with trio.move_on_after(self.syscall_timeout) as waiting:
-                await lock.acquire()
-            if waiting.cancelled_caught:
-                self.timeouts += 1
-                raise SyscallTimeout(
-                    f"{what} did not start within {self.syscall_timeout:g} s (the file is busy with a publication)"
-                ) from None
+            while True:
+                with trio.move_on_after(self.syscall_timeout - (trio.current_time() - window)) as waiting:
+                    await lock.acquire()
+                if not waiting.cancelled_caught:
+                    break
+                if progress is None or progress() == seen:
+                    self.timeouts += 1
+                    raise SyscallTimeout(
+                        f"{what} did not start within {self.syscall_timeout:g} s (the file is busy with a publication"
+                        f"{'' if progress is None else ' that made no progress meanwhile'})"
+                    ) from None
+                seen, window = progress(), trio.current_time()
 
         async def holding():
             try:
@@ -177,4 +201,6 @@ class Workers:
 
         if inline:
             return await holding()
-        return await self.bounded(what, holding, timeout=self.syscall_timeout - (trio.current_time() - started))
+        return await self.bounded(
+            what, holding, timeout=self.syscall_timeout - (trio.current_time() - window), progress=progress
+        )

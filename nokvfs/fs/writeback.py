@@ -320,6 +320,7 @@ class Publisher:
         self.published = 0
         self.failed = 0
         self.finished = 0  # publications that ran (files published or failed, directories stored)
+        self._publishing: list = []  # the spools of the publication under way (their progress)
 
     def holds(self, spool) -> bool:
         return spool in self._queue
@@ -436,23 +437,29 @@ class Publisher:
         that keeps accepting files cannot extend the wait."""
         await self._while_progressing(what, self._settled_each, list(self._done))
 
+    def _progress(self) -> tuple:
+        """What moves while the publisher works: publications finished, and the steps (blocks
+        stored) of the one under way."""
+        return self.finished, sum(spool.progress for spool in self._publishing)
+
     async def _while_progressing(self, what: str, wait, *args) -> None:
-        """await wait(*args) for as long as publications keep finishing: SyscallTimeout only
-        once a whole syscall deadline passed without one (a stalled publisher: a store or disk
-        that hangs, or one publication slower than the deadline; it goes on, and a later call
-        waits again). A backlog of thousands of files can take longer than the deadline to
-        publish, and is not an error: fsync(2) on a local disk waits as long as its writes take.
-        Waiting does no work and holds no lock, so giving up leaves nothing behind."""
+        """await wait(*args) for as long as the publisher makes progress (publications finish, or
+        the one under way stores blocks): SyscallTimeout only once a whole syscall deadline
+        passed without any (a stalled publisher: a store or disk that hangs; it goes on, and a
+        later call waits again). A backlog of thousands of files, or one large file, can take
+        longer than the deadline to publish, and is not an error: fsync(2) on a local disk waits
+        as long as its writes take. Waiting does no work and holds no lock, so giving up leaves
+        nothing behind."""
         workers = self.files.workers
         while True:
-            finished = self.finished
+            progress = self._progress()
             with trio.move_on_after(workers.syscall_timeout):
                 await wait(*args)
                 return
-            if self.finished == finished:
+            if self._progress() == progress:
                 workers.timeouts += 1
                 raise SyscallTimeout(
-                    f"{what} did not finish, and no write-back publication finished within "
+                    f"{what} did not finish, and no write-back publication made progress within "
                     f"{workers.syscall_timeout:g} s (it goes on in the background)"
                 )
 
@@ -560,6 +567,7 @@ class Publisher:
             await self._store_directories([key for key, _ in itertools.takewhile(_is_directory, head)])
             return
         group, errors = [], []
+        self._publishing = [spool for spool, _ in head if not isinstance(spool, DirectoryChange)]
         async with contextlib.AsyncExitStack() as locks:
             for spool, node in head:
                 if isinstance(spool, DirectoryChange) or not _groupable(spool, node):

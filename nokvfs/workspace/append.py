@@ -38,11 +38,13 @@ def append(
     expected_generation: int | None = None,
     expected_revision_id: bytes | None = None,
     attributes: attrs.Attributes | None = None,
+    progress=None,
 ) -> PathEntry:
     """Append `data` (bytes or a Body) to the file at `path`; NotFound if there is none.
 
     `attributes`: what the new revision stores (the mount's, with its writes' times); None keeps
-    the base's, with mtime and ctime moved to now.
+    the base's, with mtime and ctime moved to now. `progress`: called as progress(done, total)
+    while the base is read back and after each block stored (publish.Publication.progress).
     """
     components = normalize_path(path)
     publish.check_publishable(components)
@@ -78,6 +80,8 @@ def append(
             whole = hashlib.sha256()
             for chunk in reading.iter_body(root, base):
                 whole.update(chunk)
+                if progress is not None:
+                    progress(0, delta.size)
         for block in delta.blocks:
             whole.update(delta.read_block(block))
         reused, base_revision, delta_body = tuple(base_rows), base.artifact_revision_id, delta
@@ -102,6 +106,7 @@ def append(
                 reused=reused,
                 base_revision_id=base_revision,
                 event_kind=ChangeEventKind.PathAppended,
+                progress=progress,
             ),
         )
     finally:

@@ -287,9 +287,9 @@ class WrittenBody:
         if self.on_change is not None:
             self.on_change()
 
-    def body(self, path: str, size: int) -> Body:
+    def body(self, path: str, size: int, progress=None) -> Body:
         """The Body of the file at `path`, which holds `size` bytes: from the running hashes,
-        reading only what they do not cover."""
+        reading only what they do not cover (`progress()` is called after each block read)."""
         self._settle()
         bs = self.block_size
         if self._whole is not None and self.hashed <= size:
@@ -329,6 +329,8 @@ class WrittenBody:
                         known, block = zeros.zero_sha256(length), None
                     blocks.append(BlockPlan(index, start, length, known if block is None else block.digest()))
                     block = None
+                    if progress is not None:
+                        progress()
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror}") from None
         return Body(size, whole.digest(), blocks, path=path, hasher=whole)
