@@ -448,10 +448,15 @@ def test_a_rename_or_unlink_waiting_on_a_stalled_write_back_publication_gives_up
     """rename(2) and unlink(2) of an accepted file wait for its publication (they apply to what
     is published). While publications keep finishing they wait as long as it takes; when none
     finishes for a whole syscall deadline (a store that hangs) they answer EIO (SyscallTimeout)
-    and change nothing, where they used to wait forever. Once the store answers, both work."""
+    and change nothing, where they used to wait forever. Once the store answers, both work. So
+    does the rename of a directory to another parent (which waits for every accepted
+    publication): before the wait it used to accept a marker keeping its old parent, so its EIO
+    left a change behind."""
     from nokvfs.workspace import listing
 
     store = _log_and_a_hung_store(root, monkeypatch)
+    namespace.put(root, "wb", "outputs/a/x/f", b"1")
+    namespace.put(root, "wb", "outputs/b/g", b"2")
 
     async def scenario():
         fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.3)
@@ -459,11 +464,17 @@ def test_a_rename_or_unlink_waiting_on_a_stalled_write_back_publication_gives_up
             fh = await _append_two(fs, section)
             await fs.flush(fh)  # accepted; its publication hangs in the store
             await fs.release(fh)
+            a, b = fs.tree.lookup(section, "a"), fs.tree.lookup(section, "b")
+            fs.tree.inodes.remember(a)
+            fs.tree.inodes.remember(b)
             with trio.fail_after(5):  # it used to wait for ever
                 with pytest.raises(E.SyscallTimeout):
                     await fs.rename(section.ino, b"log", section.ino, b"renamed", 0)
                 with pytest.raises(E.SyscallTimeout):
                     await fs.unlink(section.ino, b"log")
+                with pytest.raises(E.SyscallTimeout):
+                    await fs.rename(a.ino, b"x", b.ino, b"x", 0)
+            assert fs.directories._marker(a) is None  # nothing stored to keep outputs/a
             store.set()
             with trio.fail_after(10):
                 await fs.rename(section.ino, b"log", section.ino, b"renamed", 0)

@@ -744,13 +744,13 @@ class Files:
         if target is not None and not replace:
             raise refuse(errno.EEXIST, f"{target.describe()} exists")
         incarnation = old_parent.incarnation
+        if source.kind.is_dir and self.writeback is not None:
+            # Accepted files below move as published ones. First: a wait that gives up (EIO)
+            # leaves nothing changed, not even the old parent's marker below.
+            await self.writeback.wait_settled_all(f"the write-back publications before rename of {source.describe()}")
         if old_parent.components != new_parent.components:
             await directories.keep(old_parent, old_name)
         if source.kind.is_dir:
-            if self.writeback is not None:  # accepted files below move as published ones
-                await self.writeback.wait_settled_all(
-                    f"the write-back publications before rename of {source.describe()}"
-                )
             await directories.rename_dir(source, target, dst)
             return
         if target is not None and target.kind.is_dir:
