@@ -130,6 +130,25 @@ def test_delete_many_of_many_objects_in_many_directories(store):
     assert list(store.list("")) == []
 
 
+def test_put_many_tells_each_item_stored_and_not_one_refused(store):
+    """`on_stored(index)` hears of every stored item exactly once (a caller waiting on a long
+    batch sees it progress), and never of one refused."""
+    import threading
+
+    store.put("pm/taken", b"first")
+    items = [(f"pm/{n}", bytes([n]) * 100) for n in range(5)] + [("pm/taken", b"second")]
+    heard, lock = [], threading.Lock()
+
+    def on_stored(index):
+        with lock:
+            heard.append(index)
+
+    results = store.put_many(items, if_none_match=True, on_stored=on_stored)
+    assert sorted(heard) == [0, 1, 2, 3, 4]
+    assert isinstance(results[5], Exception) and all(isinstance(r, str) for r in results[:5])
+    assert store.get("pm/3") == bytes([3]) * 100 and store.get("pm/taken") == b"first"
+
+
 def test_unconditional_put_replaces_and_changes_the_etag(store):
     first = store.put("k", b"one")
     second = store.put("k", b"two")

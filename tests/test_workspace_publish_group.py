@@ -130,6 +130,29 @@ def test_a_large_file_leaves_the_group_and_streams_its_blocks(data_dir, monkeypa
         holder.close()
 
 
+def test_a_group_reports_each_block_stored_as_its_publications_progress(data_dir):
+    """Each block a group stores is progress of its own publication as the store reports it
+    stored (put_many's on_stored; on S3 as each PUT ends), before the group's final steps, so a
+    syscall waiting on a long group upload does not take it for a stalled one."""
+    holder = RootHolder(data_dir)
+    try:
+        root = holder.root
+        wb.create(root, WB)
+        data = {p: body(3 * BLOCK + i, p) for i, p in enumerate(PATHS)}
+        pubs = _pubs(root, data)
+        reports = {p.operation_id: [] for p in pubs}
+        for pub in pubs:
+            pub.progress = lambda done, total, seen=reports[pub.operation_id]: seen.append((done, total))
+        publish.run_group(root, pubs)
+        for pub, payload in zip(pubs, data.values()):
+            seen = reports[pub.operation_id]
+            stored = [done for done, _ in seen[: len(pub.body.blocks)]]
+            assert stored == sorted(stored) and stored[-1] == len(payload)  # as each block was stored
+            assert len(seen) == 2 * len(pub.body.blocks)  # then once more per block, in order
+    finally:
+        holder.close()
+
+
 def group_crash_worker(data_dir: str, data: dict, crash_at: str) -> None:
     root = datadir.open_root(data_dir)
     os.environ[publish.CRASH_ENV] = crash_at

@@ -682,10 +682,11 @@ class LocalStore(ObjectStore):
         self._commit(fd, tmp, final, key, if_none_match, if_match, near=near, created=created)
         return etag
 
-    def put_many(self, items, *, if_none_match=False, metadata=None) -> list:
+    def put_many(self, items, *, if_none_match=False, metadata=None, on_stored=None) -> list:
         """Store several objects: every body written and fsynced first, then all linked under one
         lock round, then each changed directory fsynced once. Returns, per (key, data) item, its
-        etag or the exception that refused it (the others are stored regardless)."""
+        etag or the exception that refused it (the others are stored regardless); `on_stored`
+        hears of each stored item at the end, when they all become durable together."""
         metadata = check_metadata(metadata)
         written, results = [], []
         changed: list[str] = []  # directories whose new entries must be fsynced
@@ -715,6 +716,10 @@ class LocalStore(ObjectStore):
         finally:
             for _, _, _, fd, _ in written:
                 os.close(fd)
+        if on_stored is not None:
+            for index, result in enumerate(results):
+                if not isinstance(result, Exception):
+                    on_stored(index)
         return results
 
     def get(self, key, start=0, length=None) -> bytes:

@@ -426,24 +426,27 @@ class S3Store(ObjectStore):
         )
         return _unquoted(response.get("ETag"))
 
-    def put_many(self, items, *, if_none_match=False, metadata=None) -> list:
+    def put_many(self, items, *, if_none_match=False, metadata=None, on_stored=None) -> list:
         """The PUTs sent in parallel (at most PARALLEL_PUTS at once, within the connection pool),
         each with its own deadline and retries; per item its etag or its exception."""
         items = list(items)
         if len(items) <= 1:
-            return super().put_many(items, if_none_match=if_none_match, metadata=metadata)
+            return super().put_many(items, if_none_match=if_none_match, metadata=metadata, on_stored=on_stored)
 
-        def one(item):
-            key, data = item
+        def one(index):
+            key, data = items[index]
             try:
-                return self.put(key, data, if_none_match=if_none_match, metadata=metadata)
+                etag = self.put(key, data, if_none_match=if_none_match, metadata=metadata)
             except Exception as exc:  # noqa: BLE001 - reported per item
                 return exc
+            if on_stored is not None:
+                on_stored(index)
+            return etag
 
         with concurrent.futures.ThreadPoolExecutor(
             max_workers=min(PARALLEL_PUTS, len(items)), thread_name_prefix="s3-put"
         ) as pool:
-            return list(pool.map(one, items))
+            return list(pool.map(one, range(len(items))))
 
     def _put_params(self, full: str, metadata, if_none_match: bool, if_match: str | None) -> dict:
         params = {"Bucket": self.bucket, "Key": full}

@@ -122,16 +122,23 @@ class ObjectStore(abc.ABC):
         ledger owns it). `if_match` is refused for bodies large enough to need parts.
         """
 
-    def put_many(self, items, *, if_none_match: bool = False, metadata: dict[str, str] | None = None) -> list:
+    def put_many(
+        self, items, *, if_none_match: bool = False, metadata: dict[str, str] | None = None, on_stored=None
+    ) -> list:
         """Store several (key, data) objects as `put` would; returns, per item, its etag or the
         exception that refused it (the others are stored regardless). Backends override it to
-        share work: the local store fsyncs each directory once, S3 sends the PUTs in parallel."""
+        share work: the local store fsyncs each directory once, S3 sends the PUTs in parallel.
+        `on_stored(index)`, if given, is called once an item is stored as durably as `put`
+        stores it (from any thread): a caller waiting on a long batch sees it progress."""
         results = []
-        for key, data in items:
+        for index, (key, data) in enumerate(items):
             try:
                 results.append(self.put(key, data, if_none_match=if_none_match, metadata=metadata))
             except Exception as exc:  # noqa: BLE001 - reported per item
                 results.append(exc)
+            else:
+                if on_stored is not None:
+                    on_stored(index)
         return results
 
     @abc.abstractmethod

@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from nokvfs.engine.command import Absent, Delete, Put, ValueEquals
@@ -336,7 +337,7 @@ def _drop_staged(staged) -> None:
 # alone through `run`, which streams its blocks (UPLOAD_BLOCKS_IN_FLIGHT at a time).
 
 GROUP_MAX = 64
-GROUP_FILE_MAX = 4 * 1024 * 1024
+GROUP_FILE_MAX = 16 * 1024 * 1024
 GROUP_BYTES_MAX = 64 * 1024 * 1024
 
 
@@ -464,8 +465,26 @@ def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
             except Exception as exc:  # noqa: BLE001 - that publication's error (its body unreadable)
                 items.append((key, exc))
             owners.append(index)
-    readable = [(key, data) for key, data in items if not isinstance(data, Exception)]
-    stored = iter(_put_many_parallel(root.store, readable))
+    readable, readable_owners = [], []
+    for (key, data), index in zip(items, owners):
+        if not isinstance(data, Exception):
+            readable.append((key, data))
+            readable_owners.append(index)
+    by_index = dict(zip(indexes, pubs))
+    uploaded = dict.fromkeys(indexes, 0)
+    lock = threading.Lock()
+
+    def stored_one(position: int) -> None:
+        # A group's upload can outlast a syscall deadline (S3 over a slow link): each block
+        # stored is progress of its publication (nokvfs.fs.threads), not only the whole group.
+        index = readable_owners[position]
+        pub = by_index[index]
+        with lock:
+            uploaded[index] += len(readable[position][1])
+            if pub.progress is not None:
+                pub.progress(uploaded[index], pub.body.size)
+
+    stored = iter(_put_many_parallel(root.store, readable, stored_one))
     failed: dict = {}
     for (_key, data), index in zip(items, owners):
         outcome = data if isinstance(data, Exception) else next(stored)
@@ -484,16 +503,21 @@ def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
 UPLOAD_STREAMS = 4  # concurrent put_many calls of one group: their syncs overlap (the disk batches them)
 
 
-def _put_many_parallel(store, items: list) -> list:
+def _put_many_parallel(store, items: list, on_stored=None) -> list:
     """store.put_many over `items` (for a local store split into up to UPLOAD_STREAMS slices run
-    at once); the results in item order."""
+    at once); the results in item order. `on_stored(position)`: each item stored."""
     if len(items) <= 1 or getattr(store, "multipart_threshold", None) is not None:
         # A store that uploads in parts (S3) sends a put_many's PUTs in parallel itself.
-        return store.put_many(items) if items else []
+        return store.put_many(items, on_stored=on_stored) if items else []
     size = -(-len(items) // UPLOAD_STREAMS)
-    slices = [items[start : start + size] for start in range(0, len(items), size)]
-    with concurrent.futures.ThreadPoolExecutor(len(slices), thread_name_prefix="nokvfs-upload") as pool:
-        return [result for part in pool.map(store.put_many, slices) for result in part]
+    starts = range(0, len(items), size)
+
+    def put_slice(start: int) -> list:
+        heard = None if on_stored is None else (lambda index: on_stored(start + index))
+        return store.put_many(items[start : start + size], on_stored=heard)
+
+    with concurrent.futures.ThreadPoolExecutor(len(starts), thread_name_prefix="nokvfs-upload") as pool:
+        return [result for part in pool.map(put_slice, starts) for result in part]
 
 
 def _group_step(root, live, results, item, *, pubs, abort_refused=True, final=False) -> list[int]:
