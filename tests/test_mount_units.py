@@ -488,6 +488,48 @@ def test_a_rename_or_unlink_waiting_on_a_stalled_write_back_publication_gives_up
             listing.stat(view, root, "wb", "outputs/log")
 
 
+def test_a_close_waiting_for_room_in_a_full_write_back_backlog_gives_up_when_nothing_progresses(root, monkeypatch):
+    """With the write-back backlog full and a store that hangs, close(2) of another file waited
+    for room for ever (its FLUSH, then its RELEASE). It now waits as long as publications make
+    progress and answers EIO (SyscallTimeout) after a deadline without any; nothing is accepted,
+    the handle is released all the same, and once the store answers the file's next close
+    accepts it and it is published."""
+    import os
+
+    from nokvfs.workspace import listing, reading
+
+    store = _log_and_a_hung_store(root, monkeypatch)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.3)
+        publisher.max_backlog = 1
+        async with _publishing(workers, publisher) as nursery:
+            fh = await _append_two(fs, section)
+            await fs.flush(fh)  # accepted: the backlog is full, its publication hangs
+            await fs.release(fh)
+            fh, _ = await fs.create(section.ino, b"new", os.O_WRONLY, 0o644, 0, 0)
+            await fs.write(fh, 0, b"new bytes")
+            node = fs.handles.get(fh).node
+            with trio.fail_after(5):  # it used to wait for ever
+                with pytest.raises(E.SyscallTimeout, match="backlog"):
+                    await fs.flush(fh)
+                with pytest.raises(E.SyscallTimeout):
+                    await fs.release(fh)
+            assert publisher.backlog == 1 and node.open_count == 0 and node.spool.dirty
+            store.set()
+            fh, _ = await fs.open(node.ino, os.O_WRONLY)
+            with trio.fail_after(10):
+                await fs.flush(fh)
+                await fs.release(fh)
+                await publisher.drain()
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    with root.read() as view:
+        entry = listing.stat(view, root, "wb", "outputs/new").entry
+    assert reading.read(root, entry) == b"new bytes"
+
+
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):
     body = random.Random(5).randbytes(40 * 64 * 1024 + 17)  # 41 blocks
     entry = namespace.put(root, "wb", "input/blob", body)

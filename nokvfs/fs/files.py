@@ -510,23 +510,27 @@ class Files:
         spool = node.spool
         if handle.writable and spool is not None:
             spool.writers = max(0, spool.writers - 1)
-        if (
-            spool is not None
-            and node.handles == 0
-            and self.writeback is not None
-            and await self.writeback.accept_at_release(node)
-        ):
-            pass  # the publisher publishes it, then settles it
-        elif spool is not None and node.handles == 0:
-            if spool.dirty and not spool.orphaned and spool.failed is None:
-                try:
-                    await self.publish(node, why="publication at release")
-                except Exception:  # noqa: BLE001 - already logged with the spool's path
-                    pass
-            await self.settle(node, spool)
-        if node.handles == 0:
-            node.bound = None
-        tree.inodes.closed(node)
+        try:
+            if (
+                spool is not None
+                and node.handles == 0
+                and self.writeback is not None
+                and await self.writeback.accept_at_release(node)
+            ):
+                pass  # the publisher publishes it, then settles it
+            elif spool is not None and node.handles == 0:
+                if spool.dirty and not spool.orphaned and spool.failed is None:
+                    try:
+                        await self.publish(node, why="publication at release")
+                    except Exception:  # noqa: BLE001 - already logged with the spool's path
+                        pass
+                await self.settle(node, spool)
+        finally:
+            # Also when a write-back acceptance gave up (EIO): the handle is gone all the same;
+            # the unaccepted spool stays the file's, for its next close or the next mount.
+            if node.handles == 0:
+                node.bound = None
+            tree.inodes.closed(node)
 
     async def settle(self, node: Node, spool: Spool) -> None:
         """The last descriptor is gone: drop a published spool, keep an unpublished one."""

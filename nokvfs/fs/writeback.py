@@ -338,14 +338,27 @@ class Publisher:
         if spool is None or spool.orphaned:
             return
         files = self.files
-        while len(self._queue) >= self.max_backlog and spool not in self._queue:
+        if len(self._queue) >= self.max_backlog and spool not in self._queue:
+            await self._while_progressing(
+                f"room in the write-back backlog for {spool.describe()}", self._room_for, spool
+            )
+        await files.workers.bounded_holding(
+            f"acceptance of {spool.describe()}",
+            spool.lock,
+            self._accept_held,
+            node,
+            spool,
+            inline=spool.path is None,
+            progress=lambda: spool.progress,  # the file's previous publication, under way
+        )
+
+    async def _room_for(self, item=None) -> None:
+        """Until the backlog has room for one more acceptance (or `item` is queued already)."""
+        while len(self._queue) >= self.max_backlog and (item is None or item not in self._queue):
             self._wakeup.set()
             if self._room.is_set():
                 self._room = trio.Event()
             await self._room.wait()
-        await files.workers.bounded_holding(
-            f"acceptance of {spool.describe()}", spool.lock, self._accept_held, node, spool, inline=spool.path is None
-        )
 
     async def _accept_held(self, node, spool) -> None:
         """(spool locked, by the work: a close that gave up waiting leaves the lock held until the
@@ -468,14 +481,13 @@ class Publisher:
         here (one journal record, synced) and queued; the directory shows it from now on."""
         key = (node.incarnation, node.components)
         change = self._directories.get(key)
+        what = f"room in the write-back backlog for directory {'/'.join(node.components)}"
         if change is not None and change in self._storing:
-            await self.settled(change)  # being stored: the next change is another one
+            # Being stored: the next change is another one.
+            await self._while_progressing(what, self.settled, change)
             change = self._directories.get(key)
         while change is None and len(self._queue) >= self.max_backlog:
-            self._wakeup.set()
-            if self._room.is_set():
-                self._room = trio.Event()
-            await self._room.wait()
+            await self._while_progressing(what, self._room_for)
             change = self._directories.get(key)
         now = time.time_ns()
         merged = DirectoryChange(node.workbench_id, node.incarnation, node.components, now)
