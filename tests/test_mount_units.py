@@ -530,6 +530,45 @@ def test_a_close_waiting_for_room_in_a_full_write_back_backlog_gives_up_when_not
     assert reading.read(root, entry) == b"new bytes"
 
 
+def test_fsync_behind_publications_that_all_fail_gives_up_after_one_deadline(root, monkeypatch):
+    """Over a store that fails every publication after a while (its own deadline, say), fsync(2)
+    of the last of ten accepted files used to count each failure as progress and wait for all
+    of them (here 10 x 0.25 s; with 8,192 files and a 30 s store deadline, days). Only
+    publications that succeed, and blocks stored, count now: EIO after one syscall deadline."""
+    import os
+
+    from nokvfs.fs import spools, writeback
+
+    def failing(self, attributes=None):
+        import time
+
+        time.sleep(0.25)
+        raise E.StoreError("the store failed")
+
+    monkeypatch.setattr(spools.Spool, "publish_blocking", failing)
+    monkeypatch.setattr(writeback, "_groupable", lambda spool, node: False)  # one publication at a time
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.4)
+        publisher.quiet = 3600  # accepted together, then published when fsync asks
+        async with _publishing(workers, publisher) as nursery:
+            for n in range(10):
+                fh, _ = await fs.create(section.ino, b"f%d" % n, os.O_WRONLY, 0o644, 0, 0)
+                await fs.write(fh, 0, b"bytes %d" % n)
+                await fs.flush(fh)
+                if n < 9:
+                    await fs.release(fh)
+            started = trio.current_time()
+            with trio.fail_after(10), pytest.raises(E.SyscallTimeout):
+                await fs.fsync(fh)
+            waited = trio.current_time() - started
+            nursery.cancel_scope.cancel()
+        return waited
+
+    waited = trio.run(scenario)
+    assert 0.4 <= waited < 1.5, waited
+
+
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):
     body = random.Random(5).randbytes(40 * 64 * 1024 + 17)  # 41 blocks
     entry = namespace.put(root, "wb", "input/blob", body)

@@ -319,7 +319,6 @@ class Publisher:
         self.accepted = 0
         self.published = 0
         self.failed = 0
-        self.finished = 0  # publications that ran (files published or failed, directories stored)
         self._publishing: list = []  # the spools of the publication under way (their progress)
 
     def holds(self, spool) -> bool:
@@ -451,18 +450,20 @@ class Publisher:
         await self._while_progressing(what, self._settled_each, list(self._done))
 
     def _progress(self) -> tuple:
-        """What moves while the publisher works: publications finished, and the steps (blocks
-        stored) of the one under way."""
-        return self.finished, sum(spool.progress for spool in self._publishing)
+        """What moves while the publisher works: publications that succeeded, and the steps
+        (blocks planned or stored) of the one under way. Failures are not progress: over a store
+        that answers every publication with an error after its own deadline, a waiting call
+        gives up after one syscall deadline instead of once per failed file."""
+        return self.published, sum(spool.progress for spool in self._publishing)
 
     async def _while_progressing(self, what: str, wait, *args) -> None:
-        """await wait(*args) for as long as the publisher makes progress (publications finish, or
+        """await wait(*args) for as long as the publisher makes progress (publications succeed, or
         the one under way stores blocks): SyscallTimeout only once a whole syscall deadline
-        passed without any (a stalled publisher: a store or disk that hangs; it goes on, and a
-        later call waits again). A backlog of thousands of files, or one large file, can take
-        longer than the deadline to publish, and is not an error: fsync(2) on a local disk waits
-        as long as its writes take. Waiting does no work and holds no lock, so giving up leaves
-        nothing behind."""
+        passed without any (a stalled publisher: a store or disk that hangs or fails; it goes
+        on, and a later call waits again). A backlog of thousands of files, or one large file,
+        can take longer than the deadline to publish, and is not an error: fsync(2) on a local
+        disk waits as long as its writes take. Waiting does no work and holds no lock, so giving
+        up leaves nothing behind."""
         workers = self.files.workers
         while True:
             progress = self._progress()
@@ -616,7 +617,6 @@ class Publisher:
             else:
                 self.failed += 1
                 self._outcome[spool] = error
-        self.finished += len(group)
         if len(self._queue) < self.max_backlog:
             self._room.set()
         if len(group) > 1:
@@ -691,7 +691,6 @@ class Publisher:
                 await files.workers.run(self._journal.append, records, sync=True)
             except OSError as exc:
                 log.warning("write-back journal %s: %s", self._journal.path, exc)
-        self.finished += len(changes)
         for change in changes:
             done = self._done.pop(change, None)
             if done is not None:
