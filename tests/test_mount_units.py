@@ -412,6 +412,28 @@ async def _append_two(fs, section) -> int:
     return fh
 
 
+@contextlib.contextmanager
+def _journal_restored(raw: bytes):
+    """A data directory holding only the write-back journal `raw`, restored as the next mount
+    would (what a replay publishes had the daemon died): (its path, the directory changes)."""
+    from nokvfs.fs import spools, writeback
+
+    with tempfile.TemporaryDirectory() as other:
+        directory = spools.spool_dir(other)
+        os.makedirs(directory)
+        with open(os.path.join(directory, "writeback-00.journal"), "wb") as f:
+            f.write(raw)
+        _, changes, _ = writeback.restore_journals(other)
+        yield other, changes
+
+
+async def _accept_two(fs, section) -> None:
+    """`_append_two`, then close it: accepted, and its publication (an append) starts."""
+    fh = await _append_two(fs, section)
+    await fs.flush(fh)
+    await fs.release(fh)
+
+
 def test_a_write_back_publication_outliving_fsync_is_reported_by_its_own_outcome(root, monkeypatch):
     """fsync(2) on a write-back mount waits for the file's publication within the deadline and
     answers EIO when it is slower; the publication itself has no deadline (no syscall runs it),
@@ -461,9 +483,7 @@ def test_a_rename_or_unlink_waiting_on_a_stalled_write_back_publication_gives_up
     async def scenario():
         fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.3)
         async with _publishing(workers, publisher) as nursery:
-            fh = await _append_two(fs, section)
-            await fs.flush(fh)  # accepted; its publication hangs in the store
-            await fs.release(fh)
+            await _accept_two(fs, section)  # its publication hangs in the store
             a, b = fs.tree.lookup(section, "a"), fs.tree.lookup(section, "b")
             fs.tree.inodes.remember(a)
             fs.tree.inodes.remember(b)
@@ -486,6 +506,75 @@ def test_a_rename_or_unlink_waiting_on_a_stalled_write_back_publication_gives_up
         assert listing.stat(view, root, "wb", "outputs/renamed").entry is not None
         with pytest.raises(E.NotFound):
             listing.stat(view, root, "wb", "outputs/log")
+
+
+def test_files_accepted_behind_a_stalled_publication_are_renamed_and_unlinked_without_waiting(root, monkeypatch):
+    """Saving through a temporary (write, close, rename over the file: git, pip, rsync, editors)
+    and removing a temporary on a write-back mount waited for the file's publication, behind
+    everything accepted before it: each rename cost a publication, and behind a store that hangs
+    it answered EIO. A file created in this mount whose publication has not started is now moved
+    or removed in the journal (one synced record): both return at once, a replay of the journal
+    then publishes the bytes at their new names and nothing else, and so does the publisher."""
+    import glob
+    import os
+
+    from nokvfs.fs import spools
+    from nokvfs.workspace import listing, reading
+
+    store = _log_and_a_hung_store(root, monkeypatch)
+    namespace.put(root, "wb", "outputs/config", b"config v1")
+
+    async def create(fs, section, name: bytes, body: bytes) -> None:
+        fh, _ = await fs.create(section.ino, name, os.O_WRONLY, 0o644, 0, 0)
+        await fs.write(fh, 0, body)
+        await fs.flush(fh)
+        await fs.release(fh)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=0.3)
+        async with _publishing(workers, publisher) as nursery:
+            await _accept_two(fs, section)  # its publication hangs in the store
+            with trio.fail_after(5):
+                while not publisher._publishing:
+                    await trio.sleep(0.01)
+            await create(fs, section, b"saved", b"saved v1")
+            await create(fs, section, b"saved.tmp", b"saved v2")
+            await create(fs, section, b"config.tmp", b"config v2")
+            await create(fs, section, b"scratch", b"removed")
+            with trio.fail_after(1):  # each waited for the hung publication, then gave up (EIO)
+                await fs.rename(section.ino, b"saved.tmp", section.ino, b"saved", 0)  # over an accepted file
+                await fs.rename(section.ino, b"config.tmp", section.ino, b"config", 0)  # over a published one
+                await fs.unlink(section.ino, b"scratch")
+            assert [fs.tree.lookup(section, n) is None for n in ("saved.tmp", "config.tmp", "scratch")] == [True] * 3
+            assert publisher.published == 0  # nothing published: the renames did not wait
+            (journal,) = glob.glob(os.path.join(root.data_dir, "spool", "mount", "writeback-*.journal"))
+            with open(journal, "rb") as f:
+                raw = f.read()
+            store.set()
+            with trio.fail_after(10):
+                await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return raw, publisher
+
+    raw, publisher = trio.run(scenario)
+    assert publisher.failed == 0
+    with root.read() as view:
+        published = {
+            path: reading.read(root, listing.stat(view, root, "wb", f"outputs/{path}").entry)
+            for path in ("saved", "config", "log")
+        }
+        for gone in ("saved.tmp", "config.tmp", "scratch"):
+            with pytest.raises(E.NotFound):
+                listing.stat(view, root, "wb", f"outputs/{gone}")
+    assert published == {"saved": b"saved v2", "config": b"config v2", "log": b"one\ntwo\n"}
+    # What a replay would have published had the daemon died before the store answered.
+    with _journal_restored(raw) as (other, _):
+        pending = sorted(
+            (s.record["path"], s.record["expected_revision"] is None, open(s.path, "rb").read())
+            for s in spools.scan(other)
+            if s.record.get("state") == spools.PENDING and not s.record.get("append_only")
+        )
+    assert pending == [("outputs/config", False, b"config v2"), ("outputs/saved", True, b"saved v2")]
 
 
 def test_a_close_waiting_for_room_in_a_full_write_back_backlog_gives_up_when_nothing_progresses(root, monkeypatch):
@@ -882,13 +971,8 @@ def test_a_directory_change_accepted_while_the_one_it_replaces_is_stored_survive
         return node, raw
 
     node, raw = trio.run(scenario)
-    with tempfile.TemporaryDirectory() as other:
-        directory = spools.spool_dir(other)
-        os.makedirs(directory)
-        with open(os.path.join(directory, "writeback-00.journal"), "wb") as f:
-            f.write(raw)
-        _, changes, _ = writeback.restore_journals(other)
-    assert [(c["path"], c["changes"]) for c in changes] == [("outputs/d", {"mode": 0o755})]
+    with _journal_restored(raw) as (_, changes):
+        assert [(c["path"], c["changes"]) for c in changes] == [("outputs/d", {"mode": 0o755})]
     with root.read() as view:
         stored = namespace.directory_attributes(view, root, node.incarnation, node.components)
     assert stored.mode == 0o755 and isinstance(stored, attributes.Attributes)

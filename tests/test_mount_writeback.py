@@ -230,15 +230,20 @@ def test_random_operations_match_the_model_with_the_kernel_caching_writes(tmp_pa
         assert _published(m.data_dir, "outputs/fsx.bin") == seen
 
 
-def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
+@pytest.mark.parametrize("publisher", ["running", "held"])
+def test_rename_and_unlink_after_close_survive_a_kill(tmp_path, publisher):
     """An editor's save (write a temporary, close, rename it over the file), an unlink of a file
     just closed and a staging directory renamed into place are what the next mount shows after
-    SIGKILL: a replay never brings back the temporary, the removed file or the old directory."""
+    SIGKILL: a replay never brings back the temporary, the removed file or the old directory.
+    With the publisher held back nothing is published before the kill: the renames and the
+    unlink of files accepted and not yet published are in the journal alone (they no longer wait
+    for publications), and the replay publishes each file at its last name."""
     base = str(tmp_path)
     data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
     os.makedirs(mnt)
     init_data_dir(data)
-    proc = start_daemon(data, mnt, log, WB)
+    with _daemon_environment(writeback.QUIET_ENV, "600" if publisher == "held" else str(writeback.QUIET)):
+        proc = start_daemon(data, mnt, log, WB)
     try:
         wait_mounted(mnt, proc, log)
         out = os.path.join(mnt, "wb", "outputs")
@@ -253,12 +258,28 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path):
         os.rename(os.path.join(out, "build.tmp"), os.path.join(out, "build"))
         with open(os.path.join(out, "later.txt"), "wb") as f:
             f.write(b"accepted, not published")
+        # The same with the tools: a save through a temporary into another directory, twice (the
+        # second over the first, unpublished), and a temporary removed.
+        shell = (
+            "set -e; mkdir -p notes; printf 'first' > .n.tmp; mv .n.tmp notes/n.txt;"
+            " printf 'second' > .n.tmp; mv -f .n.tmp notes/n.txt; printf 'x' > junk; rm junk"
+        )
+        done = subprocess.run(["sh", "-c", shell], cwd=out, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        if publisher == "held":
+            # The directory rename waited for everything before it; nothing after it did.
+            for path in ("notes/n.txt", "later.txt"):
+                assert _cli("--data-dir", data, "get", f"wb:outputs/{path}").returncode != 0, path
         proc.kill()
         proc.wait(timeout=30)
     finally:
         _stop(proc, mnt)
     with mounted(base, init=False) as m:
-        assert sorted(os.listdir(m.path("wb", "outputs"))) == ["build", "doc.txt", "later.txt"]
+        assert sorted(os.listdir(m.path("wb", "outputs"))) == ["build", "doc.txt", "later.txt", "notes"]
+        assert os.listdir(m.path("wb", "outputs", "notes")) == ["n.txt"]
+        with open(m.path("wb", "outputs", "notes", "n.txt"), "rb") as f:
+            assert f.read() == b"second"
+        assert json.loads(_cli("--data-dir", m.data_dir, "spool", "list", "--json").stdout) == []
         with open(m.path("wb", "outputs", "build", "a.txt"), "rb") as f:
             assert f.read() == b"built"
         with open(m.path("wb", "outputs", "doc.txt"), "rb") as f:
@@ -453,15 +474,17 @@ def test_directory_changes_accepted_before_a_kill_are_stored_at_the_next_mount(t
         ]
 
 
-@pytest.mark.parametrize("call", ["sync FILE", "mkdir + rmdir", "mv FILE"])
+@pytest.mark.parametrize("call", ["sync FILE", "mkdir + rmdir", "mv DIR", "mv FILE + sync"])
 def test_calls_after_tar_x_wait_for_a_backlog_longer_than_the_syscall_deadline(tmp_path, call):
     """`tar x` of a few thousand files, then a call that must wait for the publications ahead of
     it: `sync` of the last file (fsync(2) waits for its publication), `rmdir` of a directory made
-    after the extract (its mkdir is stored in order, behind the files), `mv` of the last file
-    (a rename applies to what is published). On a loopback S3 store the backlog took longer than
-    the syscall deadline (30 s), and fsync and rmdir answered EIO although nothing had failed,
-    which an application takes for lost data. The deadline now bounds a wait without progress
-    only: a 1 s deadline here, a backlog that takes several seconds, and the call succeeds."""
+    after the extract (its mkdir is stored in order, behind the files), `mv` of a directory of
+    the extract (a directory rename applies to what is published), `mv` of the last file and
+    `sync` of it at its new name (the rename itself moves the file's acceptance in the journal
+    at once, the sync waits). On a loopback S3 store the backlog took longer than the syscall
+    deadline (30 s), and fsync and rmdir answered EIO although nothing had failed, which an
+    application takes for lost data. The deadline now bounds a wait without progress only: a
+    1 s deadline here, a backlog that takes several seconds, and the call succeeds."""
     import time
 
     base = str(tmp_path)
@@ -486,8 +509,13 @@ def test_calls_after_tar_x_wait_for_a_backlog_longer_than_the_syscall_deadline(t
         if call == "mkdir + rmdir":
             os.mkdir(os.path.join(out, "scratch"))  # accepted behind the extract's files
             argv, published = ["rmdir", os.path.join(out, "scratch")], "outputs/many/d9/f1499"
-        elif call == "mv FILE":
-            argv, published = ["mv", last, os.path.join(out, "moved")], "outputs/moved"
+        elif call == "mv DIR":
+            argv, published = ["mv", os.path.join(out, "many", "d9"), os.path.join(out, "d9")], "outputs/d9/f1499"
+        elif call == "mv FILE + sync":
+            moving = time.monotonic()
+            subprocess.run(["mv", last, os.path.join(out, "moved")], check=True, timeout=300)
+            assert time.monotonic() - moving < 1.0, "mv of an accepted file waited for the backlog"
+            argv, published = ["sync", os.path.join(out, "moved")], "outputs/moved"
         else:
             argv, published = ["sync", last], "outputs/many/d9/f1499"
         start = time.monotonic()
@@ -498,7 +526,7 @@ def test_calls_after_tar_x_wait_for_a_backlog_longer_than_the_syscall_deadline(t
         assert _published(m.data_dir, published) == b"1499\n"
         assert "SyscallTimeout" not in m.log()
         assert not os.path.exists(os.path.join(out, "scratch"))
-        assert os.path.exists(last) == (call != "mv FILE")
+        assert os.path.exists(last) == (not call.startswith("mv"))
 
 
 def _peak_rss_kib(pid: int) -> int:

@@ -667,6 +667,17 @@ class Files:
                     await self.writeback.wait_settled(f"the write-back publication of {spool.describe()}", spool)
                 await self._holding(f"publication of {spool.describe()}", spool, _now(lambda: None))
 
+    def _moves_in_journal(self, source, target) -> bool:
+        """Write-back: whether rename(2) of `source` over `target` (or unlink(2) of `source`,
+        target None) changes the journal instead of waiting for publications: `source` was
+        created in this mount, accepted at close and its publication has not started, and no
+        publication holds `target`."""
+        if self.writeback is None or source is None or source.kind.is_dir or not self.writeback.movable(source):
+            return False
+        if target is None or target is source:
+            return True
+        return not target.kind.is_dir and (target.spool is None or target.spool.lock.value == 1)
+
     async def unlink(self, parent: Node, name: str, directories) -> None:
         tree = self.tree
         if parent.kind in (Kind.ROOT, Kind.WORKBENCH):
@@ -674,7 +685,8 @@ class Files:
                 raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
             raise refuse(errno.EPERM, f"{parent.describe()}/{name} is a workbench or a section")
         tree.check_writable(f"unlink {name}", parent)
-        await self.quiesce(tree.lookup(parent, name))
+        if not self._moves_in_journal(tree.lookup(parent, name), None):
+            await self.quiesce(tree.lookup(parent, name))
         node = tree.lookup(parent, name)
         if node is None:
             raise refuse(errno.ENOENT, f"{parent.describe()}/{name} does not exist")
@@ -684,6 +696,13 @@ class Files:
         pending = tree.overlay.pending(node.incarnation, node.components) is node
         with tree.view.read() as v:
             durable = tree.view.entry(v, node.incarnation, node.components) is not None
+        if self._moves_in_journal(node, None):
+            if not durable:
+                # Accepted at close, not published: its acceptance is ended in the journal (one
+                # synced record) instead of waiting for its publication.
+                await self.writeback.journal_unlink(node, lambda: self._unlinked(parent, node))
+                return
+            await self.quiesce(node)  # something outside this mount made the path meanwhile
         if durable:
             await directories.keep(parent, name)
             tree.begin_change(node.incarnation, node.components)
@@ -701,6 +720,11 @@ class Files:
                 tree.end_change(node.incarnation, node.components)
         elif not pending:
             raise refuse(errno.ENOENT, f"{node.describe()} does not exist")
+        self._unlinked(parent, node)
+
+    def _unlinked(self, parent: Node, node: Node) -> None:
+        """The mount's side of an unlink (no awaits: it happens at once)."""
+        tree = self.tree
         tree.overlay.remove_file(node.incarnation, node.components)
         if node.spool is not None:
             node.spool.orphaned = True  # POSIX: bytes written to an unlinked file vanish with it
@@ -740,7 +764,8 @@ class Files:
         names.check_publishable(self.root, new_parent, dst)
         if dst[: len(src)] == src:
             raise refuse(errno.EINVAL, "cannot move a directory into itself")
-        await self.quiesce(tree.lookup(old_parent, old_name), tree.lookup(new_parent, new_name))
+        if not self._moves_in_journal(tree.lookup(old_parent, old_name), tree.lookup(new_parent, new_name)):
+            await self.quiesce(tree.lookup(old_parent, old_name), tree.lookup(new_parent, new_name))
         source = tree.lookup(old_parent, old_name)
         if source is None:
             raise refuse(errno.ENOENT, f"{old_parent.describe()}/{old_name} does not exist")
@@ -759,9 +784,28 @@ class Files:
             return
         if target is not None and target.kind.is_dir:
             raise refuse(errno.EISDIR, f"{target.describe()} is a directory")
+        journaled = self._moves_in_journal(source, target)
+        if not journaled and self.writeback is not None:
+            await self.quiesce(source, target)  # the publisher took one while a marker was kept
         with tree.view.read() as v:
             durable = tree.view.entry(v, incarnation, src) is not None
             target_entry = tree.view.entry(v, incarnation, dst)
+        if journaled and durable:  # something outside this mount made the path meanwhile
+            await self.quiesce(source, target)
+        expected = None if target_entry is None else target_entry.artifact_revision_id
+        if journaled and not durable:
+            # Accepted at close, not published: the journal moves it (one synced record), so
+            # tools that save through a temporary (git, pip, rsync, editors) do not wait for
+            # the publisher; it publishes the bytes at their new name.
+            await self.writeback.journal_rename(
+                source,
+                dst,
+                expected,
+                target,
+                lambda: self._renamed(source, target, src, dst, durable=False, expected=expected),
+            )
+            return
+        moved = None
         if durable:
             tree.begin_change(incarnation, src, dst)
             try:
@@ -781,12 +825,19 @@ class Files:
             if source.bound is not None:
                 source.bound = moved
             tree.overlay.published(incarnation, dst)
-        else:
+        self._renamed(source, target, src, dst, durable=durable, expected=expected, moved=moved)
+
+    def _renamed(self, source: Node, target, src: tuple, dst: tuple, *, durable: bool, expected, moved=None) -> None:
+        """The mount's side of a file rename (no awaits: it happens at once): the inode, the
+        spool, the overlay and the parents' times."""
+        tree = self.tree
+        incarnation = source.incarnation
+        if not durable:
             # A file created here and not yet published: it will be published at its new name,
             # replacing what the mount saw there.
             tree.overlay.remove_file(incarnation, src)
             if source.spool is not None:
-                source.spool.expected_revision = None if target_entry is None else target_entry.artifact_revision_id
+                source.spool.expected_revision = expected
         if target is not None and target is not source:
             if target.spool is not None:
                 target.spool.orphaned = True

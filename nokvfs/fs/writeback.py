@@ -24,9 +24,13 @@ the file's last descriptor is gone the spool is kept with its sidecar and a log 
 reach the journal with one sync.
 
 fsync(2) on a file waits until the publisher has published it (and everything accepted before
-it) and reports that publication's error; so do rename(2) and unlink(2) of an accepted file (they
-then move or remove what is published), and a publication's journal record is synced, so a
-replay never brings back a file that was renamed or removed after its close. Unmounting
+it) and reports that publication's error. rename(2) and unlink(2) of an accepted file still
+waiting in the queue change the journal instead (one synced record: the file accepted again at
+its new name, in its old place in the order, or its acceptance ended), so tools that save through
+a temporary name (git, pip, editors) do not wait for the backlog; those of a file whose
+publication has started wait for it (they then move or remove what is published). A
+publication's journal record is synced, so a replay never brings back a file that was renamed or
+removed after its close. Unmounting
 (`nokvfs umount`, a signal) drains the queue before the daemon exits; files still open then are
 kept as in the default mode.
 """
@@ -397,6 +401,107 @@ class Publisher:
             self._journal.append(encode_record(ACCEPTED, record, body), sync=True)
         except OSError as exc:
             raise spools._storage_error("record a write-back acceptance", exc) from None
+
+    # --- rename and unlink of what was accepted ----------------------------------------------
+
+    def movable(self, node) -> bool:
+        """A file created in this mount, accepted at close and queued, whose publication has not
+        started: rename(2) and unlink(2) change its journal record instead of waiting for it."""
+        spool = node.spool
+        return (
+            spool is not None
+            and spool in self._queue
+            and spool in self._journal_names
+            and spool.lock.value == 1
+            and spool.path is not None
+            and spool.base is None
+            and not spool.orphaned
+            and spool.failed is None
+            and self.files.tree.overlay.pending(node.incarnation, node.components) is node
+        )
+
+    async def journal_rename(self, node, components: tuple, expected_revision, target, apply) -> None:
+        """rename(2) of a movable file to `components` (over `target`, a node or None), expecting
+        `expected_revision` there: one synced journal write -- the file accepted again at its new
+        name (same spool, same place in the order) and the acceptance of a file it replaces
+        ended -- then `apply()` (the mount's side). A replay after a crash publishes the bytes at
+        the new name and never the replaced file's."""
+        spool = node.spool
+        record = spool.pending_record(self.files.attributes_to_publish(node, spool))
+        record.update(
+            spool=self._journal_names[spool],
+            path="/".join(components),
+            expected_revision=None if expected_revision is None else expected_revision.hex(),
+            accepted_unix_ns=spool.accepted_ns or record["accepted_unix_ns"],
+        )
+        replaced = None if target is None or target is node else target
+        await self._journal_change(f"rename of {spool.describe()}", spool, record, replaced, apply)
+
+    async def journal_unlink(self, node, apply) -> None:
+        """unlink(2) of a movable file: its acceptance ended in the journal (synced), then `apply()`."""
+        await self._journal_change(f"unlink of {node.spool.describe()}", None, None, node, apply)
+
+    async def _journal_change(self, what: str, spool, record, ended, apply) -> None:
+        """(no task holds the spools' locks: `movable`) Hold them, write `record` (spool's
+        acceptance again, with its bytes when small) and the end of the acceptance of `ended`
+        (a node, if its spool is queued) with one sync, then apply() -- in that order also when
+        the syscall gives up waiting (SyscallTimeout), so the journal and the queue always agree.
+        An ended spool nobody has open goes at once: no replay or later mount finds it."""
+        ended_spool = None if ended is None else ended.spool
+        held = [s for s in (spool, ended_spool) if s is not None]
+        for each in held:
+            each.lock.acquire_nowait()
+        ended_name = None if ended_spool is None else self._journal_names.get(ended_spool)
+        tail = b"" if ended_name is None else encode_record(PUBLISHED, {"spool": ended_name})
+
+        async def work() -> None:
+            try:
+                self._accepting += 1
+                try:
+                    async with self._journal_lock:
+                        await self.files.workers.run(self._record_change, spool, record, tail)
+                finally:
+                    self._accepting -= 1
+                apply()
+                if ended_name is not None:
+                    self._journal_names.pop(ended_spool, None)
+                    if ended.handles == 0 and ended.spool is ended_spool:
+                        self._drop(ended, ended_spool)
+            finally:
+                for each in held:
+                    each.lock.release()
+
+        await self.files.workers.bounded(what, work)
+        self._wakeup.set()
+
+    def _drop(self, node, spool) -> None:
+        """(spool locked) An accepted spool whose file was removed or replaced before its
+        publication started, and that nobody has open: out of the queue, its file gone. A
+        publisher waiting for its lock finds it closed and skips it."""
+        self._queue.pop(spool, None)
+        self._outcome.pop(spool, None)
+        done = self._done.pop(spool, None)
+        if done is not None:
+            done.set()
+        node.spool = None
+        spool.close(remove=True)
+        if len(self._queue) < self.max_backlog:
+            self._room.set()
+
+    def _record_change(self, spool, record, tail: bytes) -> None:
+        """(worker thread, spools and journal locked)"""
+        try:
+            out = b""
+            if record is not None:
+                body = spool.whole_body(INLINE_MAX)
+                if body is None:
+                    spool.sync_blocking()
+                out = encode_record(ACCEPTED, record, body)
+            if self._journal is None:
+                self._journal = Journal(self.files.root.data_dir)
+            self._journal.append(out + tail, sync=True)
+        except OSError as exc:
+            raise spools._storage_error("record a write-back rename or unlink", exc) from None
 
     async def accept_at_release(self, node) -> bool:
         """The last descriptor of a file went: True if the publisher now owns the spool's end
