@@ -11,7 +11,8 @@ machine weighs on all of them alike):
 
     local         a plain directory on the local disk (for scale)
     passthrough   pyfuse3's examples/passthroughfs.py (below, the same operations: writeback
-                  cache on, inode = the source's inode) over a local directory: the reference
+                  cache on, inode = the source's inode; rename, symlink and link for the tools
+                  of scripts/bench_tools.py) over a local directory: the reference
     nokvfs        `python3 -m nokvfs.cli.main mount DATA MNT --foreground`, durable at close (default)
     nokvfs-wb     the same with `--write-back` (close returns once the bytes are durable locally)
     nokvfs-s3, nokvfs-s3-wb   with --s3: the same two over a loopback moto S3 server this script
@@ -190,6 +191,46 @@ def passthrough_operations():
                 os.rmdir(os.path.join(self._path(parent), os.fsdecode(name)))
             except OSError as exc:
                 raise FUSEError(exc.errno) from None
+
+        async def rename(self, parent_old, name_old, parent_new, name_new, flags, ctx):
+            if flags:
+                raise FUSEError(errno.EINVAL)
+            old = os.path.join(self._path(parent_old), os.fsdecode(name_old))
+            new = os.path.join(self._path(parent_new), os.fsdecode(name_new))
+            try:
+                os.rename(old, new)
+            except OSError as exc:
+                raise FUSEError(exc.errno) from None
+            below = old + os.sep
+            for inode, path in list(self.paths.items()):
+                if path == old or path.startswith(below):
+                    self.paths[inode] = new + path[len(old) :]
+
+        async def symlink(self, parent, name, target, ctx):
+            path = os.path.join(self._path(parent), os.fsdecode(name))
+            try:
+                os.symlink(os.fsdecode(target), path)
+            except OSError as exc:
+                raise FUSEError(exc.errno) from None
+            attr = self._attr(path)
+            self._remember(attr.st_ino, path)
+            return attr
+
+        async def readlink(self, inode, ctx):
+            try:
+                return os.fsencode(os.readlink(self._path(inode)))
+            except OSError as exc:
+                raise FUSEError(exc.errno) from None
+
+        async def link(self, inode, new_parent, new_name, ctx):
+            path = os.path.join(self._path(new_parent), os.fsdecode(new_name))
+            try:
+                os.link(self._path(inode), path)
+            except OSError as exc:
+                raise FUSEError(exc.errno) from None
+            attr = self._attr(path)
+            self.lookups[inode] += 1
+            return attr
 
         async def statfs(self, ctx):
             st = os.statvfs(self.paths[pyfuse3.ROOT_INODE])
