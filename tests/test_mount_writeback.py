@@ -288,6 +288,123 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path, publisher):
             assert f.read() == b"accepted, not published"
 
 
+def _random_file_work(out: str, rng, steps: int) -> dict:
+    """`steps` random saves, appends, saves through a temporary, renames, removals and fsyncs of
+    files in two directories of `out`, some through a descriptor held open across a rename of
+    its file; checks the mount against the model as it goes. The model: {relative path: bytes}."""
+    import random
+
+    assert isinstance(rng, random.Random)
+    names = [f"d{d}/{c}" for d in range(2) for c in "abcde"]
+    model: dict = {}
+    held = None  # (descriptor, the name its file has now in the model) or None
+
+    def path(name: str) -> str:
+        return os.path.join(out, *name.split("/"))
+
+    def save(name: str, body: bytes) -> None:
+        with open(path(name), "wb") as f:
+            f.write(body)
+
+    for step in range(steps):
+        name, other = rng.sample(names, 2)
+        body = b"%d:%s;" % (step, rng.randbytes(rng.choice((1, 40, 5000))).hex().encode())
+        action = rng.choice(("save", "save", "append", "through-temp", "rename", "rename", "unlink", "fsync", "hold"))
+        if action == "save":
+            save(name, body)
+            model[name] = body
+        elif action == "append" and name in model:
+            with open(path(name), "ab") as f:
+                f.write(body)
+            model[name] += body
+        elif action == "through-temp":  # an editor's or git's save
+            save(name + ".tmp", body)
+            os.rename(path(name + ".tmp"), path(name))
+            model[name] = body
+            if held is not None and held[1] == name:  # its file was replaced: writes vanish
+                held = (held[0], None)
+        elif action == "rename" and name in model:
+            os.rename(path(name), path(other))
+            model[other] = model.pop(name)
+            if held is not None and held[1] == name:
+                held = (held[0], other)
+            elif held is not None and held[1] == other:  # its file was replaced: writes vanish
+                held = (held[0], None)
+        elif action == "unlink" and name in model:
+            os.unlink(path(name))
+            del model[name]
+            if held is not None and held[1] == name:
+                held = (held[0], None)
+        elif action == "fsync" and name in model:
+            with open(path(name), "rb") as f:
+                os.fsync(f.fileno())
+        elif action == "hold":
+            if held is None and name in model:  # opened now; renamed or not, written at its release
+                held = (os.open(path(name), os.O_WRONLY | os.O_APPEND), name)
+            elif held is not None:
+                fd, now = held
+                os.write(fd, body)
+                os.close(fd)
+                if now is not None:
+                    model[now] += body
+                held = None
+    if held is not None:
+        fd, now = held
+        os.close(fd)
+    shown = {}
+    for d in ("d0", "d1"):
+        for entry in os.listdir(os.path.join(out, d)):
+            with open(os.path.join(out, d, entry), "rb") as f:
+                shown[f"{d}/{entry}"] = f.read()
+    assert shown == model, "the mount does not show what was written"
+    return model
+
+
+@pytest.mark.parametrize("publisher", ["running", "held"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_saves_renames_and_removals_survive_a_kill(tmp_path, publisher, seed):
+    """Random sequences of what tools do to files on a write-back mount -- save, append, save
+    through a temporary and rename it over the file, rename, remove, fsync, write through a
+    descriptor held open while its file is renamed or removed -- then SIGKILL of the daemon.
+    What was closed is accepted, and renames and removals of accepted files are in the journal
+    alone, whether their publication had started (publisher running) or nothing was published
+    (held): the next mount must show exactly the model, with no spool left over."""
+    import random
+
+    base = str(tmp_path)
+    data, mnt, log = os.path.join(base, "data"), os.path.join(base, "mnt"), os.path.join(base, "daemon.log")
+    os.makedirs(mnt)
+    init_data_dir(data)
+    with _daemon_environment(writeback.QUIET_ENV, "600" if publisher == "held" else "0"):
+        proc = start_daemon(data, mnt, log, WB)
+    try:
+        wait_mounted(mnt, proc, log)
+        out = os.path.join(mnt, "wb", "outputs")
+        for d in ("d0", "d1"):
+            os.mkdir(os.path.join(out, d))
+        model = _random_file_work(out, random.Random(seed), 500)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        _stop(proc, mnt)
+    with mounted(base, init=False) as m:
+        out = m.path("wb", "outputs")
+        shown = {}
+        for d in sorted(os.listdir(out)):
+            for entry in os.listdir(os.path.join(out, d)):
+                with open(os.path.join(out, d, entry), "rb") as f:
+                    shown[f"{d}/{entry}"] = f.read()
+        assert shown == model
+        # A file opened without a write when the daemon died (its RELEASE, which removes the
+        # spool, still on its way) is kept as it was; nothing else is, and nothing kept differs
+        # from what was written there.
+        for kept in json.loads(_cli("--data-dir", m.data_dir, "spool", "list", "--json").stdout):
+            with open(kept["spool"], "rb") as f:
+                assert f.read() == model[kept["path"].removeprefix("outputs/")], kept
+    for path, body in model.items():
+        assert _published(data, f"outputs/{path}") == body, path
+
+
 def test_tar_x_with_a_conflict_in_a_group_publishes_the_others_and_keeps_the_conflicted_one(tmp_path):
     """A file accepted at the head of the queue conflicts (another process created its path),
     a tar's files are accepted right behind it: they are published in the same group, the

@@ -284,6 +284,7 @@ class Spool:
         self.mtime_ns = time.time_ns()
         self.attributes = None  # attribute changes waiting for the next publication
         self.accepted_ns = None  # write-back: when its unpublished state was last accepted
+        self.acceptances = 0  # write-back: how many times it was accepted (never reset)
         self.writers = 0  # descriptors open for writing
         # The spool's lock: a Semaphore, which has no owner, so a publication's syscall can take
         # it and its work release it (Workers.bounded_holding).

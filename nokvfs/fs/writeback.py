@@ -373,6 +373,7 @@ class Publisher:
         # The file's change time is its acceptance (its close), not its later publication: a
         # directory's times set after its files (tar x) stay newer than theirs.
         spool.accepted_ns = time.time_ns()
+        spool.acceptances += 1
         try:
             if spool.path is not None:  # else attributes only, nothing in a file: the publication applies them
                 record = spool.pending_record(self.files.attributes_to_publish(node, spool))
@@ -686,6 +687,7 @@ class Publisher:
             return
         group, errors = [], []
         self._publishing = [spool for spool, _ in head if not isinstance(spool, DirectoryChange)]
+        taken = {}  # spool: its acceptances when its publication took its bytes
         async with contextlib.AsyncExitStack() as locks:
             for spool, node in head:
                 if isinstance(spool, DirectoryChange) or not _groupable(spool, node):
@@ -694,6 +696,7 @@ class Publisher:
                 if not _groupable(spool, node):
                     break
                 group.append((spool, node))
+                taken[spool] = spool.acceptances
             if group:
                 errors = await files.publish_group(
                     [node for _, node in group],
@@ -703,44 +706,56 @@ class Publisher:
         if not group:
             spool, node = head[0]
             error = None
+            # Taken before its publication holds the lock: an acceptance in between is published
+            # too, and only costs the spool a second (empty) turn.
+            taken[spool] = spool.acceptances
             try:
                 await files.publish(node, why="write-back publication", closing=_closing(spool), deadline=False)
             except Exception as exc:  # noqa: BLE001 - Files logged it with the spool's path; fsync reports it
                 error = exc
             group, errors = [(spool, node)], [error]
         # Dequeued, then the published ones recorded in the journal with one sync (a replay must
-        # never bring back what a later unlink or rename changed), then each one settled.
-        names = []
-        for (spool, _), error in zip(group, errors):
-            self._queue.pop(spool, None)
-            name = self._journal_names.pop(spool, None)
-            if error is None:
-                self.published += 1
-                self._outcome.pop(spool, None)
-                if name is not None:
-                    names.append(name)
-            else:
-                self.failed += 1
-                self._outcome[spool] = error
-        if len(self._queue) < self.max_backlog:
-            self._room.set()
-        if len(group) > 1:
-            refused = sum(error is not None for error in errors)
-            log.info("write-back: published %d file(s) as one group, %d refused", len(group) - refused, refused)
-        if names and self._journal is not None:
-            records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
-            try:
-                await files.workers.run(self._journal.append, records, sync=True)
-            except OSError as exc:
-                log.warning("write-back journal %s: %s", self._journal.path, exc)
-        for spool, node in group:
-            if node.handles == 0 and node.spool is spool:
+        # never bring back what a later unlink or rename changed), then each one settled. A file
+        # written and closed again since its publication took its bytes was accepted again: it
+        # keeps its place, its journal record (the newer bytes') and its waiters, for the next
+        # turn. Decided and written under the journal's lock, which an acceptance holds for its
+        # record: an acceptance is counted before this decision, or its record follows ours.
+        async with self._journal_lock:
+            names, settling = [], []
+            for (spool, node), error in zip(group, errors):
+                if error is None:
+                    self.published += 1
+                    self._outcome.pop(spool, None)
+                    if spool.acceptances != taken[spool] and node.spool is spool and not spool.orphaned:
+                        continue
+                self._queue.pop(spool, None)
+                name = self._journal_names.pop(spool, None)
+                settling.append((spool, node, self._done.pop(spool, None)))
+                if error is None:
+                    if name is not None:
+                        names.append(name)
+                else:
+                    self.failed += 1
+                    self._outcome[spool] = error
+            if len(self._queue) < self.max_backlog:
+                self._room.set()
+            if len(group) > 1:
+                refused = sum(error is not None for error in errors)
+                log.info("write-back: published %d file(s) as one group, %d refused", len(group) - refused, refused)
+            if names and self._journal is not None:
+                records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
+                try:
+                    await files.workers.run(self._journal.append, records, sync=True)
+                except OSError as exc:
+                    log.warning("write-back journal %s: %s", self._journal.path, exc)
+        for spool, node, done in settling:
+            # Not one accepted again meanwhile (queued anew while the journal was written).
+            if node.handles == 0 and node.spool is spool and spool not in self._queue:
                 await files.settle(node, spool)  # kept (with a log line) when its publication failed
                 self._outcome.pop(spool, None)
                 if node.handles == 0:
                     node.bound = None
                     files.tree.inodes.settled(node)
-            done = self._done.pop(spool, None)
             if done is not None:
                 done.set()
         if not self._queue:
