@@ -466,7 +466,7 @@ class Publisher:
                 apply()
                 if ended_name is not None:
                     self._journal_names.pop(ended_spool, None)
-                    if ended.handles == 0 and ended.spool is ended_spool:
+                    if ended.spool is ended_spool:
                         self._drop(ended, ended_spool)
             finally:
                 for each in held:
@@ -477,15 +477,18 @@ class Publisher:
 
     def _drop(self, node, spool) -> None:
         """(spool locked) An accepted spool whose file was removed or replaced before its
-        publication started, and that nobody has open: out of the queue, its file gone. A
-        publisher waiting for its lock finds it closed and skips it."""
+        publication started: out of the queue, and its file gone if nobody has it open (else
+        the last release removes it, as for any orphaned spool; left queued, its release would
+        leave it to a publisher that may never come before a crash, and the next mount would
+        keep the bytes of a removed file). A publisher waiting for its lock skips it."""
         self._queue.pop(spool, None)
         self._outcome.pop(spool, None)
         done = self._done.pop(spool, None)
         if done is not None:
             done.set()
-        node.spool = None
-        spool.close(remove=True)
+        if node.handles == 0:
+            node.spool = None
+            spool.close(remove=True)
         if len(self._queue) < self.max_backlog:
             self._room.set()
 
