@@ -170,15 +170,19 @@ def passthrough_operations():
         async def releasedir(self, handle):
             self.dirs.pop(handle, None)
 
-        async def mkdir(self, parent, name, mode, ctx):
+        def _made(self, parent, name, make):
+            """make(path) of a new entry `name` in `parent`, remembered: its attributes."""
             path = os.path.join(self._path(parent), os.fsdecode(name))
             try:
-                os.mkdir(path, mode & ~ctx.umask)
+                make(path)
             except OSError as exc:
                 raise FUSEError(exc.errno) from None
             attr = self._attr(path)
             self._remember(attr.st_ino, path)
             return attr
+
+        async def mkdir(self, parent, name, mode, ctx):
+            return self._made(parent, name, lambda path: os.mkdir(path, mode & ~ctx.umask))
 
         async def unlink(self, parent, name, ctx):
             try:
@@ -207,14 +211,7 @@ def passthrough_operations():
                     self.paths[inode] = new + path[len(old) :]
 
         async def symlink(self, parent, name, target, ctx):
-            path = os.path.join(self._path(parent), os.fsdecode(name))
-            try:
-                os.symlink(os.fsdecode(target), path)
-            except OSError as exc:
-                raise FUSEError(exc.errno) from None
-            attr = self._attr(path)
-            self._remember(attr.st_ino, path)
-            return attr
+            return self._made(parent, name, lambda path: os.symlink(os.fsdecode(target), path))
 
         async def readlink(self, inode, ctx):
             try:
@@ -223,14 +220,7 @@ def passthrough_operations():
                 raise FUSEError(exc.errno) from None
 
         async def link(self, inode, new_parent, new_name, ctx):
-            path = os.path.join(self._path(new_parent), os.fsdecode(new_name))
-            try:
-                os.link(self._path(inode), path)
-            except OSError as exc:
-                raise FUSEError(exc.errno) from None
-            attr = self._attr(path)
-            self.lookups[inode] += 1
-            return attr
+            return self._made(new_parent, new_name, lambda path: os.link(self._path(inode), path))
 
         async def statfs(self, ctx):
             st = os.statvfs(self.paths[pyfuse3.ROOT_INODE])
@@ -405,6 +395,23 @@ class Target:
         return kib
 
 
+def nokvfs_target(name: str, data: str, mnt: str, mode: str, env: dict, log) -> Target:
+    """A nokvfs daemon mounting `data` (workbench "bench") at `mnt` in `mode` (durable or
+    write-back); the phases work in its outputs section."""
+    argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
+    if mode == "write-back":
+        argv.append("--write-back")
+    return Target(
+        name,
+        os.path.join(mnt, "bench", "outputs"),
+        argv=argv,
+        mountpoint=mnt,
+        env=env,
+        log=log,
+        publishes_later=mode == "write-back",
+    )
+
+
 def small_paths(base: str, count: int, dirs: int) -> list[str]:
     return [os.path.join(base, "small", f"d{i % dirs:02d}", f"file{i:05d}") for i in range(count)]
 
@@ -540,20 +547,7 @@ def main() -> int:
                     if root.blocks.cache is not None:
                         root.blocks.cache.close()
                     root.close()
-                argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
-                if mode == "write-back":
-                    argv.append("--write-back")
-                targets.append(
-                    Target(
-                        name,
-                        os.path.join(mnt, "bench", "outputs"),
-                        argv=argv,
-                        mountpoint=mnt,
-                        env=env,
-                        log=log,
-                        publishes_later=mode == "write-back",
-                    )
-                )
+                targets.append(nokvfs_target(name, data, mnt, mode, env, log))
         for base in (local, pt_source):
             os.makedirs(os.path.join(base, "big"))
             for i in range(args.big_dir):

@@ -146,20 +146,7 @@ def main() -> int:
                 workbench.create(root, "bench")
             finally:
                 root.close()
-            argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
-            if mode == "write-back":
-                argv.append("--write-back")
-            targets.append(
-                bench_mount.Target(
-                    name,
-                    os.path.join(mnt, "bench", "outputs"),
-                    argv=argv,
-                    mountpoint=mnt,
-                    env=env,
-                    log=log,
-                    publishes_later=mode == "write-back",
-                )
-            )
+            targets.append(bench_mount.nokvfs_target(name, data, mnt, mode, env, log))
         for target in targets:
             target.start()
 

@@ -289,6 +289,16 @@ def test_rename_and_unlink_after_close_survive_a_kill(tmp_path, publisher):
             assert f.read() == b"accepted, not published"
 
 
+def _files_shown(out: str) -> dict:
+    """{"dir/name": bytes} of every file in the directories of `out` (one level)."""
+    shown = {}
+    for d in os.listdir(out):
+        for entry in os.listdir(os.path.join(out, d)):
+            with open(os.path.join(out, d, entry), "rb") as f:
+                shown[f"{d}/{entry}"] = f.read()
+    return shown
+
+
 def _random_file_work(out: str, rng, steps: int) -> dict:
     """`steps` random saves, appends, saves through a temporary, renames, removals and fsyncs of
     files in two directories of `out`, some through a descriptor held open across a rename of
@@ -352,12 +362,7 @@ def _random_file_work(out: str, rng, steps: int) -> dict:
     if held is not None:
         fd, now = held
         os.close(fd)
-    shown = {}
-    for d in ("d0", "d1"):
-        for entry in os.listdir(os.path.join(out, d)):
-            with open(os.path.join(out, d, entry), "rb") as f:
-                shown[f"{d}/{entry}"] = f.read()
-    assert shown == model, "the mount does not show what was written"
+    assert _files_shown(out) == model, "the mount does not show what was written"
     return model
 
 
@@ -395,12 +400,7 @@ def test_random_saves_renames_and_removals_survive_a_kill(tmp_path, publisher, s
         _stop(proc, mnt)
     with mounted(base, init=False) as m:
         out = m.path("wb", "outputs")
-        shown = {}
-        for d in sorted(os.listdir(out)):
-            for entry in os.listdir(os.path.join(out, d)):
-                with open(os.path.join(out, d, entry), "rb") as f:
-                    shown[f"{d}/{entry}"] = f.read()
-        assert shown == model
+        assert _files_shown(out) == model
         # A file opened without a write when the daemon died (its RELEASE, which removes the
         # spool, still on its way) is kept as it was; nothing else is, and nothing kept differs
         # from what was written there.

@@ -390,18 +390,34 @@ class Publisher:
         self._last_accept = trio.current_time()
         self._wakeup.set()
 
-    def _record_acceptance(self, spool, record: dict) -> None:
-        """(worker thread, spool and journal locked) The acceptance on disk: one journal record
-        holding a small file's bytes, or naming a larger file's spool once that is synced."""
+    def _record_acceptance(self, spool, record: dict | None, tail: bytes = b"") -> None:
+        """(worker thread, spools and journal locked) The acceptance on disk: one journal record
+        holding a small file's bytes, or naming a larger file's spool once that is synced, and
+        `tail` (a rename's or unlink's end of another acceptance) in the same synced write; no
+        `record`: the tail alone."""
         try:
-            body = spool.whole_body(INLINE_MAX)
-            if body is None:
-                spool.sync_blocking()
+            out = b""
+            if record is not None:
+                body = spool.whole_body(INLINE_MAX)
+                if body is None:
+                    spool.sync_blocking()
+                out = encode_record(ACCEPTED, record, body)
             if self._journal is None:
-                self._journal = Journal(spool.root.data_dir)
-            self._journal.append(encode_record(ACCEPTED, record, body), sync=True)
+                self._journal = Journal(self.files.root.data_dir)
+            self._journal.append(out + tail, sync=True)
         except OSError as exc:
             raise spools._storage_error("record a write-back acceptance", exc) from None
+
+    async def _record_published(self, names: list) -> None:
+        """The PUBLISHED records of `names` (spools or directory changes stored), one sync; a
+        failure is logged (a replay then publishes them again, under their expectations)."""
+        if not names or self._journal is None:
+            return
+        records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
+        try:
+            await self.files.workers.run(self._journal.append, records, sync=True)
+        except OSError as exc:
+            log.warning("write-back journal %s: %s", self._journal.path, exc)
 
     # --- rename and unlink of what was accepted ----------------------------------------------
 
@@ -460,7 +476,7 @@ class Publisher:
                 self._accepting += 1
                 try:
                     async with self._journal_lock:
-                        await self.files.workers.run(self._record_change, spool, record, tail)
+                        await self.files.workers.run(self._record_acceptance, spool, record, tail)
                 finally:
                     self._accepting -= 1
                 apply()
@@ -491,21 +507,6 @@ class Publisher:
             spool.close(remove=True)
         if len(self._queue) < self.max_backlog:
             self._room.set()
-
-    def _record_change(self, spool, record, tail: bytes) -> None:
-        """(worker thread, spools and journal locked)"""
-        try:
-            out = b""
-            if record is not None:
-                body = spool.whole_body(INLINE_MAX)
-                if body is None:
-                    spool.sync_blocking()
-                out = encode_record(ACCEPTED, record, body)
-            if self._journal is None:
-                self._journal = Journal(self.files.root.data_dir)
-            self._journal.append(out + tail, sync=True)
-        except OSError as exc:
-            raise spools._storage_error("record a write-back rename or unlink", exc) from None
 
     async def accept_at_release(self, node) -> bool:
         """The last descriptor of a file went: True if the publisher now owns the spool's end
@@ -745,12 +746,7 @@ class Publisher:
             if len(group) > 1:
                 refused = sum(error is not None for error in errors)
                 log.info("write-back: published %d file(s) as one group, %d refused", len(group) - refused, refused)
-            if names and self._journal is not None:
-                records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
-                try:
-                    await files.workers.run(self._journal.append, records, sync=True)
-                except OSError as exc:
-                    log.warning("write-back journal %s: %s", self._journal.path, exc)
+            await self._record_published(names)
         for spool, node, done in settling:
             # Not one accepted again meanwhile (queued anew while the journal was written).
             if node.handles == 0 and node.spool is spool and spool not in self._queue:
@@ -808,12 +804,7 @@ class Publisher:
                 node.dir_ctime_ns = None  # the marker's times take over from the change shown
         if len(self._queue) < self.max_backlog:
             self._room.set()
-        if self._journal is not None:
-            records = b"".join(encode_record(PUBLISHED, {"spool": name}) for name in names)
-            try:
-                await files.workers.run(self._journal.append, records, sync=True)
-            except OSError as exc:
-                log.warning("write-back journal %s: %s", self._journal.path, exc)
+        await self._record_published(names)
         for change in changes:
             done = self._done.pop(change, None)
             if done is not None:
