@@ -996,3 +996,65 @@ def test_worker_threads_serve_a_forked_child_whose_parent_used_them():
             os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# --- what a spool's sidecar says, and what the next mount does with it ---------------------------
+
+
+def _sidecar(spool) -> dict:
+    import json
+
+    with open(spool.sidecar) as f:
+        return json.load(f)
+
+
+def test_a_spools_sidecar_says_dirty_before_the_write_returns_and_orphaned_once_its_file_is_removed(root):
+    """The next mount removes a spool whose sidecar says it held nothing unpublished or whose file
+    was removed: so the sidecar must say `dirty` before the write that makes it so is answered,
+    and `orphaned` once unlink(2) (or a rename over the file) has removed the name."""
+    namespace.put(root, "wb", "outputs/f", b"published")
+    fs = _kernel_less(root)
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    fs.tree.inodes.remember(section)
+    node = fs.tree.lookup(section, "f")
+    fs.tree.inodes.remember(node)
+    fh, _ = trio.run(fs.open, node.ino, os.O_RDWR)
+    spool = node.spool
+    assert _sidecar(spool)["state"] == spools.LIVE and _sidecar(spool)["dirty"] is False
+    trio.run(fs.write, fh, 0, b"P")
+    assert _sidecar(spool)["dirty"] is True
+    trio.run(fs.flush, fh)  # published: nothing unpublished any more, while the descriptor stays open
+    assert not os.path.exists(spool.sidecar or "") or _sidecar(spool)["dirty"] is False
+    trio.run(fs.write, fh, 1, b"U")
+    assert _sidecar(spool)["dirty"] is True
+    trio.run(fs.unlink, section.ino, b"f")
+    assert _sidecar(spool)["state"] == spools.ORPHANED
+    path = spool.path
+    trio.run(fs.release, fh)  # the last descriptor: the bytes go
+    assert not os.path.exists(path) and spools.scan(root.data_dir) == []
+
+
+@pytest.mark.parametrize(
+    "record, removed",
+    [
+        ({"state": "orphaned", "dirty": True}, True),
+        ({"state": "live", "dirty": False}, True),
+        ({"state": "live", "dirty": True}, False),
+        ({"state": "live"}, False),  # written by a build before `dirty`: kept, as then
+        ({"state": "a-later-state", "dirty": False}, False),  # a state this build does not know: kept
+        ({"state": "kept", "dirty": False}, False),  # already the operator's
+        (None, False),  # no sidecar
+    ],
+)
+def test_the_next_mount_removes_only_spools_whose_sidecar_says_they_hold_nothing_to_keep(tmp_path, record, removed):
+    data = str(tmp_path)
+    directory = spools._made(spools.spool_dir(data))
+    path = os.path.join(directory, "wb--f--0001.spool")
+    with open(path, "wb") as f:
+        f.write(b"bytes")
+    if record is not None:
+        spools._atomic_json(path + ".json", {"format": 1, "workbench": "wb", "path": "outputs/f", "pid": 1, **record})
+    kept = spools.adopt_orphans(data, os.getpid())
+    # A spool kept is described as kept (one without a sidecar gets one saying why).
+    assert os.path.exists(path) is not removed and os.path.exists(path + ".json") is not removed
+    assert [(k.path, k.record["state"]) for k in kept] == ([] if removed else [(path, "kept")])

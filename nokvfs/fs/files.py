@@ -727,7 +727,7 @@ class Files:
         tree = self.tree
         tree.overlay.remove_file(node.incarnation, node.components)
         if node.spool is not None:
-            node.spool.orphaned = True  # POSIX: bytes written to an unlinked file vanish with it
+            node.spool.orphan()  # POSIX: bytes written to an unlinked file vanish with it
         tree.overlay.add_dir(node.incarnation, node.components[:-1])
         tree.directory_changed(parent.incarnation, parent.components, time.time_ns())
         tree.inodes.detach(node)
@@ -840,7 +840,7 @@ class Files:
                 source.spool.expected_revision = expected
         if target is not None and target is not source:
             if target.spool is not None:
-                target.spool.orphaned = True
+                target.spool.orphan()
             if tree.overlay.pending(incarnation, dst) is target:
                 tree.overlay.remove_file(incarnation, dst)
         tree.inodes.move(source, dst)

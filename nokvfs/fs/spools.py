@@ -7,6 +7,9 @@ rewritten whenever what it describes changes (its path, the revision it expects,
 daemon killed at any moment leaves every spool described. A live spool is flock'ed by its daemon;
 a spool nobody holds is *kept*: its bytes were not published (a lost race, a full or failing
 store, a daemon that ended) and `nokvfs spool list|retry|discard` shows, republishes or drops it.
+A daemon that ended leaves two kinds that hold nothing to keep, and the next mount removes them:
+an *orphaned* spool (its file was removed or renamed over while open: POSIX lets its bytes go)
+and one whose sidecar says it was not `dirty` (opened and never changed, or published since).
 
 What the spool file holds:
 
@@ -71,6 +74,9 @@ _COPY_CHUNK = 4 * 1024 * 1024
 LIVE = "live"  # held by a running daemon (its flock proves it)
 KEPT = "kept"  # not published; nobody holds it
 PENDING = "pending"  # accepted by a write-back mount (durable here), not published yet: replayed at the next mount
+# Held by a running daemon after its file was removed or renamed over in that mount: its bytes go
+# with the last descriptor, and with the daemon if it ends first (the next mount removes it).
+ORPHANED = "orphaned"
 
 
 def spool_dir(data_dir: str) -> str:
@@ -425,7 +431,10 @@ class Spool:
         """The sidecar's content."""
         return {
             "format": SIDECAR_FORMAT,
-            "state": state,
+            "state": ORPHANED if state == LIVE and self.orphaned else state,
+            # False: the spool holds nothing unpublished (the next mount removes it if its daemon
+            # ended); rewritten before the write that changes that is answered.
+            "dirty": self.dirty,
             "reason": reason,
             "workbench": self.workbench_id,
             "incarnation": self.incarnation.hex(),
@@ -472,6 +481,19 @@ class Spool:
     def moved(self, components: tuple) -> None:
         self.components = components
         self.describe_state(LIVE)
+
+    def orphan(self) -> None:
+        """Its file was removed or renamed over in this mount: POSIX lets the bytes written
+        through descriptors still open vanish with the last of them, and so they vanish if the
+        daemon ends first (the sidecar says so)."""
+        self.orphaned = True
+        self.describe_state(LIVE)
+
+    def _dirtied(self) -> None:
+        """Something unpublished now: the sidecar says so before the call that did it returns."""
+        if not self.dirty:
+            self.dirty = True
+            self.describe_state(LIVE)
 
     # --- blocking work (worker threads, under self.lock) ---------------------------------------
 
@@ -527,7 +549,8 @@ class Spool:
         self.hashes.truncated(size)
         self.filled = True
         self.size = size
-        self.dirty = self.written = True
+        self.written = True
+        self._dirtied()
         self.truncated_only = False
         self.mtime_ns = time.time_ns()
 
@@ -616,7 +639,8 @@ class Spool:
         self._charge(max(self._charged, end))
         self.hashes.wrote(at, data)
         self.size = max(self.size, offset + len(data))
-        self.dirty = self.written = True
+        self.written = True
+        self._dirtied()
         self.truncated_only = False
         self.mtime_ns = time.time_ns()
 
@@ -640,7 +664,8 @@ class Spool:
         self._charge(0)
         self.hashes.reset()
         self.filled, self.size, self.append_only = True, 0, False
-        self.dirty = self.written = self.truncated_only = True
+        self.written = self.truncated_only = True
+        self._dirtied()
         self.mtime_ns = time.time_ns()
 
     def published(self, entry, *, drop_file: bool = False) -> None:
@@ -812,13 +837,31 @@ def _adopt_to_disk(data_dir: str, spool: KeptSpool) -> None:
 
 
 def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
-    """At mount start: spools whose daemon is gone become kept, with the reason written down.
+    """At mount start: spools whose daemon is gone become kept, with the reason written down;
+    those that held nothing to keep are removed: a removed or replaced file's (ORPHANED) and one
+    whose sidecar says it held nothing unpublished (`dirty` false: opened and never changed, or
+    published and not written since).
 
     Returns every kept spool (for the start-up log)."""
     kept = []
     memory = memory_spool_path(data_dir)
     for spool in scan(data_dir):
         if spool.live:
+            continue
+        if _nothing_to_keep(spool.record):
+            try:
+                discard(spool)
+            except OSError as exc:
+                log.error("cannot remove the spool %s, which holds nothing to keep: %s", spool.path, exc)
+            else:
+                log.info(
+                    "removed the spool of %s:%s left by a daemon that ended: %s",
+                    spool.record.get("workbench"),
+                    spool.record.get("path"),
+                    "its file had been removed or replaced"
+                    if spool.record.get("state") == ORPHANED
+                    else "it held nothing unpublished",
+                )
             continue
         if memory is not None and os.path.dirname(spool.path) == memory:
             try:
@@ -846,6 +889,14 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
             spool.record = record
         kept.append(spool)
     return kept
+
+
+def _nothing_to_keep(record: dict) -> bool:
+    """Whether a sidecar left by a daemon that ended says its spool holds nothing anyone may want:
+    only a state and flag this build wrote say so (an older sidecar, or one of a state a reader
+    does not know, is kept)."""
+    state = record.get("state")
+    return state == ORPHANED or (state == LIVE and record.get("dirty") is False)
 
 
 def mark_kept(spool: KeptSpool, reason: str) -> None:
