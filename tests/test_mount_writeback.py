@@ -454,6 +454,12 @@ def test_files_open_at_a_kill_leave_no_spool_unless_they_hold_unpublished_bytes(
             with contextlib.suppress(OSError):
                 os.close(fd)  # ENOTCONN once the daemon is gone
         _stop(proc, mnt)
+    # Before the next mount, the operator sees what is left and cannot publish the removed file.
+    listed = {line.split()[0]: line for line in _cli("--data-dir", data, "spool", "list").stdout.splitlines()}
+    removed = [ident for ident, line in listed.items() if "outputs/d/tmp" in line]
+    assert len(removed) == 1 and "left" in listed[removed[0]] and "removed or renamed over" in listed[removed[0]]
+    refused = _cli("--data-dir", data, "spool", "retry", removed[0], "--force")
+    assert refused.returncode == 2 and "nothing to publish" in refused.stderr, refused.stderr
     with mounted(base, init=False) as m:
         out = m.path("wb", "outputs")
         assert _files_shown(out) == {"d/old": b"published\n", "d/edited": b"published\n", "d/new": b"theirs\n"}
@@ -461,7 +467,7 @@ def test_files_open_at_a_kill_leave_no_spool_unless_they_hold_unpublished_bytes(
         if publisher == "held" and not kept:
             # A write-back mount lets the kernel cache writes (FUSE's writeback cache): an
             # unflushed write may never have reached the daemon, and dies with the connection.
-            assert "wb:outputs/d/edited left by a daemon that ended: it held nothing unpublished" in m.log()
+            assert "wb:outputs/d/edited left by a daemon that ended: it holds nothing unpublished" in m.log()
         else:
             assert [(k["path"], k["state"]) for k in kept] == [("outputs/d/edited", "kept")], kept
             with open(kept[0]["spool"], "rb") as f:

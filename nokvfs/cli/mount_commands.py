@@ -315,9 +315,16 @@ def spool_list(args) -> int:
         return 0
     for spool in found:
         record = spool.record
-        state = f"live (pid {record.get('pid')})" if spool.live else "kept"
         where = f"{record.get('workbench', '?')}:{record.get('path', '?')}"
-        reason = "" if spool.live else f"  {record.get('reason') or 'no reason recorded'}"
+        if spool.live:
+            state, reason = f"live (pid {record.get('pid')})", ""
+        elif spools.holds_nothing_to_keep(record):
+            state, reason = (
+                "left",
+                f"  its daemon ended; it {spools.why_nothing_to_keep(record)} (the next mount removes it)",
+            )
+        else:
+            state, reason = record.get("state") or "kept", f"  {record.get('reason') or 'no reason recorded'}"
         print(f"{safe(spool.id)}  {state:<16} {human_size(spool.size):>9}  {safe(where)}{safe(reason)}")
     return 0
 

@@ -848,19 +848,17 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
     for spool in scan(data_dir):
         if spool.live:
             continue
-        if _nothing_to_keep(spool.record):
+        if holds_nothing_to_keep(spool.record):
             try:
                 discard(spool)
             except OSError as exc:
                 log.error("cannot remove the spool %s, which holds nothing to keep: %s", spool.path, exc)
             else:
                 log.info(
-                    "removed the spool of %s:%s left by a daemon that ended: %s",
+                    "removed the spool of %s:%s left by a daemon that ended: it %s",
                     spool.record.get("workbench"),
                     spool.record.get("path"),
-                    "its file had been removed or replaced"
-                    if spool.record.get("state") == ORPHANED
-                    else "it held nothing unpublished",
+                    why_nothing_to_keep(spool.record),
                 )
             continue
         if memory is not None and os.path.dirname(spool.path) == memory:
@@ -891,12 +889,19 @@ def adopt_orphans(data_dir: str, pid: int) -> list[KeptSpool]:
     return kept
 
 
-def _nothing_to_keep(record: dict) -> bool:
+def holds_nothing_to_keep(record: dict) -> bool:
     """Whether a sidecar left by a daemon that ended says its spool holds nothing anyone may want:
     only a state and flag this build wrote say so (an older sidecar, or one of a state a reader
     does not know, is kept)."""
     state = record.get("state")
     return state == ORPHANED or (state == LIVE and record.get("dirty") is False)
+
+
+def why_nothing_to_keep(record: dict) -> str:
+    """What makes a spool hold nothing to keep (`holds_nothing_to_keep`), as "it ..." goes on."""
+    if record.get("state") == ORPHANED:
+        return "belongs to a file that was removed or renamed over while open"
+    return "holds nothing unpublished"
 
 
 def mark_kept(spool: KeptSpool, reason: str) -> None:
@@ -933,6 +938,12 @@ def retry(root, spool: KeptSpool, *, force: bool = False):
     if spool.live:
         raise InvalidInput(f"spool {spool.id} is held by a running mount: close the file there")
     record = spool.record
+    if holds_nothing_to_keep(record):
+        # Left by a daemon that ended; the next mount removes it. Publishing it would bring back
+        # a file that was removed, or publish again bytes that are published.
+        raise InvalidInput(
+            f"spool {spool.id} {why_nothing_to_keep(record)}: nothing to publish (`nokvfs spool discard` it)"
+        )
     workbench_id, path = record.get("workbench"), record.get("path")
     if not workbench_id or not path:
         raise InvalidInput(f"spool {spool.id} has no sidecar naming its workbench and path: give them (`nokvfs put`)")
