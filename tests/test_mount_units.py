@@ -1062,3 +1062,20 @@ def test_the_next_mount_removes_only_spools_whose_sidecar_says_they_hold_nothing
     # A spool kept is described as kept (one without a sidecar gets one saying why).
     assert os.path.exists(path) is not removed and os.path.exists(path + ".json") is not removed
     assert [(k.path, k.record["state"]) for k in kept] == ([] if removed else [(path, "kept")])
+
+
+@pytest.mark.skipif(spools.memory_spool_path("/") is None, reason="no tmpfs at /dev/shm")
+def test_a_removed_files_spool_that_outgrows_memory_moves_to_disk_still_orphaned(root):
+    """A temporary file removed while open and then written past the memory spool limit: the
+    disk copy's sidecar still says orphaned, so a daemon that ends leaves nothing to keep."""
+    fs = _kernel_less(root)
+    fh, spool = _new_file(fs, "scratch")
+    trio.run(fs.write, fh, 0, b"s" * 1000)
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    trio.run(fs.unlink, section.ino, b"scratch")
+    assert spool.in_memory and _sidecar(spool)["state"] == spools.ORPHANED
+    trio.run(fs.write, fh, spools.MEMORY_SPOOL_MAX, b"tail")  # past the memory limit
+    assert not spool.in_memory and _sidecar(spool)["state"] == spools.ORPHANED
+    assert all(spools.holds_nothing_to_keep(s.record) for s in spools.scan(root.data_dir))
+    trio.run(fs.release, fh)
+    assert spools.scan(root.data_dir) == []
