@@ -1079,3 +1079,33 @@ def test_a_removed_files_spool_that_outgrows_memory_moves_to_disk_still_orphaned
     assert all(spools.holds_nothing_to_keep(s.record) for s in spools.scan(root.data_dir))
     trio.run(fs.release, fh)
     assert spools.scan(root.data_dir) == []
+
+
+def test_a_sidecar_that_cannot_say_dirty_is_removed_so_the_spool_is_kept(root, monkeypatch):
+    """The disk is full when the first write makes a clean spool dirty: the sidecar that says
+    "nothing unpublished" must not outlive that write, or the next mount would remove the bytes.
+    Without a sidecar, the spool is kept."""
+    import errno as errno_
+
+    namespace.put(root, "wb", "outputs/f", b"published")
+    fs = _kernel_less(root)
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    fs.tree.inodes.remember(section)
+    node = fs.tree.lookup(section, "f")
+    fs.tree.inodes.remember(node)
+    fh, _ = trio.run(fs.open, node.ino, os.O_RDWR)
+    spool = node.spool
+    assert _sidecar(spool)["dirty"] is False
+
+    def full(path, record, *, durable=False):
+        raise OSError(errno_.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spools, "_atomic_json", full)
+    trio.run(fs.write, fh, 0, b"P")
+    assert not os.path.exists(spool.sidecar)
+    monkeypatch.undo()
+    spool.close(remove=False)  # as a daemon that ends leaves it (its flock gone)
+    (kept,) = spools.adopt_orphans(root.data_dir, os.getpid())  # moved to disk if it was in memory
+    assert os.path.basename(kept.path) == os.path.basename(spool.path) and kept.record["state"] == spools.KEPT
+    with open(kept.path, "rb") as f:
+        assert f.read() == b"Published"

@@ -426,6 +426,11 @@ class Spool:
                 _atomic_json(self.sidecar, record)
         except OSError as exc:
             log.error("cannot write the spool sidecar %s: %s", self.sidecar, exc)
+            if self.dirty and not new:
+                # The old sidecar may say the spool holds nothing unpublished, and the next mount
+                # would remove it: without one, the spool is kept ("no sidecar").
+                with contextlib.suppress(OSError):
+                    os.unlink(self.sidecar)
 
     def record(self, state: str, reason: str | None = None) -> dict:
         """The sidecar's content."""
