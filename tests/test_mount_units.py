@@ -1008,10 +1008,8 @@ def _sidecar(spool) -> dict:
         return json.load(f)
 
 
-def test_a_spools_sidecar_says_dirty_before_the_write_returns_and_orphaned_once_its_file_is_removed(root):
-    """The next mount removes a spool whose sidecar says it held nothing unpublished or whose file
-    was removed: so the sidecar must say `dirty` before the write that makes it so is answered,
-    and `orphaned` once unlink(2) (or a rename over the file) has removed the name."""
+def _published_opened_read_write(root):
+    """outputs/f published, then opened O_RDWR on a kernel-less mount: (fs, outputs, fh, spool)."""
     namespace.put(root, "wb", "outputs/f", b"published")
     fs = _kernel_less(root)
     section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
@@ -1019,7 +1017,14 @@ def test_a_spools_sidecar_says_dirty_before_the_write_returns_and_orphaned_once_
     node = fs.tree.lookup(section, "f")
     fs.tree.inodes.remember(node)
     fh, _ = trio.run(fs.open, node.ino, os.O_RDWR)
-    spool = node.spool
+    return fs, section, fh, node.spool
+
+
+def test_a_spools_sidecar_says_dirty_before_the_write_returns_and_orphaned_once_its_file_is_removed(root):
+    """The next mount removes a spool whose sidecar says it held nothing unpublished or whose file
+    was removed: so the sidecar must say `dirty` before the write that makes it so is answered,
+    and `orphaned` once unlink(2) (or a rename over the file) has removed the name."""
+    fs, section, fh, spool = _published_opened_read_write(root)
     assert _sidecar(spool)["state"] == spools.LIVE and _sidecar(spool)["dirty"] is False
     trio.run(fs.write, fh, 0, b"P")
     assert _sidecar(spool)["dirty"] is True
@@ -1087,14 +1092,7 @@ def test_a_sidecar_that_cannot_say_dirty_is_removed_so_the_spool_is_kept(root, m
     Without a sidecar, the spool is kept."""
     import errno as errno_
 
-    namespace.put(root, "wb", "outputs/f", b"published")
-    fs = _kernel_less(root)
-    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
-    fs.tree.inodes.remember(section)
-    node = fs.tree.lookup(section, "f")
-    fs.tree.inodes.remember(node)
-    fh, _ = trio.run(fs.open, node.ino, os.O_RDWR)
-    spool = node.spool
+    fs, section, fh, spool = _published_opened_read_write(root)
     assert _sidecar(spool)["dirty"] is False
 
     def full(path, record, *, durable=False):
