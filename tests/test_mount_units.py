@@ -1107,3 +1107,25 @@ def test_a_sidecar_that_cannot_say_dirty_is_removed_so_the_spool_is_kept(root, m
     assert os.path.basename(kept.path) == os.path.basename(spool.path) and kept.record["state"] == spools.KEPT
     with open(kept.path, "rb") as f:
         assert f.read() == b"Published"
+
+
+def test_the_sidecar_format_1_bytes(root, monkeypatch):
+    """Golden bytes of a sidecar (README, durable format): one line of compact JSON, keys sorted,
+    `state` and `dirty` as the next mount reads them. Ids and times are fixed here; the owner
+    fields (`pid`, `host`, ...) are what the daemon passes in."""
+    fs, section, fh, spool = _published_opened_read_write(root)
+    monkeypatch.setattr(spools.time, "time_ns", lambda: 1_700_000_000_123_456_789)
+    spool.incarnation, spool.created_unix_ms = bytes(range(16)), 1_700_000_000_000
+    spool.base, spool.expected_revision = None, bytes(16)
+    spool._owner = {}
+    expected = (
+        b'{"append_only": false, "base_revision": null, "base_size": null, "created_unix_ms": 1700000000000, '
+        b'"dirty": false, "expected_revision": "00000000000000000000000000000000", "filled": false, '
+        b'"format": 1, "incarnation": "000102030405060708090a0b0c0d0e0f", "path": "outputs/f", "reason": null, '
+        b'"size": 9, "state": "live", "updated_unix_ms": 1700000000123, "workbench": "wb"}\n'
+    )
+    assert spools._sidecar_bytes(spool.record(spools.LIVE)) == expected
+    spool.orphaned, spool.dirty = True, True
+    orphaned = spools._sidecar_bytes(spool.record(spools.LIVE))
+    assert orphaned == expected.replace(b'"dirty": false', b'"dirty": true').replace(b'"live"', b'"orphaned"')
+    trio.run(fs.release, fh)
