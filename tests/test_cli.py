@@ -750,3 +750,20 @@ def test_a_closed_stdout_pipe_is_quiet(tmp_path):
     done = subprocess.run(["bash", "-c", shell], check=False, capture_output=True, cwd=REPO, env=env, timeout=120)
     assert done.stdout == b"zzzzz"
     assert done.returncode == 141 and done.stderr == b""
+
+
+def test_spool_list_names_what_a_dead_daemon_left_kept_or_left(cli):
+    """Before the next mount adopts them: a spool whose daemon ended and whose sidecar still says
+    `live` is listed as kept (nobody holds it), one that holds nothing to keep as left."""
+    from nokvfs.fs import spools
+
+    directory = spools._made(spools.spool_dir(cli.data_dir))  # private, as a daemon makes it
+    for ident, record in (
+        ("wb--f--01", {"state": "live", "dirty": True, "path": "outputs/f"}),
+        ("wb--g--02", {"state": "orphaned", "dirty": True, "path": "outputs/g"}),
+    ):
+        path = os.path.join(directory, ident + ".spool")
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        spools._atomic_json(path + ".json", {"format": 1, "workbench": "wb", **record})
+    listed = {line.split()[0]: line.split()[1] for line in cli.text("spool", "list").splitlines()}
+    assert listed == {"wb--f--01": "kept", "wb--g--02": "left"}

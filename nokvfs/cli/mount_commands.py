@@ -324,7 +324,7 @@ def spool_list(args) -> int:
                 f"  its daemon ended; it {spools.why_nothing_to_keep(record)} (the next mount removes it)",
             )
         else:
-            state, reason = record.get("state") or "kept", f"  {record.get('reason') or 'no reason recorded'}"
+            state, reason = "kept", f"  {record.get('reason') or 'no reason recorded'}"
         print(f"{safe(spool.id)}  {state:<16} {human_size(spool.size):>9}  {safe(where)}{safe(reason)}")
     return 0
 
