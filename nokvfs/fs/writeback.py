@@ -491,6 +491,11 @@ class Publisher:
         await self.files.workers.bounded(what, work)
         self._wakeup.set()
 
+    def _made_room(self) -> None:
+        """After spools left the queue: wake the acceptances waiting for room, if there is some."""
+        if len(self._queue) < self.max_backlog:
+            self._room.set()
+
     def _drop(self, node, spool) -> None:
         """(spool locked) An accepted spool whose file was removed or replaced before its
         publication started: out of the queue, and its file gone if nobody has it open (else
@@ -505,8 +510,7 @@ class Publisher:
         if node.handles == 0:
             node.spool = None
             spool.close(remove=True)
-        if len(self._queue) < self.max_backlog:
-            self._room.set()
+        self._made_room()
 
     async def accept_at_release(self, node) -> bool:
         """The last descriptor of a file went: True if the publisher now owns the spool's end
@@ -741,8 +745,7 @@ class Publisher:
                 else:
                     self.failed += 1
                     self._outcome[spool] = error
-            if len(self._queue) < self.max_backlog:
-                self._room.set()
+            self._made_room()
             if len(group) > 1:
                 refused = sum(error is not None for error in errors)
                 log.info("write-back: published %d file(s) as one group, %d refused", len(group) - refused, refused)
@@ -802,8 +805,7 @@ class Publisher:
             node = tree.inodes.find(views.LIVE, change.incarnation, change.components)
             if node is not None:
                 node.dir_ctime_ns = None  # the marker's times take over from the change shown
-        if len(self._queue) < self.max_backlog:
-            self._room.set()
+        self._made_room()
         await self._record_published(names)
         for change in changes:
             done = self._done.pop(change, None)
