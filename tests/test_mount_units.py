@@ -1129,3 +1129,36 @@ def test_the_sidecar_format_1_bytes(root, monkeypatch):
     orphaned = spools._sidecar_bytes(spool.record(spools.LIVE))
     assert orphaned == expected.replace(b'"dirty": false', b'"dirty": true').replace(b'"live"', b'"orphaned"')
     trio.run(fs.release, fh)
+
+
+def test_a_files_mtime_moves_by_the_clocks_tick_unless_a_stat_showed_it(monkeypatch):
+    """spools.modified_ns: a modification keeps the mtime while the coarse clock (the kernel's
+    tick) has not passed it and no stat(2) showed it; otherwise it is the time now. Never an
+    mtime from the future, never one older than a shown one."""
+    clock = {"fine": 10_000_000, "coarse": 8_000_000}
+    monkeypatch.setattr(spools.time, "time_ns", lambda: clock["fine"])
+    monkeypatch.setattr(spools.time, "clock_gettime_ns", lambda _: clock["coarse"])
+    mtime = 9_000_000  # stamped within the tick that began at 8 ms
+    assert spools.modified_ns(mtime, shown=False) == mtime
+    assert spools.modified_ns(mtime, shown=True) == 10_000_000  # a stat saw it: it moves
+    clock.update(fine=13_000_000, coarse=12_000_000)  # the next tick
+    assert spools.modified_ns(mtime, shown=False) == 13_000_000
+    clock.update(fine=5_000_000, coarse=4_000_000)  # the clock went back: no mtime from the future
+    assert spools.modified_ns(mtime, shown=False) == 5_000_000
+
+
+def test_a_spools_mtime_moves_at_a_write_after_a_getattr_showed_it(root):
+    """FileSystem.getattr marks the spool's mtime shown: the next write moves it, however soon."""
+    fs = _kernel_less(root)
+    fh, spool = _new_file(fs, "stamped")
+    trio.run(fs.write, fh, 0, b"a")
+    shown = fs.getattr(_ino_of(fs, "stamped")).st_mtime_ns
+    trio.run(fs.write, fh, 1, b"b")
+    assert spool.mtime_ns > shown and not spool.mtime_shown
+    trio.run(fs.flush, fh)
+    trio.run(fs.release, fh)
+
+
+def _ino_of(fs, name: str) -> int:
+    section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
+    return fs.tree.lookup(section, name).ino

@@ -113,7 +113,10 @@ class FileSystem:
             self.tree.inodes.forget(inode, count)
 
     def getattr(self, ino: int):
-        return self.tree.attributes(self.tree.node(ino))
+        node = self.tree.node(ino)
+        if node.spool is not None:
+            node.spool.mtime_shown = True  # its next write moves the mtime (spools.modified_ns)
+        return self.tree.attributes(node)
 
     async def setattr(self, ino: int, attr, fields, fh: int | None, uid: int, gid: int):
         tree = self.tree

@@ -70,6 +70,9 @@ SPOOL_SUBDIR = "mount"
 SIDECAR_FORMAT = 1
 ATTRIBUTE_FIELDS = ("mode", "uid", "gid", "mtime_ns", "atime_ns", "ctime_ns")
 _COPY_CHUNK = 4 * 1024 * 1024
+# The clock the kernel stamps a local file's times with (CLOCK_REALTIME_COARSE: its tick, a few
+# milliseconds), which the time module does not name.
+_COARSE_CLOCK = getattr(time, "CLOCK_REALTIME_COARSE", 5)
 
 LIVE = "live"  # held by a running daemon (its flock proves it)
 KEPT = "kept"  # not published; nobody holds it
@@ -194,6 +197,20 @@ def forget_memory_copy(data_dir: str, name: str) -> None:
             pass
 
 
+def modified_ns(mtime_ns: int, shown: bool) -> int:
+    """The mtime of a file modified now whose mtime was `mtime_ns`: kept while the clock's tick
+    has not moved past it and no stat(2) has shown it since, otherwise the time now. This is the
+    rule of the kernel's multigrain timestamps on a local file system (a local file's times
+    advance by ticks unless a stat(2) saw the last one). Here it also keeps the kernel's pages:
+    the kernel drops the pages a file was written with when a stat(2) answers with an mtime it
+    did not know (FUSE auto_inval_data, which pyfuse3 always asks for), so a file created and
+    written within one tick is read back from them rather than from the daemon."""
+    now = time.time_ns()
+    if shown or time.clock_gettime_ns(_COARSE_CLOCK) > mtime_ns or mtime_ns > now:
+        return now
+    return mtime_ns
+
+
 def _storage_error(what: str, exc: OSError) -> Exception:
     if exc.errno == errno.ENOSPC:
         return StoreFull(f"no space left for {what}")
@@ -288,6 +305,7 @@ class Spool:
         # the spool waits as long as it moves (nokvfs.fs.threads, `progress`).
         self.progress = 0
         self.mtime_ns = time.time_ns()
+        self.mtime_shown = False  # a stat(2) has shown mtime_ns (modified_ns)
         self.attributes = None  # attribute changes waiting for the next publication
         self.accepted_ns = None  # write-back: when its unpublished state was last accepted
         self.acceptances = 0  # write-back: how many times it was accepted (never reset)
@@ -557,7 +575,7 @@ class Spool:
         self.written = True
         self._dirtied()
         self.truncated_only = False
-        self.mtime_ns = time.time_ns()
+        self._modified()
 
     def publish_blocking(self, attributes=None):
         """Publish the spool as the path's next revision (or the appended bytes); the PathEntry."""
@@ -647,7 +665,11 @@ class Spool:
         self.written = True
         self._dirtied()
         self.truncated_only = False
-        self.mtime_ns = time.time_ns()
+        self._modified()
+
+    def _modified(self) -> None:
+        self.mtime_ns = modified_ns(self.mtime_ns, self.mtime_shown)
+        self.mtime_shown = False
 
     def _stage_block(self, index: int, digest: bytes, pieces) -> None:
         """A block written in order is hashed (in the hashing thread): stage it from its bytes
@@ -671,7 +693,7 @@ class Spool:
         self.filled, self.size, self.append_only = True, 0, False
         self.written = self.truncated_only = True
         self._dirtied()
-        self.mtime_ns = time.time_ns()
+        self._modified()
 
     def published(self, entry, *, drop_file: bool = False) -> None:
         """After a successful publication: the spool describes `entry` and holds nothing
