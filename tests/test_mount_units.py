@@ -1162,3 +1162,37 @@ def test_a_spools_mtime_moves_at_a_write_after_a_getattr_showed_it(root):
 def _ino_of(fs, name: str) -> int:
     section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
     return fs.tree.lookup(section, name).ino
+
+
+def test_a_live_entry_is_read_again_once_any_process_has_committed(root, monkeypatch):
+    """Tree.current_entry keeps a path's entry while nothing is committed (open(2) and stat(2)
+    of an unchanged file read nothing), and reads it again after a commit of this process or of
+    another one (LMDB's last transaction id, read from the shared meta page)."""
+    import subprocess
+    import sys
+
+    from tests.mount_fixtures import env
+
+    fs = _kernel_less(root)
+    tree = fs.tree
+    namespace.put(root, "wb", "outputs/kept", b"1")
+    section = tree.lookup(tree.lookup(tree.inodes.root, "wb"), "outputs")
+    node = tree.lookup(section, "kept")
+    tree.inodes.remember(node)
+    reads = []
+    real = tree.view.read
+    monkeypatch.setattr(tree.view, "read", lambda: (reads.append(1), real())[1])
+    first = tree.current_entry(node)
+    assert tree.current_entry(node) is first and tree.attributes(node).st_size == 1 and len(reads) == 1
+    namespace.put(root, "wb", "outputs/other", b"2")  # a commit of this process, elsewhere
+    assert tree.current_entry(node) == first and len(reads) == 2
+    assert tree.current_entry(node) is not None and len(reads) == 2
+    script = (
+        "from nokvfs.workspace import datadir, namespace\n"
+        f"root = datadir.open_root({root.data_dir!r}, verify=False)\n"
+        "namespace.put(root, 'wb', 'outputs/kept', b'22')\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=env(), timeout=60)
+    replaced = tree.current_entry(node)
+    assert len(reads) == 3 and replaced.artifact_revision_id != first.artifact_revision_id
+    assert replaced.logical_size == 2

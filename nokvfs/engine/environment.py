@@ -75,6 +75,17 @@ class GatedEnv:
     def begin(self, **kwargs) -> "GatedTxn":
         return GatedTxn(self, kwargs)
 
+    def last_txnid(self) -> int | None:
+        """The id of the last transaction committed here, by any process (LMDB's meta page);
+        None while the environment is being replaced or cannot say."""
+        with self._cond:
+            if self._swapping:
+                return None
+            try:
+                return self.inner.info()["last_txnid"]
+            except lmdb.Error:
+                return None
+
     def _enter(self, write: bool) -> None:
         depth = getattr(self._depth, "n", 0)
         with self._cond:

@@ -239,6 +239,7 @@ class Shard:
         self.path = path
         self._lock = lock  # the shared ShardLock (nokvfs.engine.compact), released at close
         self._env = GatedEnv(env)
+        self._opened = 0  # environments opened at this path by this instance (change_stamp)
         self._options: dict = {}  # how the environment was opened (a live compaction reopens it so)
         self._bind(dbs)
         self._alarm = IntegrityAlarm(path)
@@ -646,6 +647,13 @@ class Shard:
     def last_txn_id(self) -> int:
         return self._env.info()["last_txnid"]
 
+    def change_stamp(self) -> tuple[int, int] | None:
+        """What changes whenever anything is committed, by any process, or the environment is
+        reopened (`reopen_after`): a reader that took it before a read, and finds it equal later,
+        knows the read is still current. None while the environment is being replaced."""
+        last = self._env.last_txnid()
+        return None if last is None else (self._opened, last)
+
     def reopen_after(self, swap) -> None:
         """Close the environment, run `swap` (which puts another shard directory at this path),
         and open what is at the path then; inside `swap_gate` only. If the swap fails, whatever
@@ -668,6 +676,7 @@ class Shard:
             env.close()
             raise
         self._env.inner = env
+        self._opened += 1
         self._bind(dbs)
         self._witness = CommitWitness(self.path)
 

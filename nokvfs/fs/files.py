@@ -135,7 +135,7 @@ class Files:
             return self._retried(
                 node, writing, pid, retry, f"{node.describe()} was replaced or removed: look it up again"
             )
-        node.learn(entry)
+        tree.learn(node, entry)
         if node.bound is None:
             node.bound = entry
         return node.bound

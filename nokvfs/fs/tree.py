@@ -60,6 +60,9 @@ def _ms_to_ns(ms: int) -> int:
     return ms * 1_000_000
 
 
+ENTRIES_KEPT = 4096  # live entries current_entry keeps (all dropped at once beyond it)
+
+
 class Tree:
     def __init__(self, root, view, workers, invalidator, *, uid: int | None = None, gid: int | None = None):
         self.root = root
@@ -77,6 +80,8 @@ class Tree:
         self.mounted_ns = time.time_ns()
         self._workbench_times: dict[str, int] = {}
         self._root_mtime_ns = self.mounted_ns
+        # ino -> [shard change stamp, node, PathEntry, its facts or None] (current_entry)
+        self._entries: dict = {}
         self._own = collections.OrderedDict()  # (event kind, revision id) this mount committed
         # Paths with a change of this mount in flight: their events wait until it is known whether
         # they are this mount's own (the commit lands before the facade call returns).
@@ -247,8 +252,34 @@ class Tree:
         if node.detached:
             return None
         view = self.view_of(node)
+        # A live path's entry is read again only once something was committed since the last
+        # read of it (the stamp is taken before the read: a commit racing the read makes the
+        # next call read again). An open(2) or stat(2) of a file nobody changes then costs no
+        # read transaction, no PathCurrent read and no attribute decoding (`learn`).
+        stamp = None if view.immutable else self.root.shard.change_stamp()
+        if stamp is not None:
+            seen = self._entries.get(node.ino)
+            if seen is not None and seen[0] == stamp and seen[1] is node:
+                return seen[2]
         with view.read() as v:
-            return view.entry(v, node.incarnation, node.components)
+            entry = view.entry(v, node.incarnation, node.components)
+        if stamp is not None:
+            if len(self._entries) >= ENTRIES_KEPT:
+                self._entries.clear()
+            self._entries[node.ino] = [stamp, node, entry, None]
+        return entry
+
+    def learn(self, node: Node, entry) -> None:
+        """node.learn(entry), with the facts decoded once per entry `current_entry` kept."""
+        seen = self._entries.get(node.ino)
+        if seen is None or seen[1] is not node or seen[2] is not entry or entry is None:
+            node.learn(entry)
+            return
+        if seen[3] is None:
+            node.learn(entry)
+            seen[3] = node.facts
+        else:
+            node.facts = seen[3]
 
     # --- attributes -------------------------------------------------------------------------------
 
@@ -285,7 +316,7 @@ class Tree:
         if ((fresh and not view.immutable) or node.facts is None) and not node.detached:
             entry = self.current_entry(node)
             if entry is not None and node.shows(entry):
-                node.learn(entry)  # the same revision; its attributes may have changed
+                self.learn(node, entry)  # the same revision; its attributes may have changed
             elif entry is not None:
                 # The path moved to another revision and the change feed has not said so yet:
                 # this inode stays the file the kernel knows (size included), as the follower
