@@ -272,14 +272,13 @@ class Tree:
     def learn(self, node: Node, entry) -> None:
         """node.learn(entry), with the facts decoded once per entry `current_entry` kept."""
         seen = self._entries.get(node.ino)
-        if seen is None or seen[1] is not node or seen[2] is not entry or entry is None:
-            node.learn(entry)
-            return
-        if seen[3] is None:
-            node.learn(entry)
-            seen[3] = node.facts
-        else:
+        kept = seen is not None and seen[1] is node and seen[2] is entry
+        if kept and seen[3] is not None:
             node.facts = seen[3]
+            return
+        node.learn(entry)
+        if kept:
+            seen[3] = node.facts
 
     # --- attributes -------------------------------------------------------------------------------
 
