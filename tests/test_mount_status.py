@@ -192,6 +192,22 @@ def test_only_the_owner_and_root_may_ask():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_stopping_the_status_channel_ends_its_thread_at_once(tmp_path):
+    """An unmount stops the status channel: its thread, blocked in accept(2), is woken and ends
+    (it used to poll for the stop every half second, which every unmount then waited for)."""
+    from nokvfs.fs.status import StatusServer
+
+    path = str(tmp_path / "status.sock")
+    server = StatusServer(path, lambda: {"answered": True})
+    server.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        assert json.loads(sock.makefile().readline()) == {"answered": True}
+    thread = server._thread
+    server.stop()  # joins the thread for up to 2 s: one still blocked in accept(2) is alive after
+    assert not thread.is_alive() and not os.path.exists(path)
+
+
 def test_status_of_what_is_not_a_live_mount(tmp_path):
     done = nokvfs("status", str(tmp_path), "--json")
     assert done.returncode == 3 and "not a nokvfs mount" in done.stderr

@@ -16,6 +16,7 @@ not hit the 108-byte limit of a socket address.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -267,7 +268,6 @@ class StatusServer:
         finally:
             os.close(fd)
         sock.listen(8)
-        sock.settimeout(0.5)  # so that stop() is noticed
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name="nokvfs-status", daemon=True)
         self._thread.start()
@@ -276,9 +276,7 @@ class StatusServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+            except OSError:  # stop() shut the socket down
                 return
             with conn:
                 conn.settimeout(QUERY_TIMEOUT)
@@ -305,6 +303,11 @@ class StatusServer:
     def stop(self) -> None:
         self._stop.set()
         if self._sock is not None:
+            # shutdown(2) wakes the accept(2) the serving thread is blocked in (close alone does
+            # not), so an unmount does not wait for it; a timeout to poll instead cost every
+            # unmount up to that long.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
         if self._thread is not None:
             self._thread.join(2.0)
