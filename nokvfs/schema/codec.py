@@ -337,8 +337,8 @@ def record(version: int | None):
         hints = typing.get_type_hints(cls, globalns=vars(module), include_extras=True)
         cls.__codec_fields__ = tuple((f.name, _codec_of(hints[f.name])) for f in dataclasses.fields(cls))
         cls.__decode_plan__ = _plan(cls.__codec_fields__)
-        cls.__fast_encode__ = staticmethod(_compile_encoder(cls))
-        cls.__fast_decode__ = staticmethod(_compile_decoder(cls))
+        cls.__fast_encode__ = _compiled_on_first_call(cls, "__fast_encode__", _compile_encoder)
+        cls.__fast_decode__ = _compiled_on_first_call(cls, "__fast_decode__", _compile_decoder)
         cls.VERSION = version
         cls.encode = _encode
         cls.decode = classmethod(_decode)
@@ -346,6 +346,20 @@ def record(version: int | None):
         return cls
 
     return wrap
+
+
+def _compiled_on_first_call(cls, attribute: str, compile_):
+    """A stand-in for `cls`'s compiled encoder or decoder that compiles it at its first call and
+    puts it in its place: compiling all of them at import was a third of the time every `nokvfs`
+    command and daemon took to start, and a process uses few of them. Two threads may both
+    compile one: the same function."""
+
+    def first_call(*args):
+        fast = compile_(cls)
+        setattr(cls, attribute, staticmethod(fast))
+        return fast(*args)
+
+    return staticmethod(first_call)
 
 
 def _compile_init(cls):
