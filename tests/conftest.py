@@ -128,6 +128,30 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "block_cache: the test's local data directory has a block cache (one asked for at init)"
     )
+    config.addinivalue_line(
+        "markers", "long: one of the suite's longest tests (20 s or more on a two-CPU machine): run first"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest tests first, shared out among the workers (stable otherwise). pytest-xdist's
+    worksteal hands each of N workers a contiguous part of this order (the first len // N items to
+    the first, and so on) and lets an idle worker take from the end of another's; a long test
+    left near the end ran alone while the others had finished, so the suite took as long as its
+    last long test. Each worker's part now starts with every N-th of them."""
+    long = [item for item in items if item.get_closest_marker("long") is not None]
+    short = [item for item in items if item.get_closest_marker("long") is None]
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    ordered, remaining, taken = [], len(items), 0
+    for worker in range(workers):
+        size = remaining // (workers - worker)  # what the scheduler sends this worker
+        remaining -= size
+        part = long[worker::workers]
+        fill = max(0, size - len(part))
+        ordered += part + short[taken : taken + fill]
+        taken += fill
+    ordered += short[taken:]
+    items[:] = ordered
 
 
 @pytest.hookimpl(hookwrapper=True)

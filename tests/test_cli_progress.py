@@ -249,6 +249,7 @@ def test_recursive_put_and_get_on_a_terminal(tree, tmp_path):
     assert all((dest / below).read_bytes() == (top / below).read_bytes() for below in sizes)
 
 
+@pytest.mark.long
 def test_gc_fsck_and_restore_report_what_they_did(tree, tmp_path):
     data, top, sizes = tree
     assert run_redirected("put", "wb:outputs/run1", str(top), "--data-dir", data)[0] == 0

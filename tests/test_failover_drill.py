@@ -64,6 +64,7 @@ def log_of(path: str) -> str:
 @pytest.mark.damages_store(
     "A's write that never reached the bucket leaves blocks C does not reference: checked at the end"
 )
+@pytest.mark.long
 def test_failover_drill(tmp_path, s3_bucket, s3_endpoint, cuttable_proxy):
     url = f"s3://{s3_bucket}/prod"
     a_dir, a_mnt = str(tmp_path / "a" / "data"), str(tmp_path / "a" / "mnt")

@@ -248,6 +248,7 @@ def _matrix(data_dir: str, pristine: Pristine, spans, patterns, cli=None) -> Cou
     return tally
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("target", ["PathCurrent", "ArtifactRevision", "History", "outbox record", "System"])
 def test_every_flipped_byte_of_a_live_row_is_refused_or_harmless(pristine, damaged, target):
     """Seed: the shard validates before any mutation, and nokvfs reads a row only through its

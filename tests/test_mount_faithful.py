@@ -284,6 +284,7 @@ TORN_READER = textwrap.dedent(
 )
 
 
+@pytest.mark.long
 def test_readers_racing_replacements_never_read_a_torn_file(mount, tmp_path):
     """Four readers read the whole file again and again while it is replaced, alternately by
     another process (`nokvfs put`) and inside the mount (written beside it and renamed over),
@@ -557,6 +558,7 @@ def test_spool_list_retry_and_discard(tmp_path):
 # --- bounded waits --------------------------------------------------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.damages_store("its bucket answers at an endpoint that is gone after the test (a silent server)")
 def test_a_silent_store_gives_eio_within_the_deadline_and_the_mount_keeps_serving(
     tmp_path, s3_bucket, s3_endpoint, silent_server
@@ -656,6 +658,7 @@ def test_cp_of_a_file_whose_upload_outlasts_the_deadline_succeeds_over_a_slow_li
 # --- a few thousand files with the tools that move trees ------------------------------------------
 
 
+@pytest.mark.long
 def test_tar_x_and_rsync_of_a_few_thousand_files_then_diff_and_fsck(tmp_path):
     """1,250 files in 50 directories (sizes 0 to 64 KiB, modes, times, links), 2,500 published:
     `tar x` into the mount, `rsync -a` into it, `diff -r` against the source both ways round, a

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.mount_fixtures import REPO, env, fsck_clean, mount, mounted, needs_fuse  # noqa: F401
 
 pytestmark = needs_fuse
@@ -37,12 +39,14 @@ def exercise(path: str, *, ops: int, seed: int, max_size: int) -> str:
     return done.stdout
 
 
+@pytest.mark.long
 def test_ten_thousand_random_operations_match_the_model(mount):
     out = exercise(mount.path("wb", "outputs", "fsx.bin"), ops=10_000, seed=20261203, max_size=1 << 20)
     assert "0 miscompares" in out
     fsck_clean(mount.data_dir)
 
 
+@pytest.mark.long
 def test_a_file_larger_than_a_block_under_random_operations(mount):
     """Bodies across block boundaries (4 MiB blocks): fills, appends and truncates that cross them."""
     out = exercise(mount.path("wb", "outputs", "fsx-large.bin"), ops=1_500, seed=7, max_size=9 * 1024 * 1024)
@@ -50,6 +54,7 @@ def test_a_file_larger_than_a_block_under_random_operations(mount):
     fsck_clean(mount.data_dir)
 
 
+@pytest.mark.long
 def test_random_operations_on_small_blocks_staged_while_written(tmp_path):
     """4 KiB blocks: appends complete blocks in order, which are staged in the store while the
     file is written (nokvfs.workspace.prestage); writes behind them, truncates, fsyncs, second

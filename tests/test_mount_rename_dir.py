@@ -99,6 +99,7 @@ def test_a_renamed_tree_survives_a_remount(tmp_path):
             assert f.read() == "29\n"
 
 
+@pytest.mark.long
 def test_a_tree_bigger_than_one_command_is_exdev_and_mv_copies_it(tmp_path):
     from nokvfs.workspace import datadir
     from tests.mount_fixtures import init_data_dir

@@ -90,6 +90,7 @@ def _start_crashing_daemon(data: str, mnt: str, log: str, crash_at: str):
         return start_daemon(data, mnt, log, WB)
 
 
+@pytest.mark.long
 def test_tar_x_then_diff_then_umount_drains_everything(tmp_path):
     base = str(tmp_path)
     # Enough files that the publisher (group commit) is still busy when `nokvfs umount` starts.
@@ -662,6 +663,7 @@ def test_directory_changes_accepted_before_a_kill_are_stored_at_the_next_mount(t
         ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("call", ["sync FILE", "mkdir + rmdir", "mv DIR", "mv FILE + sync"])
 def test_calls_after_tar_x_wait_for_a_backlog_longer_than_the_syscall_deadline(tmp_path, call):
     """`tar x` of a few thousand files, then a call that must wait for the publications ahead of

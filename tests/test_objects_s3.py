@@ -471,6 +471,7 @@ def test_delete_many_on_a_blackholed_endpoint_answers_each_key_within_the_deadli
     assert all(isinstance(r, AmbiguousTimeout) for r in results)
 
 
+@pytest.mark.long
 def test_the_default_deadline_bounds_a_call_to_30_seconds(aws_test_env, silent_server):
     """The defaults (connect 5 s, read 10 s, 3 attempts, 30 s deadline): a call on an endpoint
     that never answers returns StoreTimeout in at most 30 s (here: two attempts, about 20 s)."""

@@ -647,6 +647,7 @@ def test_a_checkpoint_after_n_increments_and_cleanup_deletes_only_older_keys_nev
     assert store.head(bucket.key(mf.CURRENT)) is not None
 
 
+@pytest.mark.long
 def test_cleanup_rereads_current_before_each_batch_of_at_most_1000_and_follows_continuations(
     source, store, s3_client, s3_bucket
 ):
