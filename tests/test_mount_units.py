@@ -8,6 +8,7 @@ import errno
 import os
 import random
 import shutil
+import stat
 import tempfile
 
 import pytest
@@ -1165,6 +1166,41 @@ def test_a_spools_mtime_moves_at_a_write_after_a_getattr_showed_it(root):
 def _ino_of(fs, name: str) -> int:
     section = fs.tree.lookup(fs.tree.lookup(fs.tree.inodes.root, "wb"), "outputs")
     return fs.tree.lookup(section, name).ino
+
+
+def test_a_directorys_attributes_are_read_again_once_any_process_has_committed(root, monkeypatch):
+    """Tree.directory_attributes keeps a directory's stored attributes while nothing is committed
+    (a stat of the directory, or a create in it, reads no marker), and reads them again after a
+    commit of this process or of another one, so a chmod from anywhere shows at once."""
+    import subprocess
+    import sys
+
+    from tests.mount_fixtures import env
+
+    fs = _kernel_less(root)
+    tree = fs.tree
+    namespace.set_directory_attributes(root, "wb", "outputs/d", mode=0o750)
+    section = tree.lookup(tree.lookup(tree.inodes.root, "wb"), "outputs")
+    node = tree.lookup(section, "d")
+    tree.inodes.remember(node)
+    tree.subdirectories(node)  # the scan of its children a stat makes once (kept on the node)
+    reads = []
+    real = tree.view.read
+    monkeypatch.setattr(tree.view, "read", lambda: (reads.append(1), real())[1])
+    first = tree.directory_attributes(node)
+    assert first.mode & 0o7777 == 0o750 and len(reads) == 1
+    assert tree.directory_attributes(node) is first and len(reads) == 1
+    assert stat.S_IMODE(tree.attributes(node).st_mode) == 0o750 and len(reads) == 1
+    namespace.put(root, "wb", "outputs/elsewhere", b"1")  # a commit of this process, elsewhere
+    assert tree.directory_attributes(node) == first and len(reads) == 2
+    script = (
+        "from nokvfs.workspace import datadir, namespace\n"
+        f"root = datadir.open_root({root.data_dir!r}, verify=False)\n"
+        "namespace.set_directory_attributes(root, 'wb', 'outputs/d', mode=0o700)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=env(), timeout=60)
+    assert tree.directory_attributes(node).mode & 0o7777 == 0o700 and len(reads) == 3
+    assert stat.S_IMODE(tree.attributes(node).st_mode) == 0o700
 
 
 def test_a_live_entry_is_read_again_once_any_process_has_committed(root, monkeypatch):

@@ -82,6 +82,8 @@ class Tree:
         self._root_mtime_ns = self.mounted_ns
         # ino -> [shard change stamp, node, PathEntry, its facts or None] (current_entry)
         self._entries: dict = {}
+        # ino -> (shard change stamp, node, its stored Attributes or None) (directory_attributes)
+        self._directories: dict = {}
         self._own = collections.OrderedDict()  # (event kind, revision id) this mount committed
         # Paths with a change of this mount in flight: their events wait until it is known whether
         # they are this mount's own (the commit lands before the facade call returns).
@@ -383,13 +385,25 @@ class Tree:
         return attrs.Shown(stored_mode, 0, uid, gid, newest, newest, newest, nlink)
 
     def directory_attributes(self, node: Node):
-        """A directory's stored attributes (its marker), or None."""
+        """A directory's stored attributes (its marker), or None. Read again only once something
+        was committed since the last read (as current_entry): a stat of a directory, and each
+        create in it, read nothing from the shard while nothing changes."""
         view = self.view_of(node)
         getter = getattr(view, "directory_attributes", None)
         if getter is None:
             return None
+        stamp = None if view.immutable else self.root.shard.change_stamp()
+        if stamp is not None:
+            seen = self._directories.get(node.ino)
+            if seen is not None and seen[0] == stamp and seen[1] is node:
+                return seen[2]
         with view.read() as v:
-            return getter(v, node.incarnation, node.components)
+            stored = getter(v, node.incarnation, node.components)
+        if stamp is not None:
+            if len(self._directories) >= ENTRIES_KEPT:
+                self._directories.clear()
+            self._directories[node.ino] = (stamp, node, stored)
+        return stored
 
     def directory_time(self, node: Node, floor: int) -> int:
         """The newest change time of the entries directly in a directory (cached on the node)."""
