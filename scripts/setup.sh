@@ -21,6 +21,6 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[fuse,test]'
 # An editable install compiles nothing, and with PYTHONDONTWRITEBYTECODE set (as in some
 # containers) no process caches its bytecode either: every `nokvfs` command and mount daemon then
-# compiled nokvfs from source at start, 0.5 s of CPU of its 0.6 s of imports. Compiled once here,
+# compiled nokvfs from source at start (0.2-0.3 s more for `nokvfs --help`). Compiled once here,
 # each start reads the .pyc files (ignored by git), whatever that variable says.
 "$PYTHON" -m compileall -q -j 0 nokvfs tests scripts >/dev/null

@@ -350,8 +350,8 @@ def record(version: int | None):
 
 def _compiled_on_first_call(cls, attribute: str, compile_):
     """A stand-in for `cls`'s compiled encoder or decoder that compiles it at its first call and
-    puts it in its place: compiling all of them at import was a third of the time every `nokvfs`
-    command and daemon took to start, and a process uses few of them. Two threads may both
+    puts it in its place: compiling all of them at import was about a fifth of the imports every
+    `nokvfs` command and daemon starts with, and a process uses few of them. Two threads may both
     compile one: the same function."""
 
     def first_call(*args):
