@@ -60,7 +60,7 @@ def _ms_to_ns(ms: int) -> int:
     return ms * 1_000_000
 
 
-ENTRIES_KEPT = 4096  # live entries current_entry keeps (all dropped at once beyond it)
+ENTRIES_KEPT = 4096  # live values _read_kept keeps of each kind (all dropped at once beyond it)
 
 
 class Tree:
@@ -80,9 +80,9 @@ class Tree:
         self.mounted_ns = time.time_ns()
         self._workbench_times: dict[str, int] = {}
         self._root_mtime_ns = self.mounted_ns
-        # ino -> [shard change stamp, node, PathEntry, its facts or None] (current_entry)
+        # ino -> [shard change stamp, node, value, its facts or None] (_read_kept): the PathEntry
+        # of each file (current_entry; its facts for `learn`), a directory's stored attributes
         self._entries: dict = {}
-        # ino -> (shard change stamp, node, its stored Attributes or None) (directory_attributes)
         self._directories: dict = {}
         self._own = collections.OrderedDict()  # (event kind, revision id) this mount committed
         # Paths with a change of this mount in flight: their events wait until it is known whether
@@ -253,23 +253,27 @@ class Tree:
         """The PathEntry at the node's path now (None: nothing published there)."""
         if node.detached:
             return None
+        # An open(2) or stat(2) of a file nobody changes then costs no read transaction, no
+        # PathCurrent read and no attribute decoding (`learn`).
         view = self.view_of(node)
-        # A live path's entry is read again only once something was committed since the last
-        # read of it (the stamp is taken before the read: a commit racing the read makes the
-        # next call read again). An open(2) or stat(2) of a file nobody changes then costs no
-        # read transaction, no PathCurrent read and no attribute decoding (`learn`).
+        return self._read_kept(self._entries, node, view, lambda v: view.entry(v, node.incarnation, node.components))
+
+    def _read_kept(self, kept: dict, node: Node, view, read):
+        """`read(v)` in a read of `view`, kept in `kept` for the node: a live view's value is
+        read again only once something was committed since the last read of it (the stamp is
+        taken before the read: a commit racing the read makes the next call read again)."""
         stamp = None if view.immutable else self.root.shard.change_stamp()
         if stamp is not None:
-            seen = self._entries.get(node.ino)
+            seen = kept.get(node.ino)
             if seen is not None and seen[0] == stamp and seen[1] is node:
                 return seen[2]
         with view.read() as v:
-            entry = view.entry(v, node.incarnation, node.components)
+            value = read(v)
         if stamp is not None:
-            if len(self._entries) >= ENTRIES_KEPT:
-                self._entries.clear()
-            self._entries[node.ino] = [stamp, node, entry, None]
-        return entry
+            if len(kept) >= ENTRIES_KEPT:
+                kept.clear()
+            kept[node.ino] = [stamp, node, value, None]
+        return value
 
     def learn(self, node: Node, entry) -> None:
         """node.learn(entry), with the facts decoded once per entry `current_entry` kept."""
@@ -392,18 +396,7 @@ class Tree:
         getter = getattr(view, "directory_attributes", None)
         if getter is None:
             return None
-        stamp = None if view.immutable else self.root.shard.change_stamp()
-        if stamp is not None:
-            seen = self._directories.get(node.ino)
-            if seen is not None and seen[0] == stamp and seen[1] is node:
-                return seen[2]
-        with view.read() as v:
-            stored = getter(v, node.incarnation, node.components)
-        if stamp is not None:
-            if len(self._directories) >= ENTRIES_KEPT:
-                self._directories.clear()
-            self._directories[node.ino] = (stamp, node, stored)
-        return stored
+        return self._read_kept(self._directories, node, view, lambda v: getter(v, node.incarnation, node.components))
 
     def directory_time(self, node: Node, floor: int) -> int:
         """The newest change time of the entries directly in a directory (cached on the node)."""
