@@ -140,3 +140,21 @@ def test_a_directory_another_process_makes_or_removes_is_counted_in_its_parents_
     cli(mount, "rm", "wb:outputs/top/new/deeper/file.txt")
     within(lambda: os.stat(top).st_nlink == 2, what="top's link count after its implicit directory went")
     assert os.stat(outputs).st_nlink == 3
+
+
+def test_a_chmod_of_a_directory_by_another_process_shows_after_this_mount_chmoded_it(mount):
+    """`mkdir d; chmod 750 d; stat d` here, then `nokvfs chmod 700 wb:outputs/d` in another
+    process: `stat d` shows 700 within the follower's deadline, not only once the kernel's
+    attribute timeout (10 s) runs out. This mount's own chmod is recognised by the one event it
+    causes, so it cannot also swallow the next change of the directory by someone else."""
+    d = mount.path("wb", "outputs", "d")
+    done = subprocess.run(
+        f"mkdir {d} && chmod 750 {d} && touch {d}/a && stat -c %a {d}", shell=True, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "750", done.stderr
+    cli(mount, "chmod", "700", "wb:outputs/d")
+    within(lambda: oct(os.stat(d).st_mode & 0o7777) == "0o700", what="another process's chmod of the directory")
+    for mode in ("755", "711"):  # and again, each time one change of this mount then one of another
+        assert subprocess.run(["chmod", mode, d]).returncode == 0 and oct(os.stat(d).st_mode & 0o777) == f"0o{mode}"
+        cli(mount, "chmod", "700", "wb:outputs/d")
+        within(lambda: oct(os.stat(d).st_mode & 0o7777) == "0o700", what="another process's chmod, again")

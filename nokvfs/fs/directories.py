@@ -266,8 +266,12 @@ class Directories:
             self.workers.run,
             lambda: namespace.set_directory_attributes(self.root, node.workbench_id, node.path, **changes),
         )
-        tree.own(ChangeEventKind.PathPut, entry.artifact_revision_id)
-        tree.own(ChangeEventKind.PathAttributesChanged, entry.artifact_revision_id)
+        # One event follows, of the one kind the call caused: PathPut when it made the marker
+        # (created and modified at one commit), PathAttributesChanged when it changed one (which
+        # keeps the revision). Owning both left the other pending, and it then swallowed the next
+        # attribute change of this directory by another process.
+        made = entry.created_version == entry.modified_version
+        tree.own(ChangeEventKind.PathPut if made else ChangeEventKind.PathAttributesChanged, entry.artifact_revision_id)
         tree.overlay.published(node.incarnation, node.components + (attributes.DIRECTORY_MARKER,))
 
     # --- snapshots: mkdir mints, rmdir retires (as in ZFS's .zfs/snapshot) ----------------------
