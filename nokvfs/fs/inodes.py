@@ -21,7 +21,6 @@ so open descriptors of the old file never share page cache with the new one.
 
 from __future__ import annotations
 
-import enum
 import logging
 import typing
 
@@ -37,19 +36,34 @@ _RESERVED = range(0, 16)  # 0 is "no inode" to FUSE, 1 is the root; keep a littl
 _DOMAIN = b"nokvfs.inode.v1\0"
 
 
-class Kind(enum.Enum):
-    ROOT = "root"  # the mount's `/`: the Visible workbenches
-    WORKBENCH = "workbench"  # `/<wb>/`: the five sections
-    SECTION = "section"  # `/<wb>/<section>/`: always present, never removable
-    DIR = "dir"  # an implicit directory below a section
-    FILE = "file"
-    LINK = "link"  # a symbolic link (an artifact whose body is the target)
-    HISTORY = "history"  # `/<wb>/.snapshots`, `/<wb>/.commits`, `/<wb>/.tags`: the as-of views
-    VIEW = "view"  # `/<wb>/.snapshots/<name>/` ...: a read-only view's workbench directory
+class Kind:
+    """What an inode is. A fixed set of singletons compared with `is`, like an enum's members, but
+    a plain class: on Python 3.11 every `Kind.X` of an enum.Enum goes through EnumType.__getattr__
+    (about 150 ns each) and its hash through a Python __hash__, and a listing or lookup takes
+    several of each per entry."""
 
-    @property
-    def is_dir(self) -> bool:
-        return self not in (Kind.FILE, Kind.LINK)
+    __slots__ = ("name", "value", "is_dir")
+
+    def __init__(self, name: str, value: str, is_dir: bool):
+        self.name = name
+        self.value = value
+        self.is_dir = is_dir  # listed and looked up in like a directory
+
+    def __repr__(self) -> str:
+        return f"<Kind.{self.name}>"
+
+    def __reduce__(self):
+        return getattr, (Kind, self.name)
+
+
+Kind.ROOT = Kind("ROOT", "root", True)  # the mount's `/`: the Visible workbenches
+Kind.WORKBENCH = Kind("WORKBENCH", "workbench", True)  # `/<wb>/`: the five sections
+Kind.SECTION = Kind("SECTION", "section", True)  # `/<wb>/<section>/`: always present, never removable
+Kind.DIR = Kind("DIR", "dir", True)  # an implicit directory below a section
+Kind.FILE = Kind("FILE", "file", False)
+Kind.LINK = Kind("LINK", "link", False)  # a symbolic link (an artifact whose body is the target)
+Kind.HISTORY = Kind("HISTORY", "history", True)  # `/<wb>/.snapshots`, `/<wb>/.commits`, `/<wb>/.tags`: the as-of views
+Kind.VIEW = Kind("VIEW", "view", True)  # `/<wb>/.snapshots/<name>/` ...: a read-only view's workbench directory
 
 
 class Node:
