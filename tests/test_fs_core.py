@@ -762,3 +762,32 @@ def test_a_stat_of_the_parent_during_an_rmdir_or_a_move_leaves_no_stale_count(ke
     assert kernel.stat("/wb/outputs/p").st_nlink == 3
     trio.run(racing, lambda: kernel.ops.rename(p, b"b", q, b"b", 0, kernel.ctx))
     assert (kernel.stat("/wb/outputs/p").st_nlink, kernel.stat("/wb/outputs/q").st_nlink) == (2, 3)
+
+
+def test_a_directorys_lookup_and_the_listings_after_it_read_each_page_once_until_a_commit(kernel):
+    """The scan a directory's attributes need (its time, its link count) and the listing that
+    follows share the engine pages they read, and listings repeat none while nothing commits."""
+    root = kernel.fs.tree.root
+    names = [f"f{i:03d}" for i in range(300)]  # two engine pages
+    for name in names:
+        namespace.put(root, "wb", "outputs/big/" + name, b"x")
+    view = kernel.fs.tree.view
+    pages = []
+    original = view.children
+
+    def counted(v, workbench, components, **kwargs):
+        if components == ("outputs", "big"):
+            pages.append(kwargs["start_after"])
+        return original(v, workbench, components, **kwargs)
+
+    view.children = counted
+    assert kernel.stat("wb/outputs/big").st_nlink == 2  # the scan: both pages
+    assert len(pages) == 2
+    assert kernel.listdir("wb/outputs/big") == names
+    assert kernel.listdir_in_batches("wb/outputs/big", 7, None) == names
+    assert len(pages) == 2  # the two listings read nothing
+
+    namespace.put(root, "wb", "outputs/big/f150a", b"new")  # any commit: everything read again
+    assert kernel.listdir("wb/outputs/big") == sorted(names + ["f150a"])
+    assert len(pages) == 4
+    assert kernel.stat("wb/outputs/big/f150a").st_size == 3

@@ -158,3 +158,34 @@ def test_a_chmod_of_a_directory_by_another_process_shows_after_this_mount_chmode
         assert subprocess.run(["chmod", mode, d]).returncode == 0 and oct(os.stat(d).st_mode & 0o777) == f"0o{mode}"
         cli(mount, "chmod", "700", "wb:outputs/d")
         within(lambda: oct(os.stat(d).st_mode & 0o7777) == "0o700", what="another process's chmod, again")
+
+
+def ls(path: str) -> list[str]:
+    done = subprocess.run(["ls", "-1", "-f", path], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return sorted(set(done.stdout.split()) - {".", ".."})
+
+
+def test_ls_right_after_another_process_changed_a_big_directory_shows_the_change(mount):
+    # More children than one engine page (255), so the listing pages; `ls` twice first, so the
+    # pages this mount keeps of an unchanged directory are there to be (wrongly) reused.
+    names = [f"f{i:04d}" for i in range(600)]
+    mount.facade(f"for name in {names!r}:\n    namespace.put(root, 'wb', 'outputs/big/' + name, b'x')\n")
+    big = mount.path("wb", "outputs", "big")
+    within(lambda: os.path.isdir(big) and len(ls(big)) == 600, deadline=10)
+    assert ls(big) == names
+    assert ls(big) == names
+
+    # Another process adds one name in the middle of a page and removes one from another: the
+    # very next `ls` (readdir is never cached by the kernel here) shows both.
+    cli(mount, "put", "wb:outputs/big/f0300a", "-", input=b"new")
+    assert ls(big) == sorted(names + ["f0300a"])
+    cli(mount, "rm", "wb:outputs/big/f0100")
+    assert ls(big) == sorted(set(names + ["f0300a"]) - {"f0100"})
+
+    # And this mount's own change, through the mount.
+    with open(os.path.join(big, "f0500b"), "w") as f:
+        f.write("mine")
+    os.unlink(os.path.join(big, "f0200"))
+    assert ls(big) == sorted(set(names + ["f0300a", "f0500b"]) - {"f0100", "f0200"})
+    assert os.stat(os.path.join(big, "f0500b")).st_size == 4

@@ -75,18 +75,19 @@ class Listing:
         if not node.kind.is_dir:
             raise refuse(errno.ENOTDIR, f"{node.describe()} is not a directory")
         handle = DirHandle(fh, node)
-        sections = [(name, Kind.SECTION, None, None) for name in sorted(wb.SECTIONS)]
+        sections = [(name, Kind.SECTION, None, None, None) for name in sorted(wb.SECTIONS)]
         if node.kind is Kind.ROOT:
-            handle.static = [(w.workbench_id, Kind.WORKBENCH, w, None) for w in tree.refresh_workbenches()]
+            handle.static = [(w.workbench_id, Kind.WORKBENCH, w, None, None) for w in tree.refresh_workbenches()]
         elif node.kind is Kind.WORKBENCH:
             with tree.view.read() as v:
                 tree.view.require(v, node.workbench_id, node.incarnation)
-            handle.static = [(name, Kind.HISTORY, None, None) for name in views_.HISTORY_DIRS] + sections
+            handle.static = [(name, Kind.HISTORY, None, None, None) for name in views_.HISTORY_DIRS] + sections
         elif node.kind is Kind.HISTORY:
             with tree.view.read() as v:
                 workbench = tree.view.require(v, node.workbench_id, node.incarnation)
             handle.static = [
-                (name, Kind.VIEW, view, None) for name, view in views_.names(tree.root, workbench, node.components[0])
+                (name, Kind.VIEW, view, None, None)
+                for name, view in views_.names(tree.root, workbench, node.components[0])
             ]
         elif node.kind is Kind.VIEW:
             view = tree.view_of(node)
@@ -115,7 +116,8 @@ class Listing:
     def fill(self, handle: DirHandle) -> bool:
         """Fetch the next page of children into handle.buffer; False at the end of the listing.
 
-        Items are (name, kind, PathEntry | Workbench | view | None, listed from the overlay).
+        Items are (name, kind, PathEntry | Workbench | view | None, listed from the overlay, the
+        facts of a PathEntry or None).
         """
         tree = self.tree
         node = handle.node
@@ -127,21 +129,20 @@ class Listing:
             if not handle.buffer:
                 handle.phase = "done"
             return bool(handle.buffer)
-        view = tree.view_of(node)
-        with view.read() as v:
-            workbench = view.require(v, node.workbench_id, node.incarnation)
-            children, anchor = view.children(v, workbench, node.components, start_after=handle.anchor, limit=PAGE)
+        with tree.page_reader(node) as pages:
+            page = pages(handle.anchor)
+        children, anchor = page.children, page.anchor
         child_kind = Kind.SECTION if node.kind in (Kind.WORKBENCH, Kind.VIEW) else Kind.DIR
         items, scanned = [], set()
-        for child in children:
+        for child, facts in zip(children, page.facts()):
             scanned.add(child.name)
             if child.entry is not None:
                 if child.name == attributes.DIRECTORY_MARKER:
                     continue
-                kind = Kind.LINK if attributes.is_symlink(child.entry) else Kind.FILE
-                items.append((child.name, kind, child.entry, False))
+                kind = Kind.LINK if facts.is_link else Kind.FILE
+                items.append((child.name, kind, child.entry, False, facts))
             else:
-                items.append((child.name, child_kind, None, False))
+                items.append((child.name, child_kind, None, False, None))
         if node.view == LIVE:
             # The overlay's entries in the range this page covers (all the rest after the last
             # page) that the scan did not list. The scan is read first: a file published since
@@ -155,7 +156,7 @@ class Listing:
                 if name in scanned or (handle.anchor is not None and key <= handle.anchor):
                     continue
                 if upper is None or key <= upper:
-                    items.append((name, Kind.FILE if kind == overlays.FILE else Kind.DIR, None, True))
+                    items.append((name, Kind.FILE if kind == overlays.FILE else Kind.DIR, None, True, None))
         items.sort(key=lambda item: ordered_component(item[0]))
         handle.buffer.extend(items)
         if anchor is None:
@@ -168,7 +169,7 @@ class Listing:
     def entry_node(self, handle: DirHandle, item) -> Node | None:
         """The node of a buffered listing item (None: it is gone, skip it)."""
         tree = self.tree
-        name, kind, extra, from_overlay = item
+        name, kind, extra, from_overlay, facts = item
         parent = handle.node
         if kind is Kind.WORKBENCH:
             return tree.workbench_node(extra)
@@ -180,7 +181,7 @@ class Listing:
             pending = tree.overlay.pending(parent.incarnation, parent.components + (name,))
             return pending if pending is not None else tree.lookup(parent, name)  # published since
         if kind in (Kind.FILE, Kind.LINK):
-            return tree.path_node(parent, name, extra)
+            return tree.path_node(parent, name, extra, facts)
         return tree.child(parent, kind, name)
 
     def advance(self, handle: DirHandle, item) -> None:

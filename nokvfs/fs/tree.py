@@ -31,6 +31,7 @@ again from the entries recorded); made by another process they do not move it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -41,7 +42,7 @@ from nokvfs.fs import attrs, names
 from nokvfs.fs import overlay as overlays
 from nokvfs.fs import views as views_
 from nokvfs.fs.errors import refuse
-from nokvfs.fs.inodes import InodeTable, Kind, Node
+from nokvfs.fs.inodes import InodeTable, Kind, Node, facts_of
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.ids import creation_unix_ms
 from nokvfs.schema.names import check_workbench_id
@@ -61,6 +62,28 @@ def _ms_to_ns(ms: int) -> int:
 
 
 ENTRIES_KEPT = 4096  # live values _read_kept keeps of each kind (all dropped at once beyond it)
+PAGE = 255  # children per engine page of a directory (a scan's and a listing's)
+PAGES_KEPT = 32  # pages `children_page` keeps (the oldest dropped beyond it)
+
+
+class Page:
+    """One page of a directory's children, as read while the shard was at `stamp`, and the facts
+    of its files once asked for (`facts`): a directory's scan and the listing that follows it, or
+    two listings with nothing committed between them, decode each entry once."""
+
+    __slots__ = ("stamp", "children", "anchor", "_facts")
+
+    def __init__(self, stamp, children: list, anchor):
+        self.stamp = stamp
+        self.children = children
+        self.anchor = anchor
+        self._facts = None
+
+    def facts(self) -> list:
+        """facts_of(child.entry) for each child (None for a directory)."""
+        if self._facts is None:
+            self._facts = [None if child.entry is None else facts_of(child.entry) for child in self.children]
+        return self._facts
 
 
 class Tree:
@@ -84,6 +107,8 @@ class Tree:
         # of each file (current_entry; its facts for `learn`), a directory's stored attributes
         self._entries: dict = {}
         self._directories: dict = {}
+        # (view, incarnation, components, start_after) -> Page (children_page)
+        self._pages = collections.OrderedDict()
         self._own = collections.OrderedDict()  # (event kind, revision id) this mount committed
         # Paths with a change of this mount in flight: their events wait until it is known whether
         # they are this mount's own (the commit lands before the facade call returns).
@@ -151,22 +176,24 @@ class Tree:
     def child(self, parent: Node, kind: Kind, name: str) -> Node:
         return self.inodes.node(kind, parent.view, parent.workbench_id, parent.incarnation, parent.components + (name,))
 
-    def path_node(self, parent: Node, name: str, entry) -> Node:
+    def path_node(self, parent: Node, name: str, entry, facts=None) -> Node:
         """The node of a published file or link at parent/name, showing `entry`.
 
         A node that shows another revision stays that revision's (its descriptors and the
         kernel's pages are that revision's) and is detached: the path gets a fresh node. The one
         exception is a file this mount is writing: it keeps its inode, and its publication will
-        find out whether the change came from outside.
+        find out whether the change came from outside. `facts`: facts_of(entry), when known.
         """
-        kind = Kind.LINK if attributes.is_symlink(entry) else Kind.FILE
+        if facts is None:
+            facts = facts_of(entry)
+        kind = Kind.LINK if facts.is_link else Kind.FILE
         node = self.inodes.find(parent.view, parent.incarnation, parent.components + (name,))
         if node is not None and node.spool is not None:
             return node
         if node is not None and not node.shows(entry):
             self.detach(node, parent=parent)
         node = self.child(parent, kind, name)
-        node.learn(entry)
+        node.facts = facts
         return node
 
     def detach(self, node: Node, *, parent: Node | None = None, deleted: bool = False) -> None:
@@ -415,21 +442,21 @@ class Tree:
         """One pass over the children of a directory (DIR_SCAN_LIMIT at most) for the two facts
         its stat derives from them: their newest change time and the subdirectories among them
         (implicit ones, ones with a marker, and this mount's own not stored yet). A cached time
-        this mount set for its own change is kept. False: the workbench is gone (nothing cached)."""
+        this mount set for its own change is kept. False: the workbench is gone (nothing cached).
+        Its pages are kept for the listing that usually follows (children_page)."""
         newest, subdirs = floor, set()
-        view = self.view_of(node)
         anchor, seen = None, 0
         try:
-            with view.read() as v:
-                workbench = view.require(v, node.workbench_id, node.incarnation)
+            with self.page_reader(node) as pages:
                 while seen < DIR_SCAN_LIMIT:
-                    children, anchor = view.children(v, workbench, node.components, start_after=anchor, limit=255)
-                    for child in children:
+                    page = pages(anchor)
+                    for child, facts in zip(page.children, page.facts()):
                         seen += 1
                         if child.entry is None:
                             subdirs.add(child.name)
                         elif child.name != attributes.DIRECTORY_MARKER:
-                            newest = max(newest, attributes.shown(child.entry).ctime_ns)
+                            newest = max(newest, facts.ctime_ns)
+                    anchor = page.anchor
                     if anchor is None:
                         break
         except NotFound:
@@ -443,6 +470,38 @@ class Tree:
         node.dir_scans += 1
         node.dir_subdirs = -1 if anchor is not None else len(subdirs)
         return True
+
+    @contextlib.contextmanager
+    def page_reader(self, node: Node):
+        """`pages(start_after)` -> the Page of the node's directory children after that anchor:
+        the one kept, when nothing was committed since it was read (by any process: the shard's
+        change stamp), else read in one read of the node's view (opened at the first page not
+        kept, NotFound if the workbench is gone there) and kept. The stamp is taken before the
+        read, so a commit racing it makes the next reader read again."""
+        view = self.view_of(node)
+        stamp = self.root.shard.change_stamp()
+        with contextlib.ExitStack() as stack:
+            reading = []
+
+            def pages(start_after) -> Page:
+                key = (node.view, node.incarnation, node.components, start_after)
+                page = self._pages.get(key)
+                if page is not None and stamp is not None and page.stamp == stamp:
+                    self._pages.move_to_end(key)
+                    return page
+                if not reading:
+                    v = stack.enter_context(view.read())
+                    reading.append((v, view.require(v, node.workbench_id, node.incarnation)))
+                v, workbench = reading[0]
+                children, anchor = view.children(v, workbench, node.components, start_after=start_after, limit=PAGE)
+                page = Page(stamp, children, anchor)
+                if stamp is not None:
+                    self._pages[key] = page
+                    while len(self._pages) > PAGES_KEPT:
+                        self._pages.popitem(last=False)
+                return page
+
+            yield pages
 
     def subdirectories_token(self, incarnation: bytes, components: tuple) -> int | None:
         """Taken before an own change that awaits (rmdir, rename): `subdirectories_changed` then
