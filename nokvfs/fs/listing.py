@@ -19,11 +19,11 @@ from nokvfs.fs import overlay as overlays
 from nokvfs.fs import views as views_
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.inodes import Kind, Node
+from nokvfs.fs.tree import PAGE
 from nokvfs.schema.paths import ordered_component
 from nokvfs.workspace import attributes
 from nokvfs.workspace import workbench as wb
 
-PAGE = 255
 DOTS = 2  # "." and "..": readdir hands them over first, at offsets 1 and 2 (FileSystem.readdir)
 LIVE = views_.LIVE
 

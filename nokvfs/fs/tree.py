@@ -63,7 +63,7 @@ def _ms_to_ns(ms: int) -> int:
 
 ENTRIES_KEPT = 4096  # live values _read_kept keeps of each kind (all dropped at once beyond it)
 PAGE = 255  # children per engine page of a directory (a scan's and a listing's)
-PAGES_KEPT = 32  # pages `children_page` keeps (the oldest dropped beyond it)
+PAGES_KEPT = 32  # pages `page_reader` keeps (the oldest dropped beyond it)
 
 
 class Page:
@@ -107,7 +107,7 @@ class Tree:
         # of each file (current_entry; its facts for `learn`), a directory's stored attributes
         self._entries: dict = {}
         self._directories: dict = {}
-        # (view, incarnation, components, start_after) -> Page (children_page)
+        # (view, incarnation, components, start_after) -> Page (page_reader)
         self._pages = collections.OrderedDict()
         self._own = collections.OrderedDict()  # (event kind, revision id) this mount committed
         # Paths with a change of this mount in flight: their events wait until it is known whether
@@ -443,7 +443,7 @@ class Tree:
         its stat derives from them: their newest change time and the subdirectories among them
         (implicit ones, ones with a marker, and this mount's own not stored yet). A cached time
         this mount set for its own change is kept. False: the workbench is gone (nothing cached).
-        Its pages are kept for the listing that usually follows (children_page)."""
+        Its pages are kept for the listing that usually follows (page_reader)."""
         newest, subdirs = floor, set()
         anchor, seen = None, 0
         try:
