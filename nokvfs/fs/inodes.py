@@ -42,6 +42,15 @@ class Kind:
     (about 150 ns each) and its hash through a Python __hash__, and a listing or lookup takes
     several of each per entry."""
 
+    ROOT: typing.ClassVar[Kind]  # the mount's `/`: the Visible workbenches
+    WORKBENCH: typing.ClassVar[Kind]  # `/<wb>/`: the five sections
+    SECTION: typing.ClassVar[Kind]  # `/<wb>/<section>/`: always present, never removable
+    DIR: typing.ClassVar[Kind]  # an implicit directory below a section
+    FILE: typing.ClassVar[Kind]
+    LINK: typing.ClassVar[Kind]  # a symbolic link (an artifact whose body is the target)
+    HISTORY: typing.ClassVar[Kind]  # `/<wb>/.snapshots`, `/<wb>/.commits`, `/<wb>/.tags`: the as-of views
+    VIEW: typing.ClassVar[Kind]  # `/<wb>/.snapshots/<name>/` ...: a read-only view's workbench directory
+
     __slots__ = ("name", "value", "is_dir")
 
     def __init__(self, name: str, value: str, is_dir: bool):
@@ -56,14 +65,18 @@ class Kind:
         return getattr, (Kind, self.name)
 
 
-Kind.ROOT = Kind("ROOT", "root", True)  # the mount's `/`: the Visible workbenches
-Kind.WORKBENCH = Kind("WORKBENCH", "workbench", True)  # `/<wb>/`: the five sections
-Kind.SECTION = Kind("SECTION", "section", True)  # `/<wb>/<section>/`: always present, never removable
-Kind.DIR = Kind("DIR", "dir", True)  # an implicit directory below a section
-Kind.FILE = Kind("FILE", "file", False)
-Kind.LINK = Kind("LINK", "link", False)  # a symbolic link (an artifact whose body is the target)
-Kind.HISTORY = Kind("HISTORY", "history", True)  # `/<wb>/.snapshots`, `/<wb>/.commits`, `/<wb>/.tags`: the as-of views
-Kind.VIEW = Kind("VIEW", "view", True)  # `/<wb>/.snapshots/<name>/` ...: a read-only view's workbench directory
+for _name, _is_dir in (
+    ("ROOT", True),
+    ("WORKBENCH", True),
+    ("SECTION", True),
+    ("DIR", True),
+    ("FILE", False),
+    ("LINK", False),
+    ("HISTORY", True),
+    ("VIEW", True),
+):
+    setattr(Kind, _name, Kind(_name, _name.lower(), _is_dir))
+del _name, _is_dir
 
 
 class Node:
