@@ -10,7 +10,8 @@ Figures, each the median of --runs, beside the reference measured in the same ru
     command   `nokvfs --help` (every import a command needs), wall and CPU
     import    the modules of a data directory and the daemon (python -X importtime's sum)
     mount     `nokvfs mount DATA MNT --foreground` started until the mount point answers
-    unmount   `fusermount3 -u` until the daemon has exited
+    unmount   `fusermount3 -u` until the daemon has exited (and the same for a mount with
+              `--metrics PORT`, whose listener stops too)
     cpu       the daemon's CPU time over one mount and unmount
 
 Whether the bytecode is cached is printed too: without it (an editable install run under
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -57,7 +59,13 @@ def _import_ms() -> float:
     return total / 1000
 
 
-def _mount_cycle(work: str, index: int) -> tuple[float, float, float]:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _mount_cycle(work: str, index: int, *options: str) -> tuple[float, float, float]:
     """(seconds until mounted, seconds to unmount and exit, the daemon's CPU seconds)."""
     data, mnt = os.path.join(work, f"data{index}"), os.path.join(work, f"mnt{index}")
     os.makedirs(mnt)
@@ -67,7 +75,7 @@ def _mount_cycle(work: str, index: int) -> tuple[float, float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"],
+        [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground", *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=REPO,
@@ -111,6 +119,7 @@ def main() -> None:
     imports = [_import_ms() for _ in range(args.runs)]
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="nokvfs-bench-start-") as work:
         cycles = [_mount_cycle(work, index) for index in range(args.runs)]
+        metrics = [_mount_cycle(work, args.runs + index, "--metrics", str(_free_port())) for index in range(args.runs)]
 
     def median(values) -> float:
         return statistics.median(values)
@@ -125,6 +134,7 @@ def main() -> None:
     print(f"imports              {median(imports):7.0f} ms (datadir + daemon, python -X importtime)")
     print(f"mount until ready    {median(m for m, _, _ in cycles) * 1000:7.0f} ms")
     print(f"unmount until exit   {median(u for _, u, _ in cycles) * 1000:7.0f} ms")
+    print(f"  with --metrics     {median(u for _, u, _ in metrics) * 1000:7.0f} ms")
     print(f"daemon CPU per cycle {median(c for _, _, c in cycles) * 1000:7.0f} ms")
 
 

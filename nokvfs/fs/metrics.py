@@ -178,24 +178,48 @@ class StatusCollector:
 
 
 class MetricsServer:
-    """The HTTP listener of the exposition (prometheus_client's own server, in its own thread)."""
+    """The HTTP listener of the exposition: prometheus_client's WSGI app and server class, served
+    by a thread of ours. prometheus_client's own `start_http_server` serves with socketserver's
+    default half-second poll, which every unmount then waited for."""
+
+    POLL = 0.05  # seconds serve_forever waits between checks for stop()
 
     def __init__(self, address: str, port: int, snapshot):
         self.address, self.port = address, port
         self.snapshot = snapshot
         self._server = None
+        self._thread = None
 
     def start(self) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        import socket
+        import threading
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import CollectorRegistry, make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StatusCollector(self.snapshot))
-        self._server, _ = start_http_server(self.port, addr=self.address, registry=registry)
+        family = socket.AF_INET6 if ipaddress.ip_address(self.address).version == 6 else socket.AF_INET
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, format, *args):
+                pass  # a scrape is not an event
+
+        self._server = make_server(self.address, self.port, make_wsgi_app(registry), Server, handler_class=Quiet)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": self.POLL}, name="nokvfs-metrics", daemon=True
+        )
+        self._thread.start()
         if not ipaddress.ip_address(self.address).is_loopback:
             log.warning("metrics of this mount are served to the network on %s:%d", self.address, self.port)
         log.info("metrics on http://%s:%d/metrics", self.address, self.port)
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
+            self._server.shutdown()  # returns once serve_forever has seen it: within POLL
             self._server.server_close()
+            self._thread.join(2.0)
