@@ -189,3 +189,39 @@ def test_ls_right_after_another_process_changed_a_big_directory_shows_the_change
     os.unlink(os.path.join(big, "f0200"))
     assert ls(big) == sorted(set(names + ["f0300a", "f0500b"]) - {"f0100", "f0200"})
     assert os.stat(os.path.join(big, "f0500b")).st_size == 4
+
+
+def test_ls_while_another_process_adds_and_removes_names_lists_each_name_once(mount):
+    # 300 names that stay, over two engine pages, while another process keeps committing: every
+    # listing shows each of them exactly once, and nothing else but the names being churned.
+    stable = [f"s{i:03d}" for i in range(300)]
+    mount.facade(f"for name in {stable!r}:\n    namespace.put(root, 'wb', 'outputs/d/' + name, b'x')\n")
+    d = mount.path("wb", "outputs", "d")
+    within(lambda: os.path.isdir(d) and len(ls(d)) == 300, deadline=10)
+    churn = mount.facade_waiting(
+        """
+        import time
+        end = time.monotonic() + 4
+        n = 0
+        while time.monotonic() < end:
+            namespace.put(root, 'wb', f'outputs/d/t{n % 40:03d}', b'y')
+            if n >= 20:
+                namespace.remove(root, 'wb', f'outputs/d/t{(n - 20) % 40:03d}')
+            n += 1
+        print(n, flush=True)
+        """
+    )
+    churn.stdin.write(b"go\n")
+    churn.stdin.flush()
+    listings = 0
+    while churn.poll() is None:
+        done = subprocess.run(["ls", "-1", "-f", d], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        names = [n for n in done.stdout.split() if n not in (".", "..")]
+        assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+        assert set(stable) <= set(names)
+        assert all(n in stable or (n.startswith("t") and len(n) == 4) for n in names), names
+        listings += 1
+    out, err = churn.communicate(timeout=60)
+    assert churn.returncode == 0, err.decode()
+    assert int(out.split()[-1]) > 20 and listings > 5
