@@ -243,8 +243,8 @@ def test_metrics_endpoint_parsed_by_the_client_library(tmp_path):
         if address is not None:
             with pytest.raises(OSError):  # loopback only by default
                 socket.create_connection((address, port), timeout=2).close()
-    with socket.socket() as sock:  # the unmount closed the listener: its port is free again
-        sock.bind(("127.0.0.1", port))
+    with pytest.raises(ConnectionRefusedError):  # the unmount closed the listener
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
     families = {family.name: family for family in text_string_to_metric_families(text)}
     info = families["nokvfs_mount_info"].samples[0]
     assert info.labels["data_dir"] == m.data_dir and info.labels["mode"] == "owner"
