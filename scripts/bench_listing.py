@@ -34,14 +34,6 @@ sys.path.insert(0, REPO)
 PER_CALL = 25  # entries the kernel takes per readdir call, about what a 4 KiB buffer holds
 
 
-class _NoKernel:
-    def entry(self, *args, **kwargs):
-        pass
-
-    def inode(self, *args, **kwargs):
-        pass
-
-
 def _best(rounds, runs, once) -> float:
     """The smallest mean CPU seconds of once() over `rounds` rounds of `runs` calls."""
     best = None
@@ -62,6 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from nokvfs.fs.filesystem import FileSystem
+    from nokvfs.fs.freshness import Invalidator
     from nokvfs.fs.prefetch import BlockFetcher
     from nokvfs.fs.threads import Workers
     from nokvfs.fs.views import LiveView
@@ -78,7 +71,9 @@ def main() -> None:
             namespace.put(root, "wb", f"outputs/big/f{n:06d}", b"x" * 100)
         print(f"{args.entries:,} files made in {time.perf_counter() - started:.1f} s", flush=True)
         workers = Workers()
-        fs = FileSystem(root, LiveView(root), workers, _NoKernel(), BlockFetcher(root, workers))
+        invalidator = Invalidator()
+        invalidator.enabled = False  # no kernel to tell
+        fs = FileSystem(root, LiveView(root), workers, invalidator, BlockFetcher(root, workers))
 
         def engine() -> float:
             start = time.process_time()
