@@ -200,7 +200,8 @@ class MetricsServer:
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StatusCollector(self.snapshot))
-        family = socket.AF_INET6 if ipaddress.ip_address(self.address).version == 6 else socket.AF_INET
+        address = ipaddress.ip_address(self.address)
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
 
         class Server(ThreadingWSGIServer):
             address_family = family
@@ -214,7 +215,7 @@ class MetricsServer:
             target=self._server.serve_forever, kwargs={"poll_interval": self.POLL}, name="nokvfs-metrics", daemon=True
         )
         self._thread.start()
-        if not ipaddress.ip_address(self.address).is_loopback:
+        if not address.is_loopback:
             log.warning("metrics of this mount are served to the network on %s:%d", self.address, self.port)
         log.info("metrics on http://%s:%d/metrics", self.address, self.port)
 
