@@ -475,13 +475,13 @@ class Tree:
     def page_reader(self, node: Node):
         """`pages(start_after)` -> the Page of the node's directory children after that anchor:
         the one kept, when nothing was committed since it was read (by any process: the shard's
-        change stamp), else read in one read of the node's view (opened at the first page not
-        kept, NotFound if the workbench is gone there) and kept. The stamp is taken before the
-        read, so a commit racing it makes the next reader read again."""
+        change stamp), else read in this read of the node's view and kept. NotFound if the
+        workbench is gone. The stamp is taken before the read, so a commit racing it makes the
+        next reader read again."""
         view = self.view_of(node)
         stamp = self.root.shard.change_stamp()
-        with contextlib.ExitStack() as stack:
-            reading = []
+        with view.read() as v:
+            workbench = view.require(v, node.workbench_id, node.incarnation)
 
             def pages(start_after) -> Page:
                 key = (node.view, node.incarnation, node.components, start_after)
@@ -489,10 +489,6 @@ class Tree:
                 if page is not None and stamp is not None and page.stamp == stamp:
                     self._pages.move_to_end(key)
                     return page
-                if not reading:
-                    v = stack.enter_context(view.read())
-                    reading.append((v, view.require(v, node.workbench_id, node.incarnation)))
-                v, workbench = reading[0]
                 children, anchor = view.children(v, workbench, node.components, start_after=start_after, limit=PAGE)
                 page = Page(stamp, children, anchor)
                 if stamp is not None:
