@@ -80,6 +80,95 @@ def test_object_file_bytes_are_the_documented_trailer_with_an_xxh3_etag(store):
     assert store.stage_put(b"hello").commit("golden/staged") == etag
 
 
+def test_an_object_written_with_its_sha256_has_it_in_the_trailer_golden_bytes(store):
+    """Golden bytes: "sha256" (64 lowercase hex) sits between "metadata" and "size" (sorted keys);
+    every write call keeps it, and a reopened store vouches for it."""
+    import hashlib
+
+    digest = hashlib.sha256(b"hello").digest()
+    etag = store.put("golden/vouched", b"hello", content_sha256=digest)
+    assert etag == "xxh3-b5e9c1ad071b3e7fc779cfaa5e523818"
+    trailer = (
+        b'{"etag":"xxh3-b5e9c1ad071b3e7fc779cfaa5e523818","metadata":{},'
+        b'"sha256":"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824","size":5,"v":1}'
+    )
+    with open(os.path.join(store.root, "golden", "vouched"), "rb") as f:
+        assert f.read() == b"hello" + trailer + len(trailer).to_bytes(4, "big") + b"NOKVOBJ1"
+    store.stage_put(b"hello", content_sha256=digest).commit("golden/staged")
+    store.stage_put([b"he", b"llo"], key_hint="golden/pieces", content_sha256=digest).commit("golden/pieces")
+    assert store.put_many([("golden/many", b"hello"), ("golden/plain", b"hello")], content_sha256s=[digest, None]) == [
+        etag,
+        etag,
+    ]
+    reopened = LocalStore(store.root)
+    for key in ("golden/vouched", "golden/staged", "golden/pieces", "golden/many"):
+        assert reopened.get_vouched(key, 6) == (b"hello", digest), key
+        assert reopened.head(key).etag == etag and reopened.get(key) == b"hello"
+    # Written without one, or read short of its end: nothing is vouched for.
+    assert reopened.get_vouched("golden/plain", 6) == (b"hello", None)
+    assert store.put("golden/plain2", b"hello") == etag and reopened.get_vouched("golden/plain2", 5) == (b"hello", None)
+    assert reopened.get_vouched("golden/vouched", 4) == (b"hell", None)
+    with pytest.raises(InvalidInput, match="content_sha256"):
+        store.put("golden/bad", b"hello", content_sha256=digest.hex())
+    with pytest.raises(InvalidInput, match="content_sha256"):
+        store.stage_put(b"hello", content_sha256=digest[:31])
+    assert isinstance(store.put_many([("golden/bad", b"hello")], content_sha256s=[b"short"])[0], InvalidInput)
+    assert store.head("golden/bad") is None
+    with pytest.raises(ObjectMissing):
+        store.get_vouched("golden/absent", 5)
+
+
+def _rewrite_trailer(path, change):
+    """Rewrite the JSON trailer of the object file at `path` with `change(fields)` applied."""
+    import json
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    length = int.from_bytes(raw[-12:-8], "big")
+    body, fields = raw[: -12 - length], json.loads(raw[-12 - length : -12])
+    change(fields)
+    trailer = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    with open(path, "wb") as f:
+        f.write(body + trailer + len(trailer).to_bytes(4, "big") + b"NOKVOBJ1")
+
+
+def test_a_vouched_sha256_is_given_only_for_bytes_unchanged_since_they_were_written(store):
+    """The store vouches after checking the body's XXH3-128 against its etag: a changed body is
+    given back with nothing vouched for (the reader then hashes it and finds the damage)."""
+    import hashlib
+
+    body = os.urandom(100_000)
+    digest = hashlib.sha256(body).digest()
+    store.put("v/obj", body, content_sha256=digest)
+    path = os.path.join(store.root, "v", "obj")
+    assert store.get_vouched("v/obj", len(body) + 1) == (body, digest)
+    with open(path, "r+b") as f:
+        f.seek(5000)
+        f.write(bytes([body[5000] ^ 1]))
+    data, vouched = store.get_vouched("v/obj", len(body) + 1)
+    assert vouched is None and data != body and len(data) == len(body)
+
+
+def test_a_trailer_sha256_that_is_not_64_lowercase_hex_is_an_integrity_error_and_unknown_keys_are_ignored(store):
+    import hashlib
+
+    digest = hashlib.sha256(b"hello").digest()
+    path = os.path.join(store.root, "t", "obj")
+    for bad in (digest.hex().upper(), digest.hex()[:63], 7, None, ["x"], digest.hex() + "00"):
+        store.delete("t/obj")
+        store.put("t/obj", b"hello", content_sha256=digest)
+        _rewrite_trailer(path, lambda fields, bad=bad: fields.update(sha256=bad))
+        with pytest.raises(IntegrityError, match="malformed trailer"):
+            store.get_vouched("t/obj", 5)
+        with pytest.raises(IntegrityError, match="malformed trailer"):
+            store.head("t/obj")
+    # A key this version does not know is ignored (a later version may add one).
+    store.delete("t/obj")
+    store.put("t/obj", b"hello", content_sha256=digest)
+    _rewrite_trailer(path, lambda fields: fields.update(zz_later="anything"))
+    assert store.get_vouched("t/obj", 5) == (b"hello", digest) and store.get("t/obj") == b"hello"
+
+
 def test_a_block_of_zeros_is_stored_as_a_hole_with_the_same_bytes_and_etag(store):
     """A sparse file's zero blocks take no disk space in the store (the object file has a hole
     where the zeros go), and everything read or compared is what writing them out would give."""

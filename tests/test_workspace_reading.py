@@ -106,6 +106,65 @@ def test_a_missing_block_is_object_missing(data_dir, published):
     assert reading.read(root, found, 0, BLOCK) == DATA[:BLOCK]
 
 
+def _manifest_rows(root, found):
+    return root.manifests.get(root, found.artifact_revision_id)[1]
+
+
+def test_every_way_a_publication_writes_a_block_locally_keeps_its_sha256_for_reads(bench):
+    """One block (staged while `begin` commits), several blocks (put one by one), a group
+    (put_many): the local store vouches for each block's manifest digest when it is read back."""
+    from nokvfs.objects.keys import parse_sha256_uri
+    from nokvfs.schema.paths import normalize_path
+    from nokvfs.workspace import body as bodies
+    from nokvfs.workspace import publish
+
+    found = [namespace.put(bench, WB, "outputs/one", b"one block"), namespace.put(bench, WB, "outputs/many", DATA)]
+    group = {f"outputs/g{n}": body(2 * BLOCK + 1 + n, f"g{n}") for n in range(3)}
+    found += publish.run_group(
+        bench,
+        [
+            namespace.publication(WB, normalize_path(path), bodies.from_bytes(payload, BLOCK), expected_generation=0)
+            for path, payload in group.items()
+        ],
+    )
+    rows = [row for entry_ in found for row in _manifest_rows(bench, entry_)]
+    assert len(rows) == 1 + 5 + 3 * 3
+    for row in rows:
+        data, vouched = bench.store.get_vouched(row.object_key, row.length + 1)
+        assert len(data) == row.length and vouched == parse_sha256_uri(row.digest_uri), row.object_key
+
+
+@pytest.mark.damages_store("flips a byte of a block")
+def test_a_vouched_block_is_not_hashed_again_and_a_damaged_one_is_still_refused(data_dir, published, monkeypatch):
+    from nokvfs.objects import blocks
+
+    root, found = published
+    hashed = []
+    real = blocks.zeros.sha256_of
+    monkeypatch.setattr(blocks.zeros, "sha256_of", lambda data: hashed.append(len(data)) or real(data))
+    assert reading.read(root, found) == DATA
+    assert hashed == []
+    flip_byte(local_object_path(data_dir, block_keys(root, found.artifact_revision_id, 5)[2]), 100)
+    with pytest.raises(IntegrityError, match="SHA-256"):
+        reading.read(root, found, 2 * BLOCK, 1)
+    assert hashed == [BLOCK]  # the store vouched for nothing: the reader hashed and found it
+
+
+@pytest.mark.damages_store("puts one valid block object in another's place")
+def test_a_block_replaced_by_another_valid_object_is_refused(data_dir, published):
+    """Each object file is whole and consistent (its etag matches its body), but the one at block
+    2's key is block 0: the digest it carries is not the manifest's, so the reader hashes it and
+    refuses it."""
+    import shutil
+
+    root, found = published
+    keys_ = block_keys(root, found.artifact_revision_id, 5)
+    shutil.copyfile(local_object_path(data_dir, keys_[0]), local_object_path(data_dir, keys_[2]))
+    with pytest.raises(IntegrityError, match="SHA-256"):
+        reading.read(root, found, 2 * BLOCK, 1)
+    assert reading.read(root, found, 0, BLOCK) == DATA[:BLOCK]
+
+
 def test_a_local_store_is_read_directly_without_a_block_cache(data_dir, published):
     """A cache of a local store would be a second copy of its blocks on the same machine,
     written at every first read: a local data directory has none unless init was asked for one."""

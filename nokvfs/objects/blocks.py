@@ -5,6 +5,9 @@ its revision-owned key (`nokvfs.objects.keys.artifact_block_key`), each named in
 its SHA-256 digest URI and length. `BlockReader` is the only read path from the store to a
 caller: a block is returned only after its length and SHA-256 matched the manifest, whether it
 came from the store or from the cache (whose entries are re-verified with BLAKE3 on every hit).
+The SHA-256 is the one the store vouches for when it can (`ObjectStore.get_vouched`: the local
+store, for bytes it has just found unchanged since they were written with that digest), else
+hashed here.
 
 All calls block; the filesystem runs them in worker threads.
 """
@@ -95,12 +98,12 @@ class BlockReader:
                 return cached
         # Ask for one byte more than expected, so an over-long object is detected without
         # pulling all of it.
-        data = self.store.get(object_key, 0, expected_length + 1)
+        data, vouched = self.store.get_vouched(object_key, expected_length + 1)
         if len(data) > expected_length:
             raise IntegrityError(f"block {object_key} is longer than the manifest's {expected_length} bytes")
         if len(data) < expected_length:
             raise IntegrityError(f"block {object_key} is {len(data)} bytes, the manifest says {expected_length}")
-        actual = zeros.sha256_of(data)
+        actual = vouched if vouched == digest else zeros.sha256_of(data)
         if actual != digest:
             raise IntegrityError(f"block {object_key} has SHA-256 {sha256_uri(actual)}, manifest says {digest_uri}")
         if self.cache is not None:

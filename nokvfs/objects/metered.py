@@ -24,11 +24,11 @@ class MeteredStore(ObjectStore):
         with self.meters["put"].timing():
             return self.inner.put(key, data, **kwargs)
 
-    def stage_put(self, data, *, key_hint=None):
+    def stage_put(self, data, *, key_hint=None, content_sha256=None):
         """The inner store's staged put (nokvfs.objects.store.stage_put), or None: staging is
         metered as `stage_put`, the commit that links the bytes at their key as `put`."""
         with self.meters["stage_put"].timing():
-            staged = stage_put(self.inner, data, key_hint)
+            staged = stage_put(self.inner, data, key_hint, content_sha256)
         return None if staged is None else _MeteredStaged(staged, self.meters["put"])
 
     def put_file(self, key, path, **kwargs):
@@ -44,6 +44,10 @@ class MeteredStore(ObjectStore):
     def get(self, key, start=0, length=None):
         with self.meters["get"].timing():
             return self.inner.get(key, start, length)
+
+    def get_vouched(self, key, length):
+        with self.meters["get"].timing():
+            return self.inner.get_vouched(key, length)
 
     def head(self, key):
         with self.meters["head"].timing():

@@ -409,7 +409,9 @@ class S3Store(ObjectStore):
 
     # --- the interface ------------------------------------------------------------------------
 
-    def put(self, key, data, *, if_none_match=False, if_match=None, metadata=None) -> str:
+    def put(self, key, data, *, if_none_match=False, if_match=None, metadata=None, content_sha256=None) -> str:
+        # `content_sha256` is not kept: nothing here could vouch that the bytes a GET returns are
+        # still the ones it described (reads verify the SHA-256 themselves).
         full = self._key(key)
         check_conditions(if_none_match, if_match)
         metadata = check_metadata(metadata)
@@ -426,7 +428,7 @@ class S3Store(ObjectStore):
         )
         return _unquoted(response.get("ETag"))
 
-    def put_many(self, items, *, if_none_match=False, metadata=None, on_stored=None) -> list:
+    def put_many(self, items, *, if_none_match=False, metadata=None, on_stored=None, content_sha256s=None) -> list:
         """The PUTs sent in parallel (at most PARALLEL_PUTS at once, within the connection pool),
         each with its own deadline and retries; per item its etag or its exception."""
         items = list(items)

@@ -95,11 +95,14 @@ class ObjectStore(abc.ABC):
         if_none_match: bool = False,
         if_match: str | None = None,
         metadata: dict[str, str] | None = None,
+        content_sha256: bytes | None = None,
     ) -> str:
         """Store `data` at `key` atomically and durably; return the new etag.
 
         `if_none_match` creates only if the key is absent; `if_match` replaces only the object
-        with that etag. At most one of them may be given.
+        with that etag. At most one of them may be given. `content_sha256`: the raw SHA-256 the
+        caller has just checked `data` has; a store that can vouch for its own bytes keeps it
+        with the object for `get_vouched` (the local store does; S3 ignores it).
         """
 
     @abc.abstractmethod
@@ -123,17 +126,27 @@ class ObjectStore(abc.ABC):
         """
 
     def put_many(
-        self, items, *, if_none_match: bool = False, metadata: dict[str, str] | None = None, on_stored=None
+        self,
+        items,
+        *,
+        if_none_match: bool = False,
+        metadata: dict[str, str] | None = None,
+        on_stored=None,
+        content_sha256s: list | None = None,
     ) -> list:
         """Store several (key, data) objects as `put` would; returns, per item, its etag or the
         exception that refused it (the others are stored regardless). Backends override it to
         share work: the local store fsyncs each directory once, S3 sends the PUTs in parallel.
         `on_stored(index)`, if given, is called once an item is stored as durably as `put`
-        stores it (from any thread): a caller waiting on a long batch sees it progress."""
+        stores it (from any thread): a caller waiting on a long batch sees it progress.
+        `content_sha256s`, if given, holds each item's `content_sha256` (or None), in order."""
         results = []
         for index, (key, data) in enumerate(items):
             try:
-                results.append(self.put(key, data, if_none_match=if_none_match, metadata=metadata))
+                sha256 = None if content_sha256s is None else content_sha256s[index]
+                results.append(
+                    self.put(key, data, if_none_match=if_none_match, metadata=metadata, content_sha256=sha256)
+                )
             except Exception as exc:  # noqa: BLE001 - reported per item
                 results.append(exc)
             else:
@@ -147,6 +160,14 @@ class ObjectStore(abc.ABC):
 
         ``start == size`` gives b""; ``start > size`` is InvalidInput; absent is ObjectMissing.
         """
+
+    def get_vouched(self, key: str, length: int) -> tuple[bytes, bytes | None]:
+        """Bytes ``[0, length)`` of the object (as `get`), and the raw SHA-256 the store vouches
+        they have, or None. A store vouches only for an object it wrote with a `content_sha256`
+        whose bytes it has just found unchanged since, and only when `length` covered them all;
+        the caller still compares that digest with the one it expects. This base vouches for
+        nothing."""
+        return self.get(key, 0, length), None
 
     @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
@@ -232,13 +253,14 @@ class ObjectStore(abc.ABC):
 # --- argument checks shared by the backends ---------------------------------------------------
 
 
-def stage_put(store, data, key_hint: str | None = None):
+def stage_put(store, data, key_hint: str | None = None, content_sha256: bytes | None = None):
     """The first half of a put where the store's class offers one (LocalStore.stage_put): the
-    bytes durable under no key (`key_hint` says which key they are meant for), an object with
-    `commit(key)` and `discard()`; None otherwise (the caller then puts). Looked up on the class,
-    so a wrapper that forwards calls by `__getattr__` keeps its own `put` in the path."""
+    bytes durable under no key (`key_hint` says which key they are meant for; `content_sha256`
+    as for `put`), an object with `commit(key)` and `discard()`; None otherwise (the caller then
+    puts). Looked up on the class, so a wrapper that forwards calls by `__getattr__` keeps its
+    own `put` in the path."""
     method = getattr(type(store), "stage_put", None)
-    return None if method is None else method(store, data, key_hint=key_hint)
+    return None if method is None else method(store, data, key_hint=key_hint, content_sha256=content_sha256)
 
 
 def check_key(key: str) -> str:

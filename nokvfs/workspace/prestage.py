@@ -139,7 +139,8 @@ class Prestager:
         staged = None
         try:
             # Many small writes: one buffer (one write) rather than a system call per piece.
-            staged = stage_put(self.store, b"".join(pieces) if len(pieces) > 16 else pieces)
+            # `digest` was taken of exactly these pieces: the store may keep it (content_sha256).
+            staged = stage_put(self.store, b"".join(pieces) if len(pieces) > 16 else pieces, content_sha256=digest)
         except (OSError, NokvError) as exc:
             log.debug("staging block %d ahead failed (it is uploaded at publication): %s", index, exc)
         finally:

@@ -303,7 +303,8 @@ def _stage_during_begin(root, pub: Publication):
     if threshold is not None and block.length > threshold:
         return None
     key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
-    staged = stage_put(root.store, pub.body.read_block(block), key)
+    # read_block has just checked the bytes against the plan's digest: the store may keep it.
+    staged = stage_put(root.store, pub.body.read_block(block), key, block.sha256)
     crash_point("after-stage")
     return staged
 
@@ -456,20 +457,22 @@ def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
     `put_many` (the store syncs them together: one lock round and one sync per directory
     locally, parallel PUTs on S3). Returns (index, error) of each publication a block of which
     was refused."""
-    items, owners = [], []
+    items, owners, digests = [], [], []
     for index, pub in zip(indexes, pubs):
         for block in pub.body.blocks:
             key = artifact_block_key(root.logical_shard_id, root.root_id, pub.revision_id, block.index)
             try:
-                items.append((key, pub.body.read_block(block)))
+                items.append((key, pub.body.read_block(block)))  # checked against block.sha256
             except Exception as exc:  # noqa: BLE001 - that publication's error (its body unreadable)
                 items.append((key, exc))
             owners.append(index)
-    readable, readable_owners = [], []
-    for (key, data), index in zip(items, owners):
+            digests.append(block.sha256)
+    readable, readable_owners, readable_digests = [], [], []
+    for (key, data), index, digest in zip(items, owners, digests):
         if not isinstance(data, Exception):
             readable.append((key, data))
             readable_owners.append(index)
+            readable_digests.append(digest)
     by_index = dict(zip(indexes, pubs))
     uploaded = dict.fromkeys(indexes, 0)
     lock = threading.Lock()
@@ -484,7 +487,7 @@ def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
             if pub.progress is not None:
                 pub.progress(uploaded[index], pub.body.size)
 
-    stored = iter(_put_many_parallel(root.store, readable, stored_one))
+    stored = iter(_put_many_parallel(root.store, readable, readable_digests, stored_one))
     failed: dict = {}
     for (_key, data), index in zip(items, owners):
         outcome = data if isinstance(data, Exception) else next(stored)
@@ -503,18 +506,21 @@ def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
 UPLOAD_STREAMS = 4  # concurrent put_many calls of one group: their syncs overlap (the disk batches them)
 
 
-def _put_many_parallel(store, items: list, on_stored=None) -> list:
+def _put_many_parallel(store, items: list, digests: list, on_stored=None) -> list:
     """store.put_many over `items` (for a local store split into up to UPLOAD_STREAMS slices run
-    at once); the results in item order. `on_stored(position)`: each item stored."""
+    at once), `digests` their checked SHA-256s; the results in item order.
+    `on_stored(position)`: each item stored."""
     if len(items) <= 1 or getattr(store, "multipart_threshold", None) is not None:
         # A store that uploads in parts (S3) sends a put_many's PUTs in parallel itself.
-        return store.put_many(items, on_stored=on_stored) if items else []
+        return store.put_many(items, on_stored=on_stored, content_sha256s=digests) if items else []
     size = -(-len(items) // UPLOAD_STREAMS)
     starts = range(0, len(items), size)
 
     def put_slice(start: int) -> list:
         heard = None if on_stored is None else (lambda index: on_stored(start + index))
-        return store.put_many(items[start : start + size], on_stored=heard)
+        return store.put_many(
+            items[start : start + size], on_stored=heard, content_sha256s=digests[start : start + size]
+        )
 
     with concurrent.futures.ThreadPoolExecutor(len(starts), thread_name_prefix="nokvfs-upload") as pool:
         return [result for part in pool.map(put_slice, starts) for result in part]
@@ -699,7 +705,7 @@ def upload(root, pub: Publication, *, staged=None) -> None:
         elif threshold is not None and block.length > threshold:
             _upload_multipart(root, pub.operation_id, block.index, key, pub.body.read_block(block))
         else:
-            store.put(key, pub.body.read_block(block))
+            store.put(key, pub.body.read_block(block), content_sha256=block.sha256)
 
     def sent(block) -> None:
         crash_point(f"after-upload-{block.index}")

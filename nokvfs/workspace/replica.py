@@ -202,6 +202,9 @@ class ReadOnlyStore(ObjectStore):
     def get(self, key, start=0, length=None):
         return self.inner.get(key, start, length)
 
+    def get_vouched(self, key, length):
+        return self.inner.get_vouched(key, length)
+
     def head(self, key):
         return self.inner.head(key)
 
