@@ -136,3 +136,32 @@ def test_a_publication_its_close_gave_up_on_keeps_the_file_to_itself(tmp_path, s
             cwd=REPO,
         )
         assert spools.returncode == 0 and "kept" not in spools.stdout, spools.stdout + spools.stderr
+
+
+@pytest.mark.parametrize("mode", ["default", "write-back"])
+@pytest.mark.damages_store("deletes the bucket's copies of blocks the cache holds")
+def test_files_written_to_a_bucket_are_read_back_from_the_local_cache_after_a_remount(
+    tmp_path, s3_bucket, s3_endpoint, s3_client, mode
+):
+    """A mount over S3 keeps what it publishes in its block cache: after `cp` and `dd` through
+    the mount and a remount, `cat` reads the files with no object of theirs left in the bucket
+    (deleted behind the mount's back: only the cache can answer)."""
+    sources = {"small.txt": b"cached line\n" * 100, "big.bin": os.urandom((3 << 20) + 5)}
+    for name, data in sources.items():
+        (tmp_path / name).write_bytes(data)
+    options = dict(store=f"s3://{s3_bucket}/objects", endpoint_url=s3_endpoint, block_size=1 << 20)
+    extra = ("--write-back",) if mode == "write-back" else ()
+    with mounted(str(tmp_path), extra_args=extra, **options) as m:
+        subprocess.run(["cp", str(tmp_path / "small.txt"), m.path("wb", "outputs", "small.txt")], check=True)
+        subprocess.run(
+            ["dd", f"if={tmp_path / 'big.bin'}", f"of={m.path('wb', 'outputs', 'big.bin')}", "bs=64k", "status=none"],
+            check=True,
+        )
+    listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="objects/nokv/artifacts/").get("Contents", [])
+    assert len(listed) == 1 + 4  # one block, four blocks
+    for item in listed:
+        s3_client.delete_object(Bucket=s3_bucket, Key=item["Key"])
+    with mounted(str(tmp_path), init=False, extra_args=extra) as m:
+        for name, data in sources.items():
+            out = subprocess.run(["cat", m.path("wb", "outputs", name)], capture_output=True, check=True).stdout
+            assert out == data, name

@@ -113,6 +113,14 @@ class BlockReader:
                 self.cache.put_checked(digest, data)  # verified above
         return data
 
+    def keep_written(self, digest: bytes, data: bytes) -> None:
+        """Bytes a publication has just stored, which it checked against `digest` (their
+        SHA-256): put in the cache by the cache's own thread when a mount fills it that way, so
+        the first read after a remount (or after the mount's memory let the block go) is local,
+        not a download. Anything else does nothing (a CLI put leaves the cache to the mount)."""
+        if self.cache is not None and self.fill_in_background:
+            self.cache.put_later(digest, data)
+
     def read_range(self, object_key: str, digest_uri: str, expected_length: int, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)`` of the verified block, clipped at its end.
 

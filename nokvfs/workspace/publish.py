@@ -489,10 +489,12 @@ def _upload_group(root, pubs: list[Publication], indexes: list[int]) -> list:
 
     stored = iter(_put_many_parallel(root.store, readable, readable_digests, stored_one))
     failed: dict = {}
-    for (_key, data), index in zip(items, owners):
+    for (_key, data), index, digest in zip(items, owners, digests):
         outcome = data if isinstance(data, Exception) else next(stored)
         if isinstance(outcome, Exception):
             failed.setdefault(index, outcome)
+        else:
+            root.blocks.keep_written(digest, data)
     for index, pub in zip(indexes, pubs):
         if index in failed:
             continue
@@ -703,9 +705,13 @@ def upload(root, pub: Publication, *, staged=None) -> None:
             ahead.linked = True
             linked.append(ahead.staged)
         elif threshold is not None and block.length > threshold:
-            _upload_multipart(root, pub.operation_id, block.index, key, pub.body.read_block(block))
+            data = pub.body.read_block(block)
+            _upload_multipart(root, pub.operation_id, block.index, key, data)
+            root.blocks.keep_written(block.sha256, data)
         else:
-            store.put(key, pub.body.read_block(block), content_sha256=block.sha256)
+            data = pub.body.read_block(block)
+            store.put(key, data, content_sha256=block.sha256)
+            root.blocks.keep_written(block.sha256, data)
 
     def sent(block) -> None:
         crash_point(f"after-upload-{block.index}")
