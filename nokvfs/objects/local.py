@@ -649,7 +649,7 @@ class LocalStore(ObjectStore):
                 if not isinstance(fields["sha256"], str) or not _SHA256_HEX.fullmatch(fields["sha256"]):
                     raise ValueError(fields["sha256"])
                 sha256 = bytes.fromhex(fields["sha256"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError):
             raise IntegrityError(f"object file {path} has a malformed trailer") from None
         if (
             version != TRAILER_VERSION
