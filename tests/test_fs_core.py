@@ -393,6 +393,41 @@ def test_a_change_from_outside_is_ebusy_at_close_and_eexist_for_a_creation(kerne
     k.call("release", fh)
 
 
+def test_a_create_right_after_a_lookup_that_found_nothing_reads_the_shard_once_and_sees_later_commits(
+    kernel, monkeypatch
+):
+    """The kernel sends CREATE after its own LOOKUP found nothing: the create does not read the
+    shard again while nothing was committed since. A file another process published in between,
+    or a directory this mount made, is still seen: EEXIST for O_EXCL, EISDIR, and an open of the
+    existing file otherwise (its close then publishes over it, no EEXIST)."""
+    k = kernel
+    root = k.fs.tree.root
+    outputs = k.ino("wb/outputs")
+    stats = []
+    stat = k.fs.tree.view.stat
+    monkeypatch.setattr(k.fs.tree.view, "stat", lambda *a: stats.append(a[-1]) or stat(*a))
+    excl = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+    assert k.call("lookup", outputs, b"a", k.ctx).st_ino == 0
+    fh, _ = k.call("create", outputs, b"a", 0o644, excl, k.ctx)
+    assert stats == [("outputs", "a")]  # the kernel's lookup alone read the shard
+    k.write(fh.fh, b"a")
+    k.close(fh.fh)
+    assert k.cat("wb/outputs/a") == b"a"
+
+    assert k.call("lookup", outputs, b"b", k.ctx).st_ino == 0
+    namespace.put(root, "wb", "outputs/b", b"theirs")  # another process, between LOOKUP and CREATE
+    assert k.errno_of("create", outputs, b"b", 0o644, excl, k.ctx) == errno.EEXIST
+    fh, _ = k.call("create", outputs, b"b", 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, k.ctx)
+    k.write(fh.fh, b"mine")
+    k.close(fh.fh)
+    assert k.cat("wb/outputs/b") == b"mine"
+
+    assert k.call("lookup", outputs, b"d", k.ctx).st_ino == 0
+    k.call("mkdir", outputs, b"d", 0o755, k.ctx)  # this mount, nothing committed for it yet
+    assert k.errno_of("create", outputs, b"d", 0o644, excl, k.ctx) == errno.EISDIR
+
+
 def test_an_open_of_a_replaced_file_is_estale_so_the_kernel_looks_again(kernel):
     k = kernel
     k.put("wb/outputs/r", b"old")

@@ -92,6 +92,27 @@ def test_a_cli_put_is_visible_in_the_mount_within_a_second(mount):
     assert sorted(os.listdir(mount.path("later"))) == WORKBENCH_LISTING
 
 
+def test_a_shell_creating_a_name_another_process_just_published_sees_it_exists(mount):
+    """While the kernel still holds the negative entry of a name another process just published
+    (the mount's change follower drops it within a second), the shell's open(O_CREAT) reaches the
+    mount as a CREATE without a LOOKUP: `set -C` (O_EXCL) must fail and keep their bytes, a plain
+    `>` must replace them (no EEXIST at close). Each name is looked up last right before."""
+    outputs = mount.path("wb", "outputs")
+    for round in range(3):
+        f, g = f"f{round}", f"g{round}"
+        assert not os.path.exists(os.path.join(outputs, f))  # the negative entry, the mount's last lookup
+        cli(mount, "put", f"wb:outputs/{f}", "-", input=b"theirs")
+        noclobber = subprocess.run(["bash", "-c", f"set -C; echo mine > {f}"], cwd=outputs, capture_output=True)
+        assert noclobber.returncode != 0 and b"cannot overwrite" in noclobber.stderr
+        assert read(os.path.join(outputs, f)) == b"theirs"
+
+        assert not os.path.exists(os.path.join(outputs, g))
+        cli(mount, "put", f"wb:outputs/{g}", "-", input=b"theirs")
+        subprocess.run(["bash", "-c", f"echo mine > {g}"], cwd=outputs, check=True)
+        assert read(os.path.join(outputs, g)) == b"mine\n"
+        assert cli(mount, "get", f"wb:outputs/{g}").stdout == b"mine\n"
+
+
 def test_an_append_from_another_process_is_seen_by_a_reader_that_reopens(mount):
     path = mount.path("wb", "logs", "stream.log")
     with open(path, "w") as f:

@@ -496,6 +496,28 @@ def test_a_path_too_long_for_the_shard_is_refused_before_any_upload(monkeypatch,
     assert get_bytes(root, fits) == b"fits"
 
 
+def test_the_key_length_check_counts_what_encoding_the_keys_gives_for_every_kind_of_name(bench):
+    """The pre-check adds a path's bytes to a fixed overhead instead of encoding its keys: for
+    names of every byte width, control characters and depths it must equal the encoded keys'
+    length, and refuse exactly what they would not fit."""
+    root = bench
+    names = ["x", "a b", "\u00e9t\u00e9", "\u65e5\u672c", "\U0001f600" * 3, "\x01\x7f", "-.._", "y" * 255]
+    for depth in (1, 2, 5):
+        for name in names:
+            components = ("outputs",) + (name,) * depth
+            assert publish._longest_path_key(root.root_id, components) == max(
+                publish._path_key_lengths(root.root_id, components)
+            ), components
+    limit = root.shard.max_family_key_bytes
+    four = "\U0001f600"  # 4 UTF-8 bytes
+    fitting = ("outputs", four * ((limit - 53 - 8) // 4))
+    publish.check_key_lengths(root, fitting)
+    over = ("outputs", fitting[1] + "z" * (limit - publish._longest_path_key(root.root_id, fitting) + 1))
+    assert max(publish._path_key_lengths(root.root_id, over)) == limit + 1
+    with pytest.raises(KeyTooLong):
+        publish.check_key_lengths(root, over)
+
+
 def test_a_publish_whose_final_command_the_shard_refuses_is_cleaned(monkeypatch, bench):
     """Past the pre-check (switched off here), the engine itself refuses the over-long key in the
     final command: the operation is cleaned, not left Finalizing for recovery to retry forever."""

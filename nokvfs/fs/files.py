@@ -170,7 +170,7 @@ class Files:
         names.check_entry_parent(parent, f"create {name}")
         components = parent.components + (name,)
         names.check_publishable(self.root, parent, components)
-        existing = tree.lookup(parent, name)
+        existing = tree.lookup_to_create(parent, name)
         if existing is not None and existing.kind.is_dir:
             raise refuse(errno.EISDIR, f"{existing.describe()} is a directory")
         if existing is not None:

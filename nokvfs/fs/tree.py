@@ -116,6 +116,7 @@ class Tree:
         self._deferred: dict[tuple, list] = {}
         self.replay_deferred = None  # set by the change handler: replays events held back above
         self._views = collections.OrderedDict()  # (identity, incarnation) -> read-only view
+        self._missed = None  # (parent node, name, shard change stamp) of the last lookup that found nothing
         self.refresh_workbenches()
 
     # --- nodes -----------------------------------------------------------------------------------
@@ -242,6 +243,8 @@ class Tree:
             view = views_.resolve(self.root, workbench, parent.components[0], name)
             return (None if view is None else self.view_root(view)), None
         view = self.view_of(parent)
+        # Taken before the read: a commit racing it makes lookup_to_create read again.
+        stamp = None if parent.view != LIVE else self.root.shard.change_stamp()
         with view.read() as v:
             if parent.kind is Kind.ROOT:
                 try:
@@ -269,12 +272,31 @@ class Tree:
             return self.child(parent, Kind.DIR, name), None
         if parent.view != LIVE:
             return None, None
+        if stamp is not None:
+            self._missed = (parent, name, stamp)
+        return self._unpublished(parent, name, components), None
+
+    def _unpublished(self, parent: Node, name: str, components: tuple) -> Node | None:
+        """What this mount has at parent/name and has not published: a file it is writing, or a
+        directory it made."""
         pending = self.overlay.pending(parent.incarnation, components)
         if pending is not None:
-            return pending, None
+            return pending
         if self.overlay.is_dir(parent.incarnation, components):
-            return self.child(parent, Kind.DIR, name), None
-        return None, None
+            return self.child(parent, Kind.DIR, name)
+        return None
+
+    def lookup_to_create(self, parent: Node, name: str) -> Node | None:
+        """lookup(parent, name) for a create(2), which the kernel sends right after its own lookup
+        of the name found nothing: while nothing was committed since that lookup, the shard still
+        holds nothing there, and only this mount's unpublished files and directories are asked
+        again (a create storm, `tar x`, reads the shard once per file, not twice)."""
+        missed = self._missed
+        if missed is not None and missed[0] is parent and missed[1] == name:
+            stamp = self.root.shard.change_stamp()
+            if stamp is not None and stamp == missed[2]:
+                return self._unpublished(parent, name, parent.components + (name,))
+        return self.lookup(parent, name)
 
     def current_entry(self, node: Node):
         """The PathEntry at the node's path now (None: nothing published there)."""

@@ -388,7 +388,15 @@ class Publisher:
         finally:
             self._accepting -= 1
         self._last_accept = trio.current_time()
-        self._wakeup.set()
+        self._wake_for_acceptance()
+
+    def _wake_for_acceptance(self) -> None:
+        """After an acceptance: wake the publisher only where it may wait without a deadline (the
+        queue was empty) or must stop waiting (half the backlog). Waiting for a quiet moment, it
+        looks at the time of the last acceptance when its deadline comes, so a burst of closes
+        does not wake it (a trio cancel scope and an Event each) once per file."""
+        if len(self._queue) <= 1 or len(self._queue) >= self.max_backlog // 2:
+            self._wakeup.set()
 
     def _record_acceptance(self, spool, record: dict | None, tail: bytes = b"") -> None:
         """(worker thread, spools and journal locked) The acceptance on disk: one journal record
@@ -637,7 +645,7 @@ class Publisher:
         finally:
             self._accepting -= 1
         self._last_accept = trio.current_time()
-        self._wakeup.set()
+        self._wake_for_acceptance()
 
     def _append_directory(self, record: bytes) -> None:
         try:

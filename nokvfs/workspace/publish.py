@@ -577,6 +577,30 @@ def _precheck(root, pub: Publication) -> None:
             _check_no_file_ancestor_or_descendant(view, root, workbench.incarnation_id, pub.components)
 
 
+def _path_key_lengths(root_id: bytes, components: tuple[str, ...]) -> list[int]:
+    """The lengths of the longest keys (other than SecondaryIndex rows) a publish at the path
+    writes, by encoding them."""
+    placeholder = bytes(16)
+    reference = keys.RevisionRefKey(root_id, ReferenceKind.Path, path_owner(placeholder, components), placeholder)
+    return [len(reference.encode()), len(keys.path_current_key(root_id, placeholder, components))]
+
+
+_PROBE = ("p",)
+_path_key_overhead: dict = {}  # root id -> what a path's keys add to its ordered bytes (_path_key_lengths)
+
+
+def _longest_path_key(root_id: bytes, components: tuple[str, ...]) -> int:
+    """max(_path_key_lengths(root_id, components)) without encoding the keys: the ordered path
+    bytes are the components' UTF-8 bytes shifted byte for byte (schema.paths.ordered_component)
+    and NUL-separated, so every such key is a fixed overhead plus the path's own byte length
+    (measured once per root on a one-component probe). A create's check costs a sum, not two
+    key encodings (tests/test_workspace_publish.py compares both on every kind of name)."""
+    overhead = _path_key_overhead.get(root_id)
+    if overhead is None:
+        overhead = _path_key_overhead[root_id] = max(_path_key_lengths(root_id, _PROBE)) - len(_PROBE[0])
+    return overhead + sum(len(c.encode("utf-8")) for c in components) + len(components) - 1
+
+
 def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> None:
     """KeyTooLong, before a byte is uploaded, for a path whose final command the shard could not
     store (the shard bounds family keys; the longest ones a publish writes name the path)."""
@@ -584,17 +608,17 @@ def check_key_lengths(root, components: tuple[str, ...], index_fields=()) -> Non
     if limit is None:
         return
     placeholder = bytes(16)
-    longest = [
-        keys.RevisionRefKey(
-            root.root_id, ReferenceKind.Path, path_owner(placeholder, components), placeholder
-        ).encode(),
-        keys.path_current_key(root.root_id, placeholder, components),
-    ]
+    fields = attributes.user_fields(index_fields)
+    if not fields and components and all(isinstance(c, str) for c in components):
+        size = _longest_path_key(root.root_id, components)
+        if size <= limit:
+            return
+    longest = _path_key_lengths(root.root_id, components)
     longest += [
-        keys.SecondaryIndexKey(root.root_id, f.name, f.encoded_value, placeholder, components).encode()
-        for f in attributes.user_fields(index_fields)
+        len(keys.SecondaryIndexKey(root.root_id, f.name, f.encoded_value, placeholder, components).encode())
+        for f in fields
     ]
-    size = max(len(k) for k in longest)
+    size = max(longest)
     if size > limit:
         from nokvfs.errors import KeyTooLong
 
