@@ -15,6 +15,8 @@ machine weighs on all of them alike):
                   of scripts/bench_tools.py) over a local directory: the reference
     nokvfs        `python3 -m nokvfs.cli.main mount DATA MNT --foreground`, durable at close (default)
     nokvfs-wb     the same with `--write-back` (close returns once the bytes are durable locally)
+    nokvfs-nx, nokvfs-wb-nx   with --modes no-xattrs / write-back-no-xattrs: the same two with
+                  `--no-xattrs` (the kernel answers every xattr call itself)
     nokvfs-s3, nokvfs-s3-wb   with --s3: the same two over a loopback moto S3 server this script
                   starts itself (127.0.0.1 only)
 
@@ -396,11 +398,9 @@ class Target:
 
 
 def nokvfs_target(name: str, data: str, mnt: str, mode: str, env: dict, log) -> Target:
-    """A nokvfs daemon mounting `data` (workbench "bench") at `mnt` in `mode` (durable or
-    write-back); the phases work in its outputs section."""
-    argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground"]
-    if mode == "write-back":
-        argv.append("--write-back")
+    """A nokvfs daemon mounting `data` (workbench "bench") at `mnt` in `mode` (MODES); the phases
+    work in its outputs section."""
+    argv = [sys.executable, "-m", "nokvfs.cli.main", "mount", data, mnt, "--foreground", *MODES[mode][1]]
     return Target(
         name,
         os.path.join(mnt, "bench", "outputs"),
@@ -408,8 +408,17 @@ def nokvfs_target(name: str, data: str, mnt: str, mode: str, env: dict, log) -> 
         mountpoint=mnt,
         env=env,
         log=log,
-        publishes_later=mode == "write-back",
+        publishes_later="--write-back" in MODES[mode][1],
     )
+
+
+# mode: (target name suffix, mount options)
+MODES = {
+    "durable": ("", ()),
+    "write-back": ("-wb", ("--write-back",)),
+    "no-xattrs": ("-nx", ("--no-xattrs",)),
+    "write-back-no-xattrs": ("-wb-nx", ("--write-back", "--no-xattrs")),
+}
 
 
 def small_paths(base: str, count: int, dirs: int) -> list[str]:
@@ -458,7 +467,8 @@ def main() -> int:
     parser.add_argument(
         "--modes",
         default="durable,write-back",
-        help="nokvfs modes to run, comma-separated: durable, write-back (default: both)",
+        help="nokvfs modes to run, comma-separated: durable, write-back, no-xattrs, write-back-no-xattrs (mount "
+        "options --write-back and --no-xattrs; default: durable,write-back)",
     )
     parser.add_argument("--s3", action="store_true", help="also run nokvfs over a loopback moto S3 server")
     parser.add_argument(
@@ -472,9 +482,9 @@ def main() -> int:
         serve_passthrough(*args.serve_passthrough)
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - {"durable", "write-back"})
+    unknown = sorted(set(modes) - set(MODES))
     if unknown or not modes:
-        parser.error(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; use durable and/or write-back")
+        parser.error(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; use {', '.join(MODES)}")
 
     work = args.workdir or tempfile.mkdtemp(
         prefix="nokvfs-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None
@@ -528,7 +538,7 @@ def main() -> int:
             stores.append(("nokvfs-s3", "s3://nokvfs-bench/{name}", endpoint))
         for prefix, store, endpoint in stores:
             for mode in modes:
-                name = prefix + ("-wb" if mode == "write-back" else "")
+                name = prefix + MODES[mode][0]
                 data, mnt = os.path.join(work, name + "-data"), os.path.join(work, name + "-mnt")
                 os.makedirs(mnt, exist_ok=True)
                 datadir.init(data, store=None if store is None else store.format(name=name), endpoint_url=endpoint)

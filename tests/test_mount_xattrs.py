@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from nokvfs.fs import xattrs
 from nokvfs.schema import index_codec
-from tests.mount_fixtures import mount, needs_fuse  # noqa: F401
+from tests.mount_fixtures import REPO, env, mount, mounted, needs_fuse  # noqa: F401
 
 FIELDS = """
 import datetime
@@ -109,6 +112,67 @@ def test_a_views_file_keeps_the_index_fields_it_had_and_refuses_changes_with_ero
         assert errno_of(os.removexattr, past, "user.nokv.count") == errno.EROFS
         assert errno_of(os.setxattr, view, "user.x", b"1") == errno.EROFS
     assert os.getxattr(mount.path("wb", ".commits", commit_id), "user.nokvfs.commit").decode() == commit_id
+
+
+def xattr_calls(m) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "nokvfs.cli.main", "status", m.mountpoint, "--json"],
+        capture_output=True,
+        env=env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["xattrs"]
+
+
+@needs_fuse
+def test_a_mount_without_xattrs_leaves_every_xattr_call_to_the_kernel(tmp_path):
+    """--no-xattrs: getxattr, listxattr and setxattr fail with ENOTSUP as on a file system without
+    extended attributes, after at most one request of each kind reached the daemon, so `ls -l` and
+    writes make no xattr round trips; tools that copy xattrs (cp -a, rsync -X, tar --xattrs) go on
+    without them, and the index fields stay readable with `nokvfs stat`."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(20):
+        (source / f"f{i}").write_bytes(b"x" * i)
+    os.setxattr(source / "f1", "user.note", b"local")
+    with mounted(str(tmp_path / "m"), extra_args=("--no-xattrs",)) as m:
+        m.facade(FIELDS)
+        path = m.path("wb", "outputs", "run", "result.json")
+        outputs = m.path("wb", "outputs")
+        assert xattr_calls(m) == {"offered": False, "calls": 0}
+        for call, args in (
+            (os.getxattr, (path, "user.nokv.count")),
+            (os.getxattr, (path, "security.selinux")),
+            (os.getxattr, (outputs, "user.nokvfs.generation")),
+            (os.listxattr, (path,)),
+            (os.setxattr, (path, "user.x", b"1")),
+            (os.removexattr, (path, "user.x")),
+        ):
+            assert errno_of(call, *args) == errno.ENOTSUP, call
+        subprocess.run(["cp", "-a", str(source), os.path.join(outputs, "copied")], check=True)
+        subprocess.run(["rsync", "-aX", f"{source}/", os.path.join(outputs, "synced")], capture_output=True)
+        listing = subprocess.run(["ls", "-lR", outputs], capture_output=True, text=True, check=True).stdout
+        assert "f19" in listing and "result.json" in listing
+        for copy in ("copied", "synced"):
+            assert sorted(os.listdir(os.path.join(outputs, copy))) == sorted(f"f{i}" for i in range(20))
+            with open(os.path.join(outputs, copy, "f7"), "rb") as f:
+                assert f.read() == b"x" * 7
+        calls = xattr_calls(m)
+        assert calls["offered"] is False and calls["calls"] <= 4, calls  # get, list, set, remove: once each
+        shown = subprocess.run(
+            [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "stat", "wb:outputs/run/result.json"],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+            check=True,
+        ).stdout
+        assert "count=" in shown and "when=" in shown
+    with mounted(str(tmp_path / "m"), init=False) as m:  # the default offers them again
+        assert os.getxattr(m.path("wb", "outputs", "run", "result.json"), "user.nokv.count") == b"-42"
+        assert xattr_calls(m)["offered"] is True
 
 
 # --- the textual forms, without a kernel ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """`nokvfs mount` and `nokvfs umount`: the FUSE mount of a data directory's workbenches.
 
-    nokvfs mount DATA_DIR MOUNTPOINT [--foreground] [--read-only] [--allow-other] [--write-back]
+    nokvfs mount DATA_DIR MOUNTPOINT [--foreground] [--read-only] [--allow-other] [--write-back] [--no-xattrs]
                  [--replicate s3://bucket/prefix [--replicate-endpoint-url URL]
                   [--replicate-interval SECONDS]] [--metrics [ADDRESS:]PORT]
     nokvfs --data-dir DATA_DIR mount MOUNTPOINT
@@ -15,8 +15,9 @@ detached (log and pid file under DATA_DIR/run/). With --replicate the daemon shi
 the bucket while mounted and pushes once more at unmount (`nokvfs shard restore` brings it back);
 replication failures are logged, never fatal. Each workbench directory also holds the read-only
 views `.snapshots/`, `.commits/` and `.tags/` (`ls -a`; `mkdir .snapshots/NAME` mints a
-snapshot, `rmdir` retires it), and files expose their index fields as `user.nokv.*` xattrs. The
-work is in nokvfs.fs.daemon; pyfuse3 and trio are imported only when a handler runs.
+snapshot, `rmdir` retires it), and files expose their index fields as `user.nokv.*` xattrs (not
+with --no-xattrs, which leaves every xattr call to the kernel: ENOTSUP, no round trip). The work
+is in nokvfs.fs.daemon; pyfuse3 and trio are imported only when a handler runs.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def mount_options(args) -> MountOptions:
         replicate_interval=args.replicate_interval,
         sync=args.sync,
         write_back=args.write_back,
+        xattrs=not args.no_xattrs,
         follow=args.follow,
         follow_endpoint_url=_follow_endpoint(args),
         follow_interval=args.follow_interval,
@@ -173,6 +175,12 @@ def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="close(2) returns once the bytes are durable on this machine; they are published in the background, in "
         "order (fsync(2) waits for the publication; `nokvfs umount` drains; a crash is replayed at the next mount)",
+    )
+    parser.add_argument(
+        "--no-xattrs",
+        action="store_true",
+        help="offer no extended attributes: the kernel answers every xattr call ENOTSUP itself, sparing `ls -l` two "
+        "daemon round trips per file and a first write one (index fields stay readable with `nokvfs stat`)",
     )
     parser.add_argument(
         "--replicate",

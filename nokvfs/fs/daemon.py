@@ -180,6 +180,7 @@ class MountOptions:
     replicate_interval: float = DEFAULT_REPLICATE_INTERVAL
     sync: bool = False  # with replicate: close(2) waits for the bucket
     write_back: bool = False  # close(2) returns once the bytes are durable here (nokvfs.fs.writeback)
+    xattrs: bool = True  # False: no extended attributes, answered by the kernel (nokvfs.fs.xattrs)
     follow: str | None = None  # mount this bucket's root read-only, following it
     follow_endpoint_url: str | None = None
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL
@@ -387,6 +388,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
             invalidator,
             fetcher,
             owner={"pid": os.getpid(), "mountpoint": mountpoint, "data_dir": data_dir},
+            xattrs=o.xattrs,
         )
         if replication is not None:
             replication.on_fenced = lambda why: _turn_read_only(fs.tree, why)

@@ -72,13 +72,14 @@ class FileSystem:
         uid: int | None = None,
         gid: int | None = None,
         owner: dict | None = None,
+        xattrs: bool = True,
     ):
         self.tree = Tree(root, view, workers, invalidator, uid=uid, gid=gid)
         self.listing = Listing(self.tree)
         self.files = Files(self.tree, fetcher, owner=owner)
         self.directories = Directories(self.tree)
         self.changes = Changes(self.tree)
-        self.xattrs = Xattrs(self.tree)
+        self.xattrs = Xattrs(self.tree, offered=xattrs)
         self.handles = HandleTable()
         self._statfs = None
 

@@ -137,6 +137,7 @@ class MountStatus:
             "publications": files.meters["publication"].snapshot(),
             "reads": files.meters["read"].snapshot(),
             "writes": files.meters["write"].snapshot(),
+            "xattrs": {"offered": self.fs.xattrs.offered, "calls": self.fs.xattrs.calls},
             "store": self.store_meters.snapshot(),
             "syscall_timeouts": self.workers.timeouts,
             "spools": {

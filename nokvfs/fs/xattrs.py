@@ -19,6 +19,12 @@ workspace revision of a directory), `.revision`, `.digest`, `.content_type`, `.w
 `.incarnation`, `.root`, and on a view's directory `.snapshot` or `.commit` -- answer getxattr but
 are not listed, so cp -a and rsync -X copy only the index fields. Nothing can be set or removed:
 setxattr/removexattr answer ENOTSUP (EROFS inside a read-only view).
+
+A mount with `--no-xattrs` offers none: the first call of each kind answers ENOSYS, on which the
+kernel answers every later one itself (EOPNOTSUPP; no ACL for `system.posix_acl_*`), without a
+round trip to the daemon. That spares `ls -l` the two trips it makes per file (security.selinux,
+system.posix_acl_access) and a write the one the kernel makes on a file's first write
+(security.capability); the index fields stay readable with `nokvfs stat`.
 """
 
 from __future__ import annotations
@@ -98,8 +104,15 @@ def index_value(entry, name: bytes) -> bytes | None:
 class Xattrs:
     """getxattr/listxattr/setxattr/removexattr of the mount's nodes."""
 
-    def __init__(self, tree):
+    def __init__(self, tree, *, offered: bool = True):
         self.tree = tree
+        self.offered = offered
+        self.calls = 0  # xattr requests that reached the daemon (`nokvfs status`)
+
+    def _check_offered(self) -> None:
+        self.calls += 1
+        if not self.offered:
+            raise refuse(errno.ENOSYS, "this mount offers no extended attributes (--no-xattrs)")
 
     def _file_entry(self, node):
         """The PathEntry a file node shows now (an open descriptor's, once detached), or None."""
@@ -112,6 +125,7 @@ class Xattrs:
     def get(self, node, name: bytes) -> bytes:
         """A file's index fields as `user.nokv.<name>`, and read-only facts as `user.nokvfs.*`
         (not listed, so cp -a/rsync -X copy only the index fields)."""
+        self._check_offered()
         if not name.startswith(b"user."):
             # What `ls -l` asks of every file (security.selinux, system.posix_acl_access): no
             # such attribute is ever stored, so no row is read to say so.
@@ -161,6 +175,7 @@ class Xattrs:
 
     def list(self, node) -> list[bytes]:
         """The `user.nokv.<name>` attributes of a file's index fields (none elsewhere)."""
+        self._check_offered()
         if node.kind.is_dir:
             return []
         entry = self._file_entry(node)
@@ -168,6 +183,7 @@ class Xattrs:
 
     def refuse_change(self, node):
         """setxattr/removexattr: EROFS inside a view, else ENOTSUP (nothing is stored)."""
+        self._check_offered()
         if node.view != LIVE or node.kind in (Kind.HISTORY, Kind.VIEW) or self.tree.read_only:
             return refuse(errno.EROFS, f"extended attributes of {node.describe()}: read-only")
         return refuse(errno.ENOTSUP, "extended attributes are not stored (index fields are set at publication)")
