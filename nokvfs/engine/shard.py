@@ -1001,10 +1001,12 @@ class Shard:
             if value is None:
                 if old is not None:
                     txn.delete(key, db=db)
-            elif old is not None or not rows.put(txn, db, tree, key, value, append=True):
+            elif old is not None:
+                rows.put(txn, db, tree, key, value, previous=found)
+            else:
                 # A new key that sorts last (ChangeEvent, CommandDedupe of UUIDv7 requests, new
                 # operations) is appended, which fills its page instead of splitting it in half.
-                rows.put(txn, db, tree, key, value, previous=found)
+                rows.put_new(txn, db, tree, key, value)
             digests.change(tree, key, old, value)
             mutated.append((tree, key))
 
@@ -1040,9 +1042,8 @@ class Shard:
             # A record's rows sort after every row of the tree: appended, so their pages fill up
             # (sequential keys put normally leave every page half empty). Only chunks of records
             # written before header format 2 (under 0x01) sort after them, until truncated.
-            if not rows.put(txn, db, OUTBOX_TREE, key, value, append=True) and not (
-                rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False)
-            ):
+            stored = rows.seal(OUTBOX_TREE, key, value)
+            if not txn.put(key, stored, db=db, append=True) and not txn.put(key, stored, db=db, overwrite=False):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
         self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
         # Exact whether or not this transaction commits: used only while the tail names its last
