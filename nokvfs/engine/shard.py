@@ -157,48 +157,60 @@ def _lmdb_errors(func):
 
 
 class _Digests:
-    """Per-tree row count and additive multiset hash, updated row by row inside one write txn.
+    """Per-tree row count and additive multiset hash of the rows one write txn changes.
 
-    A command changes thousands of rows: each hash is taken with one hasher, reset after each
-    row (creating a hasher per row was a third of the cost), and the sums are reduced modulo
-    2**256 once, by `record` (the same digest as reducing after every row). Most commands change
-    a few of the trees: only those are converted to integers and rebuilt, the others' entries
-    are carried over as they are."""
+    A command changes thousands of rows: `change` only keeps each row's image (u32 len(key) |
+    key | value, what _row_hash hashes), and `record` hashes them all in one loop with one
+    hasher, reset after each row (creating a hasher per row was a third of the cost; a call per
+    row, another), summing them unreduced and reducing modulo 2**256 once (the same digest as
+    reducing after every row). Most commands change a few of the trees: only those are
+    converted to integers and rebuilt, the others' entries are carried over as they are."""
 
     def __init__(self, record: StateDigest):
         self._record = record
-        self.trees: dict = {}  # the trees changed so far: name -> [row count, unreduced sum]
-        self._hasher = blake3.blake3()  # one write transaction's: used by one thread
-
-    def _row_hash(self, key: bytes, value: bytes) -> int:  # _row_hash's value
-        hasher = self._hasher
-        hasher.update(_U32.pack(len(key)) + key + value)
-        digest = hasher.digest()
-        hasher.reset()
-        return int.from_bytes(digest, "big")
-
-    def _entry(self, tree: str) -> list:
-        for stored in self._record.trees:
-            if stored.name == tree:
-                entry = self.trees[tree] = [stored.row_count, int.from_bytes(stored.digest, "big")]
-                return entry
-        raise KeyError(tree)
+        self._rows: dict = {}  # the trees changed so far: name -> (images added, images removed)
 
     def change(self, tree: str, key: bytes, old: bytes | None, new: bytes | None) -> None:
-        entry = self.trees.get(tree) or self._entry(tree)
+        images = self._rows.get(tree)
+        if images is None:
+            images = self._rows[tree] = ([], [])
+        head = _U32.pack(len(key)) + key
         if old is not None:
-            entry[0] -= 1
-            entry[1] -= self._row_hash(key, old)
+            images[1].append(head + old)
         if new is not None:
-            entry[0] += 1
-            entry[1] += self._row_hash(key, new)
+            images[0].append(head + new)
+
+    def remove(self, tree: str, removed) -> None:
+        """`change(tree, key, value, None)` for each (key, value) of `removed`."""
+        images = self._rows.get(tree)
+        if images is None:
+            images = self._rows[tree] = ([], [])
+        pack = _U32.pack
+        images[1].extend([pack(len(key)) + key + value for key, value in removed])
 
     def record(self) -> StateDigest:
+        unknown = self._rows.keys() - {stored.name for stored in self._record.trees}
+        if unknown:
+            raise KeyError(sorted(unknown)[0])
+        hasher = blake3.blake3()  # one write transaction's: used by one thread
+        update, digest, reset, from_bytes = hasher.update, hasher.digest, hasher.reset, int.from_bytes
+
+        def total(images: list) -> int:
+            total = 0
+            for image in images:
+                update(image)
+                total += from_bytes(digest(), "big")
+                reset()
+            return total
+
         trees = []
         for stored in self._record.trees:
-            entry = self.trees.get(stored.name)
-            if entry is not None:
-                stored = TreeDigest(stored.name, entry[0], (entry[1] % _DIGEST_MOD).to_bytes(32, "big"))
+            images = self._rows.get(stored.name)
+            if images is not None:
+                added, removed = images
+                count = stored.row_count + len(added) - len(removed)
+                sum_ = int.from_bytes(stored.digest, "big") + total(added) - total(removed)
+                stored = TreeDigest(stored.name, count, (sum_ % _DIGEST_MOD).to_bytes(32, "big"))
             trees.append(stored)
         return StateDigest(tuple(trees))
 
@@ -975,29 +987,32 @@ class Shard:
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
         written: set = set()  # (tree, key) of every row written so far
         mutated = []
+        family_dbs, tags, history_db = self._family_dbs, self._tags, self._dbs[HISTORY_TREE]
+        # The History key of every row is tag | u32 len(key) | key | this: built once.
+        inverted = family_keys.inverted_version(commit_version)
+        change = digests.change
 
         def write(tree: str, key: bytes, value: bytes | None) -> None:
             # The old value is read verified: nothing is written over a damaged row.
-            db = self._family_dbs[tree]
+            db = family_dbs[tree]
             row = (tree, key)
             found = checked.pop(row, _UNCHECKED)
             if found is _UNCHECKED:
                 found = rows.get_stored(txn, db, tree, key)
             old = None if found is None else found[0]
-            first = row not in written
-            written.add(row)
-            if first and history.records_change(tree, old, value, commit_version):
-                # The first write of a key in a command records the value before the command.
-                # Its History key (at the new commit version) is new but for damage: the row
-                # found there, if any, is read (verified) and replaced.
-                history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-                hvalue = history.encode_value(old, None if found is None else found[1])
-                history_db = self._dbs[HISTORY_TREE]
-                prior = None
-                if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
-                    prior = self._get(txn, HISTORY_TREE, history_key)
-                    rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue)
-                digests.change(HISTORY_TREE, history_key, prior, hvalue)
+            if row not in written:
+                written.add(row)
+                if history.records_change(tree, old, value, commit_version):
+                    # The first write of a key in a command records the value before the command.
+                    # Its History key (at the new commit version) is new but for damage: the row
+                    # found there, if any, is read (verified) and replaced.
+                    history_key = family_keys.history_key_prefix(tags[tree], key) + inverted
+                    hvalue = history.encode_value(old, None if found is None else found[1])
+                    prior = None
+                    if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
+                        prior = self._get(txn, HISTORY_TREE, history_key)
+                        rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue)
+                    change(HISTORY_TREE, history_key, prior, hvalue)
             if value is None:
                 if old is not None:
                     txn.delete(key, db=db)
@@ -1007,8 +1022,8 @@ class Shard:
                 # A new key that sorts last (ChangeEvent, CommandDedupe of UUIDv7 requests, new
                 # operations) is appended, which fills its page instead of splitting it in half.
                 rows.put_new(txn, db, tree, key, value)
-            digests.change(tree, key, old, value)
-            mutated.append((tree, key))
+            change(tree, key, old, value)
+            mutated.append(row)
 
         for mutation in command.mutations:
             if mutation.tree not in self._family_dbs:
@@ -1081,24 +1096,23 @@ class Shard:
             raise InvalidInput(f"predicate {index} names no metadata family tree {predicate.tree!r}")
         found = rows.get_stored(txn, db, predicate.tree, predicate.key)
         raw = None if found is None else found[0]
-        where = f"predicate {index} on {predicate.tree}"
-        if isinstance(predicate, Exists):
+        if isinstance(predicate, ValueEquals):  # the most common kind (a command's builder read the row)
+            if raw != predicate.value:
+                raise PredicateFailed(f"{_where(index, predicate)}: the row differs", index=index)
+        elif isinstance(predicate, Exists):
             if raw is None:
-                raise PredicateFailed(f"{where}: the row does not exist", index=index)
+                raise PredicateFailed(f"{_where(index, predicate)}: the row does not exist", index=index)
         elif isinstance(predicate, Absent):
             if raw is not None:
-                raise PredicateFailed(f"{where}: the row exists", index=index)
-        elif isinstance(predicate, ValueEquals):
-            if raw != predicate.value:
-                raise PredicateFailed(f"{where}: the row differs", index=index)
+                raise PredicateFailed(f"{_where(index, predicate)}: the row exists", index=index)
         elif isinstance(predicate, FieldEquals):
             error = GenerationConflict if isinstance(predicate, Generation) else PredicateFailed
             if raw is None:
-                raise error(f"{where}: the row does not exist", index=index)
+                raise error(f"{_where(index, predicate)}: the row does not exist", index=index)
             actual = getattr(predicate.record.decode(raw), predicate.field)
             if actual != predicate.expected:
                 raise error(
-                    f"{where}: {predicate.record.__name__}.{predicate.field} is {actual!r}, "
+                    f"{_where(index, predicate)}: {predicate.record.__name__}.{predicate.field} is {actual!r}, "
                     f"expected {predicate.expected!r}",
                     index=index,
                 )
@@ -1227,9 +1241,9 @@ class Shard:
             return PruneOutcome(floor, 0, planned.end_key, None)
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
         db = self._dbs[HISTORY_TREE]
-        for key, value in planned.deletions:
+        for key, _ in planned.deletions:
             txn.delete(key, db=db)
-            digests.change(HISTORY_TREE, key, value, None)
+        digests.remove(HISTORY_TREE, planned.deletions)
         record = HistoryPruneRecord(
             owner_epoch, floor, start_key, planned.end_key, len(planned.deletions), planned.digest()
         )
@@ -1446,9 +1460,9 @@ class Shard:
         if recorded is None and not planned.deletions and updated == floors:
             return PruneOutcome(floor, 0, planned.end_key, None)
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
-        for key, value in planned.deletions:
+        for key, _ in planned.deletions:
             txn.delete(key, db=db)
-            digests.change(tree, key, value, None)
+        digests.remove(tree, planned.deletions)
         record = RetentionPruneRecord(
             owner_epoch, family, floor, horizon, start_key, planned.end_key, len(planned.deletions), planned.digest()
         )
@@ -1566,6 +1580,10 @@ class CopyPoint:
     commit_version: int
     owner_epoch: int
     txn_id: int = 0  # LMDB's id of the copy's transaction: a later write commits a higher one
+
+
+def _where(index: int, predicate) -> str:
+    return f"predicate {index} on {predicate.tree}"
 
 
 def _command_record(command: MetadataCommand, commit_version: int) -> CommandRecord:
