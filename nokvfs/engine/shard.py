@@ -1043,7 +1043,7 @@ class Shard:
                 family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn)
             ),
         )
-        payload = _command_record(command, commit_version).encode()
+        payload = command_payload(command, commit_version)
         self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)
         self._put_system(txn, SYS_CLOCK, CommitClock(commit_version))
         self._put_system(txn, SYS_STATE_DIGEST, digests.record())
@@ -1626,6 +1626,96 @@ def _command_record(command: MetadataCommand, commit_version: int) -> CommandRec
         events=command.events,
         result=command.result,
     )
+
+
+def command_payload(command: MetadataCommand, commit_version: int) -> bytes:
+    """`_command_record(command, commit_version).encode()`, the command's logical outbox record,
+    written row by row without a PredicateRow or MutationRow object per row: a GC batch's
+    command has thousands, and building and encoding the objects was most of its record's cost.
+    The header is encoded by the record's own codec; a row of any other shape than the ones
+    written here (a subclass of a predicate, a key or value not of type bytes, ...) leaves it to
+    the codec. tests/test_engine_command.py holds the two to the same bytes."""
+    record = CommandRecord(
+        schema_id=command.schema_id,
+        root_id=command.root_id,
+        logical_shard_id=command.logical_shard_id,
+        placement_generation=command.placement_generation,
+        owner_epoch=command.owner_epoch,
+        request_id=command.request_id,
+        command_digest=command.command_digest,
+        read_version=command.read_version,
+        commit_version=commit_version,
+        fence_install=command.fence_install,
+        predicates=(),
+        mutations=(),
+        events=command.events,
+        result=command.result,
+    )
+    encoded = record.encode()
+    # version | header | u32 0 predicates | u32 0 mutations | events | result
+    tail = _U32.pack(len(command.events)) + b"".join(_U32.pack(len(e)) + e for e in command.events)
+    tail += _U32.pack(len(command.result)) + command.result
+    head = len(encoded) - len(tail) - 8
+    if head < 1 or encoded[head:] != bytes(8) + tail:
+        return _command_record(command, commit_version).encode()
+    parts = [encoded[:head], _U32.pack(len(command.predicates))]
+    pack, trees = _U32.pack, _TREE_FIELDS
+    try:
+        for p in command.predicates:
+            kind = type(p)
+            tree = trees.get(p.tree) if p.tree.__class__ is str else None
+            if tree is None or p.key.__class__ is not bytes:
+                raise _NotPlain
+            if kind is ValueEquals and p.value.__class__ is bytes:
+                parts += (_VALUE_EQUALS, tree, pack(len(p.key)), p.key, _PRESENT, pack(len(p.value)), p.value, _NONE3)
+            elif kind is Exists or kind is Absent:
+                parts += (_EXISTS if kind is Exists else _ABSENT, tree, pack(len(p.key)), p.key, _NONE4)
+            elif kind in _FIELD_KINDS:
+                name, field, expected = p.record.__name__.encode(), p.field.encode(), p.expected_bytes()
+                parts += (_FIELD_KINDS[kind], tree, pack(len(p.key)), p.key, _NONE, _PRESENT, pack(len(name)), name)
+                parts += (_PRESENT, pack(len(field)), field, _PRESENT, pack(len(expected)), expected)
+            else:
+                raise _NotPlain
+        parts.append(pack(len(command.mutations)))
+        for m in command.mutations:
+            kind = type(m)
+            tree = trees.get(m.tree) if m.tree.__class__ is str else None
+            if tree is None or m.key.__class__ is not bytes:
+                raise _NotPlain
+            if kind is Put and m.value.__class__ is bytes:
+                parts += (_PUT, tree, pack(len(m.key)), m.key, _PRESENT, pack(len(m.value)), m.value)
+            elif kind is Delete:
+                parts += (_DELETE, tree, pack(len(m.key)), m.key, _NONE)
+            else:
+                raise _NotPlain
+    except (_NotPlain, struct.error):  # struct.error: a length beyond a u32, which the codec refuses
+        return _command_record(command, commit_version).encode()
+    parts.append(tail)
+    return b"".join(parts)
+
+
+class _NotPlain(Exception):
+    """A row command_payload leaves to the codec."""
+
+
+# command_payload's pieces of PredicateRow (u8 kind, str tree, bytes key, then four optionals)
+# and MutationRow (u8 kind, str tree, bytes key, optional value): a str or bytes field is its u32
+# length and its bytes, an optional a u8 0 (absent) or 1 and its value.
+_TREE_FIELDS = {name: _U32.pack(len(name.encode())) + name.encode() for name in family_keys.TREE_NAMES}
+_VALUE_EQUALS = bytes([PredicateKind.ValueEquals])
+_FIELD_KINDS = {
+    FieldEquals: bytes([PredicateKind.FieldEquals]),
+    Generation: bytes([PredicateKind.Generation]),
+    State: bytes([PredicateKind.State]),
+}
+_EXISTS = bytes([PredicateKind.Exists])
+_ABSENT = bytes([PredicateKind.Absent])
+_PUT = bytes([MutationKind.Put])
+_DELETE = bytes([MutationKind.Delete])
+_PRESENT = b"\x01"
+_NONE = b"\x00"
+_NONE3 = bytes(3)
+_NONE4 = bytes(4)
 
 
 def command_from_record(record: CommandRecord) -> MetadataCommand:
