@@ -16,7 +16,7 @@ from nokvfs.engine.command import (
     ValueEquals,
 )
 from nokvfs.engine.records import CommandRecord, HistoryValue
-from nokvfs.engine.shard import command_from_record
+from nokvfs.engine.shard import _command_record, command_from_record, command_payload
 from nokvfs.errors import (
     CommandTooLarge,
     FenceError,
@@ -193,6 +193,39 @@ def test_history_events_dedupe_and_outbox_are_written_with_the_mutations(shard_e
     assert record.commit_version == version and record.request_id == request_id
     rebuilt = command_from_record(record)
     assert rebuilt.command_digest == record.command_digest and len(rebuilt.mutations) == 3
+
+
+class _Subclassed(Exists):
+    """A predicate subclass: its row is left to the record's codec."""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [Put("path_current", bytearray(b"\x01" * 16 + b"ba"), b"\x02v")],  # a key of another type
+        [Put("operation", K2 + b"\xff" * 300, b"\x00" * 70_000)],
+    ],
+)
+def test_the_outbox_payload_written_row_by_row_is_the_records_encoding(shard_env, extra):
+    candidate = keys.GcCandidateKey(shard_env.root_id, b"\x07" * 16, 3).encode()
+    predicates = [
+        Exists("path_current", K1),
+        Absent("path_current", K2),
+        ValueEquals("gc_candidate", candidate, gc_candidate(4)),
+        ValueEquals("path_current", b"", b""),
+        FieldEquals("gc_candidate", candidate, records.GcCandidate, "retry_count", 0),
+        Generation("gc_candidate", candidate, records.GcCandidate, "last_zero_ref_version", 4),
+        State("gc_candidate", candidate, records.GcCandidate, "claim_state", GcClaimState.Candidate),
+    ]
+    mutations = [Put("path_current", K1, b"\x02a"), Delete("path_current", K2), Put("gc_candidate", candidate, b"")]
+    for events, result, fence_install in (((), b"", False), ((b"\x02first", b""), b"R" * 300, True)):
+        more = dict(events=events, result=result, fence_install=fence_install)
+        command = shard_env.command(predicates=predicates, mutations=mutations + extra, **more)
+        assert command_payload(command, 12) == _command_record(command, 12).encode()
+    odd = shard_env.command(predicates=[_Subclassed("path_current", K1)], mutations=mutations)
+    assert command_payload(odd, 5) == _command_record(odd, 5).encode()
+    assert CommandRecord.decode(command_payload(odd, 5)).predicates[0].kind == 1
 
 
 def test_lease_clock_observations_only_move_forward_and_are_in_the_outbox(shard_env):

@@ -21,6 +21,7 @@ share it, and a replica replaying a recorded range deletes exactly the same rows
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from dataclasses import dataclass
 
@@ -130,10 +131,9 @@ class Plan:
 
     def digest(self) -> bytes:
         """SHA-256 over the deleted keys (u32 length | key each), in order."""
-        h = hashlib.sha256(b"nokv.history.prune.v1\0")
-        for key, _ in self.deletions:
-            h.update(_U32.pack(len(key)) + key)
-        return h.digest()
+        pack = _U32.pack
+        data = b"".join([pack(len(key)) + key for key, _ in self.deletions])  # one update, the same digest
+        return hashlib.sha256(b"nokv.history.prune.v1\0" + data).digest()
 
 
 def plan(
@@ -162,21 +162,28 @@ def plan(
     visited = 0
     user = None
     after = None
-    found = cursor.set_range(start)
-    while found:
-        key = cursor.key()
+    # Every row of the range passes here: the loop's calls are bound once (no limit is inf).
+    max_rows = math.inf if max_rows is None else max_rows
+    max_visits = math.inf if max_visits is None else max_visits
+    unseal, decode_key, projection, delete = (
+        rows.unseal,
+        family_keys.decode_history_key,
+        RETAINED_PROJECTIONS.get,
+        deletions.append,
+    )
+    for key, stored in cursor.iternext() if cursor.set_range(start) else ():
         if end is not None and key >= end:
             return Plan(deletions, end)
-        if (max_rows is not None and len(deletions) >= max_rows) or (max_visits is not None and visited >= max_visits):
+        if len(deletions) >= max_rows or visited >= max_visits:
             return Plan(deletions, key)
         visited += 1
-        value = rows.unseal(_HISTORY, key, cursor.value())
+        value = unseal(_HISTORY, key, stored)
         try:
-            tag, user_key, version = family_keys.decode_history_key(key)
-            project = RETAINED_PROJECTIONS.get(tag)
+            tag, user_key, version = decode_key(key)
+            project = projection(tag)
             if project is None:
                 if version <= floor:
-                    deletions.append((key, value))
+                    delete((key, value))
             else:
                 if (tag, user_key) != user:
                     # The first row of this key in the range: the value after its change is the
@@ -185,11 +192,10 @@ def plan(
                     after = project(_value_after(txn, probe, family_dbs_by_tag[tag], key, user_key))
                 before = project(decode_value(value))
                 if version <= floor and (before == after or version <= event_floor):
-                    deletions.append((key, value))
+                    delete((key, value))
                 after = before
         except FormatError as exc:
             raise IntegrityError(f"history row {key.hex()} does not decode: {exc}") from None
-        found = cursor.next()
     return Plan(deletions, end)
 
 

@@ -132,6 +132,13 @@ class ReadView:
     @lmdb_errors_translated
     def get(self, tree: str, key: bytes) -> bytes | None:
         self.ops += 1
+        if self.version == self.current_version and not self._visibility_only:  # most reads: the row itself
+            raw = self._txn.get(key, db=self._dbs[tree])
+            if raw is None:
+                self.ops += 2
+                rows.verify_neighbours(self._cursor(tree), tree, key)
+                return None
+            return rows.unseal(tree, key, raw)
         if self._visibility_only and tree not in RETAINED_TREES:
             raise self._below_floor()
         if not self.is_current and tree in SELF_VERSIONED:

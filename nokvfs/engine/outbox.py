@@ -55,11 +55,14 @@ def genesis_digest(logical_shard_id: bytes) -> bytes:
     return hashlib.sha256(b"nokv.recovery.genesis.v1\0" + logical_shard_id).digest()
 
 
-def chain_digest(previous: bytes, lsn: int, kind: int, commit_version: int, payload: bytes) -> bytes:
+def chain_digest(
+    previous: bytes, lsn: int, kind: int, commit_version: int, payload: bytes, payload_sha256: bytes | None = None
+) -> bytes:
+    """`payload_sha256`: the payload's SHA-256 when the caller has it already."""
     h = hashlib.sha256(b"nokv.recovery.chain.v1\0")
     h.update(previous)
     h.update(struct.pack(">QBQQ", lsn, int(kind), commit_version, len(payload)))
-    h.update(hashlib.sha256(payload).digest())
+    h.update(hashlib.sha256(payload).digest() if payload_sha256 is None else payload_sha256)
     return h.digest()
 
 
@@ -126,13 +129,14 @@ def frame(
         delta = compression.deflate_with(payload, compression.previous_dictionary(window))
         if len(delta) < len(stored):
             stored, encoding = delta, OutboxPayloadEncoding.DeflatePrevious
-    digest = chain_digest(previous, lsn, kind, commit_version, payload)
+    payload_sha256 = hashlib.sha256(payload).digest()  # hashed once: the chain and the stored check use it
+    digest = chain_digest(previous, lsn, kind, commit_version, payload, payload_sha256)
     if len(stored) <= INLINE_BYTES:
         inline = InlineOutboxRecord(
             record_kind=kind,
             commit_version=commit_version,
             payload_length=len(payload),
-            payload_check=hashlib.sha256(payload).digest()[:PAYLOAD_CHECK_BYTES],
+            payload_check=payload_sha256[:PAYLOAD_CHECK_BYTES],
             encoding=encoding,
             chain_digest=digest,
             stored=stored,
@@ -144,7 +148,7 @@ def frame(
         commit_version=commit_version,
         chunk_count=len(chunks),
         payload_length=len(payload),
-        payload_sha256=hashlib.sha256(payload).digest(),
+        payload_sha256=payload_sha256,
         encoding=encoding,
         chain_digest=digest,
     )

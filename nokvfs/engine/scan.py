@@ -92,11 +92,13 @@ def scan_prefix(
 
 
 def iter_prefix(view, tree: str, prefix: bytes, *, start_after: bytes | None = None):
-    """Every (key, value) under `prefix` (after `start_after`), in key order, fetched in bounded pages."""
+    """Every (key, value) under `prefix` (after `start_after`), in key order, fetched in bounded pages
+    (scan_prefix's, without building a Page: GC reads each collected revision's manifest so)."""
     marker = start_after
     while True:
-        page = scan_prefix(view, tree, prefix, start_after=marker)
-        yield from page.items
-        if page.next_marker is None:
+        position = prefix if marker is None else marker + b"\x00"
+        items, exhausted = view.walk(tree, position, prefix, MAX_ITEMS_PER_CALL)
+        yield from items
+        if exhausted:
             return
-        marker = page.next_marker
+        marker = items[-1][0]

@@ -157,50 +157,71 @@ def _lmdb_errors(func):
 
 
 class _Digests:
-    """Per-tree row count and additive multiset hash, updated row by row inside one write txn.
+    """Per-tree row count and additive multiset hash of the rows one write txn changes.
 
-    A command changes thousands of rows: each hash is taken with one hasher, reset after each
-    row (creating a hasher per row was a third of the cost), and the sums are reduced modulo
-    2**256 once, by `record` (the same digest as reducing after every row). Most commands change
-    a few of the trees: only those are converted to integers and rebuilt, the others' entries
-    are carried over as they are."""
+    A command changes thousands of rows: `change` only keeps each row's image (u32 len(key) |
+    key | value, what _row_hash hashes), and `record` hashes them all in one loop with one
+    hasher, reset after each row (creating a hasher per row was a third of the cost; a call per
+    row, another), summing them unreduced and reducing modulo 2**256 once (the same digest as
+    reducing after every row). Most commands change a few of the trees: only those are
+    converted to integers and rebuilt, the others' entries are carried over as they are."""
 
     def __init__(self, record: StateDigest):
         self._record = record
-        self.trees: dict = {}  # the trees changed so far: name -> [row count, unreduced sum]
-        self._hasher = blake3.blake3()  # one write transaction's: used by one thread
-
-    def _row_hash(self, key: bytes, value: bytes) -> int:  # _row_hash's value
-        hasher = self._hasher
-        hasher.update(_U32.pack(len(key)) + key + value)
-        digest = hasher.digest()
-        hasher.reset()
-        return int.from_bytes(digest, "big")
-
-    def _entry(self, tree: str) -> list:
-        for stored in self._record.trees:
-            if stored.name == tree:
-                entry = self.trees[tree] = [stored.row_count, int.from_bytes(stored.digest, "big")]
-                return entry
-        raise KeyError(tree)
+        self._rows: dict = {}  # the trees changed so far: name -> (images added, images removed)
 
     def change(self, tree: str, key: bytes, old: bytes | None, new: bytes | None) -> None:
-        entry = self.trees.get(tree) or self._entry(tree)
+        images = self._rows.get(tree)
+        if images is None:
+            images = self._rows[tree] = ([], [])
+        head = _U32.pack(len(key)) + key
         if old is not None:
-            entry[0] -= 1
-            entry[1] -= self._row_hash(key, old)
+            images[1].append(head + old)
         if new is not None:
-            entry[0] += 1
-            entry[1] += self._row_hash(key, new)
+            images[0].append(head + new)
+
+    def remove(self, tree: str, removed) -> None:
+        """`change(tree, key, value, None)` for each (key, value) of `removed`."""
+        images = self._rows.get(tree)
+        if images is None:
+            images = self._rows[tree] = ([], [])
+        pack = _U32.pack
+        images[1].extend([pack(len(key)) + key + value for key, value in removed])
 
     def record(self) -> StateDigest:
+        unknown = self._rows.keys() - {stored.name for stored in self._record.trees}
+        if unknown:
+            raise KeyError(sorted(unknown)[0])
+        hasher = blake3.blake3()  # one write transaction's: used by one thread
+        update, digest, reset, from_bytes = hasher.update, hasher.digest, hasher.reset, int.from_bytes
+
+        def total(images: list) -> int:
+            total = 0
+            for image in images:
+                update(image)
+                total += from_bytes(digest(), "big")
+                reset()
+            return total
+
         trees = []
         for stored in self._record.trees:
-            entry = self.trees.get(stored.name)
-            if entry is not None:
-                stored = TreeDigest(stored.name, entry[0], (entry[1] % _DIGEST_MOD).to_bytes(32, "big"))
+            images = self._rows.get(stored.name)
+            if images is not None:
+                added, removed = images
+                count = stored.row_count + len(added) - len(removed)
+                sum_ = int.from_bytes(stored.digest, "big") + total(added) - total(removed)
+                stored = TreeDigest(stored.name, count, (sum_ % _DIGEST_MOD).to_bytes(32, "big"))
             trees.append(stored)
         return StateDigest(tuple(trees))
+
+
+def _delete_in_order(cursor, rows_) -> None:
+    """Delete the rows (key, value) of `rows_` as txn.delete would, one by one. Deleting moves
+    the cursor to the next row, so a row that follows the last one deleted (pruning's rows come
+    in key order, mostly in runs) is deleted without a search from the root."""
+    for key, _ in rows_:
+        if cursor.key() == key or cursor.set_key(key):
+            cursor.delete()
 
 
 def _digested_trees() -> list[str]:
@@ -975,38 +996,43 @@ class Shard:
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
         written: set = set()  # (tree, key) of every row written so far
         mutated = []
+        family_dbs, tags, history_db = self._family_dbs, self._tags, self._dbs[HISTORY_TREE]
+        # The History key of every row is tag | u32 len(key) | key | this: built once.
+        inverted = family_keys.inverted_version(commit_version)
+        change = digests.change
 
         def write(tree: str, key: bytes, value: bytes | None) -> None:
             # The old value is read verified: nothing is written over a damaged row.
-            db = self._family_dbs[tree]
+            db = family_dbs[tree]
             row = (tree, key)
             found = checked.pop(row, _UNCHECKED)
             if found is _UNCHECKED:
                 found = rows.get_stored(txn, db, tree, key)
             old = None if found is None else found[0]
-            first = row not in written
-            written.add(row)
-            if first and history.records_change(tree, old, value, commit_version):
-                # The first write of a key in a command records the value before the command.
-                # Its History key (at the new commit version) is new but for damage: the row
-                # found there, if any, is read (verified) and replaced.
-                history_key = family_keys.history_key(self._tags[tree], key, commit_version)
-                hvalue = history.encode_value(old, None if found is None else found[1])
-                history_db = self._dbs[HISTORY_TREE]
-                prior = None
-                if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
-                    prior = self._get(txn, HISTORY_TREE, history_key)
-                    rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue)
-                digests.change(HISTORY_TREE, history_key, prior, hvalue)
+            if row not in written:
+                written.add(row)
+                if history.records_change(tree, old, value, commit_version):
+                    # The first write of a key in a command records the value before the command.
+                    # Its History key (at the new commit version) is new but for damage: the row
+                    # found there, if any, is read (verified) and replaced.
+                    history_key = family_keys.history_key_prefix(tags[tree], key) + inverted
+                    hvalue = history.encode_value(old, None if found is None else found[1])
+                    prior = None
+                    if not rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue, overwrite=False):
+                        prior = self._get(txn, HISTORY_TREE, history_key)
+                        rows.put(txn, history_db, HISTORY_TREE, history_key, hvalue)
+                    change(HISTORY_TREE, history_key, prior, hvalue)
             if value is None:
                 if old is not None:
                     txn.delete(key, db=db)
-            elif old is not None or not rows.put(txn, db, tree, key, value, append=True):
+            elif old is not None:
+                rows.put(txn, db, tree, key, value, previous=found)
+            else:
                 # A new key that sorts last (ChangeEvent, CommandDedupe of UUIDv7 requests, new
                 # operations) is appended, which fills its page instead of splitting it in half.
-                rows.put(txn, db, tree, key, value, previous=found)
-            digests.change(tree, key, old, value)
-            mutated.append((tree, key))
+                rows.put_new(txn, db, tree, key, value)
+            change(tree, key, old, value)
+            mutated.append(row)
 
         for mutation in command.mutations:
             if mutation.tree not in self._family_dbs:
@@ -1026,7 +1052,7 @@ class Shard:
                 family_records.CommandDedupe(command.command_digest, command.result, commit_version, lsn)
             ),
         )
-        payload = _command_record(command, commit_version).encode()
+        payload = command_payload(command, commit_version)
         self._append_outbox(txn, lsn, OutboxRecordKind.MetadataCommand, commit_version, payload, tail)
         self._put_system(txn, SYS_CLOCK, CommitClock(commit_version))
         self._put_system(txn, SYS_STATE_DIGEST, digests.record())
@@ -1040,9 +1066,8 @@ class Shard:
             # A record's rows sort after every row of the tree: appended, so their pages fill up
             # (sequential keys put normally leave every page half empty). Only chunks of records
             # written before header format 2 (under 0x01) sort after them, until truncated.
-            if not rows.put(txn, db, OUTBOX_TREE, key, value, append=True) and not (
-                rows.put(txn, db, OUTBOX_TREE, key, value, overwrite=False)
-            ):
+            stored = rows.seal(OUTBOX_TREE, key, value)
+            if not txn.put(key, stored, db=db, append=True) and not txn.put(key, stored, db=db, overwrite=False):
                 raise ShardCorrupt(f"recovery outbox already holds {key.hex()}")
         self._put_system(txn, SYS_RECOVERY, RecoveryTail(lsn, chain))
         # Exact whether or not this transaction commits: used only while the tail names its last
@@ -1080,24 +1105,23 @@ class Shard:
             raise InvalidInput(f"predicate {index} names no metadata family tree {predicate.tree!r}")
         found = rows.get_stored(txn, db, predicate.tree, predicate.key)
         raw = None if found is None else found[0]
-        where = f"predicate {index} on {predicate.tree}"
-        if isinstance(predicate, Exists):
+        if isinstance(predicate, ValueEquals):  # the most common kind (a command's builder read the row)
+            if raw != predicate.value:
+                raise PredicateFailed(f"{_where(index, predicate)}: the row differs", index=index)
+        elif isinstance(predicate, Exists):
             if raw is None:
-                raise PredicateFailed(f"{where}: the row does not exist", index=index)
+                raise PredicateFailed(f"{_where(index, predicate)}: the row does not exist", index=index)
         elif isinstance(predicate, Absent):
             if raw is not None:
-                raise PredicateFailed(f"{where}: the row exists", index=index)
-        elif isinstance(predicate, ValueEquals):
-            if raw != predicate.value:
-                raise PredicateFailed(f"{where}: the row differs", index=index)
+                raise PredicateFailed(f"{_where(index, predicate)}: the row exists", index=index)
         elif isinstance(predicate, FieldEquals):
             error = GenerationConflict if isinstance(predicate, Generation) else PredicateFailed
             if raw is None:
-                raise error(f"{where}: the row does not exist", index=index)
+                raise error(f"{_where(index, predicate)}: the row does not exist", index=index)
             actual = getattr(predicate.record.decode(raw), predicate.field)
             if actual != predicate.expected:
                 raise error(
-                    f"{where}: {predicate.record.__name__}.{predicate.field} is {actual!r}, "
+                    f"{_where(index, predicate)}: {predicate.record.__name__}.{predicate.field} is {actual!r}, "
                     f"expected {predicate.expected!r}",
                     index=index,
                 )
@@ -1226,9 +1250,8 @@ class Shard:
             return PruneOutcome(floor, 0, planned.end_key, None)
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
         db = self._dbs[HISTORY_TREE]
-        for key, value in planned.deletions:
-            txn.delete(key, db=db)
-            digests.change(HISTORY_TREE, key, value, None)
+        _delete_in_order(txn.cursor(db), planned.deletions)
+        digests.remove(HISTORY_TREE, planned.deletions)
         record = HistoryPruneRecord(
             owner_epoch, floor, start_key, planned.end_key, len(planned.deletions), planned.digest()
         )
@@ -1445,9 +1468,8 @@ class Shard:
         if recorded is None and not planned.deletions and updated == floors:
             return PruneOutcome(floor, 0, planned.end_key, None)
         digests = _Digests(self._system(txn, SYS_STATE_DIGEST, StateDigest))
-        for key, value in planned.deletions:
-            txn.delete(key, db=db)
-            digests.change(tree, key, value, None)
+        _delete_in_order(txn.cursor(db), planned.deletions)
+        digests.remove(tree, planned.deletions)
         record = RetentionPruneRecord(
             owner_epoch, family, floor, horizon, start_key, planned.end_key, len(planned.deletions), planned.digest()
         )
@@ -1567,6 +1589,10 @@ class CopyPoint:
     txn_id: int = 0  # LMDB's id of the copy's transaction: a later write commits a higher one
 
 
+def _where(index: int, predicate) -> str:
+    return f"predicate {index} on {predicate.tree}"
+
+
 def _command_record(command: MetadataCommand, commit_version: int) -> CommandRecord:
     predicates = []
     for p in command.predicates:
@@ -1607,6 +1633,96 @@ def _command_record(command: MetadataCommand, commit_version: int) -> CommandRec
         events=command.events,
         result=command.result,
     )
+
+
+def command_payload(command: MetadataCommand, commit_version: int) -> bytes:
+    """`_command_record(command, commit_version).encode()`, the command's logical outbox record,
+    written row by row without a PredicateRow or MutationRow object per row: a GC batch's
+    command has thousands, and building and encoding the objects was most of its record's cost.
+    The header is encoded by the record's own codec; a row of any other shape than the ones
+    written here (a subclass of a predicate, a key or value not of type bytes, ...) leaves it to
+    the codec. tests/test_engine_command.py holds the two to the same bytes."""
+    record = CommandRecord(
+        schema_id=command.schema_id,
+        root_id=command.root_id,
+        logical_shard_id=command.logical_shard_id,
+        placement_generation=command.placement_generation,
+        owner_epoch=command.owner_epoch,
+        request_id=command.request_id,
+        command_digest=command.command_digest,
+        read_version=command.read_version,
+        commit_version=commit_version,
+        fence_install=command.fence_install,
+        predicates=(),
+        mutations=(),
+        events=command.events,
+        result=command.result,
+    )
+    encoded = record.encode()
+    # version | header | u32 0 predicates | u32 0 mutations | events | result
+    tail = _U32.pack(len(command.events)) + b"".join(_U32.pack(len(e)) + e for e in command.events)
+    tail += _U32.pack(len(command.result)) + command.result
+    head = len(encoded) - len(tail) - 8
+    if head < 1 or encoded[head:] != bytes(8) + tail:
+        return _command_record(command, commit_version).encode()
+    parts = [encoded[:head], _U32.pack(len(command.predicates))]
+    pack, trees = _U32.pack, _TREE_FIELDS
+    try:
+        for p in command.predicates:
+            kind = type(p)
+            tree = trees.get(p.tree) if p.tree.__class__ is str else None
+            if tree is None or p.key.__class__ is not bytes:
+                raise _NotPlain
+            if kind is ValueEquals and p.value.__class__ is bytes:
+                parts += (_VALUE_EQUALS, tree, pack(len(p.key)), p.key, _PRESENT, pack(len(p.value)), p.value, _NONE3)
+            elif kind is Exists or kind is Absent:
+                parts += (_EXISTS if kind is Exists else _ABSENT, tree, pack(len(p.key)), p.key, _NONE4)
+            elif kind in _FIELD_KINDS:
+                name, field, expected = p.record.__name__.encode(), p.field.encode(), p.expected_bytes()
+                parts += (_FIELD_KINDS[kind], tree, pack(len(p.key)), p.key, _NONE, _PRESENT, pack(len(name)), name)
+                parts += (_PRESENT, pack(len(field)), field, _PRESENT, pack(len(expected)), expected)
+            else:
+                raise _NotPlain
+        parts.append(pack(len(command.mutations)))
+        for m in command.mutations:
+            kind = type(m)
+            tree = trees.get(m.tree) if m.tree.__class__ is str else None
+            if tree is None or m.key.__class__ is not bytes:
+                raise _NotPlain
+            if kind is Put and m.value.__class__ is bytes:
+                parts += (_PUT, tree, pack(len(m.key)), m.key, _PRESENT, pack(len(m.value)), m.value)
+            elif kind is Delete:
+                parts += (_DELETE, tree, pack(len(m.key)), m.key, _NONE)
+            else:
+                raise _NotPlain
+    except (_NotPlain, struct.error):  # struct.error: a length beyond a u32, which the codec refuses
+        return _command_record(command, commit_version).encode()
+    parts.append(tail)
+    return b"".join(parts)
+
+
+class _NotPlain(Exception):
+    """A row command_payload leaves to the codec."""
+
+
+# command_payload's pieces of PredicateRow (u8 kind, str tree, bytes key, then four optionals)
+# and MutationRow (u8 kind, str tree, bytes key, optional value): a str or bytes field is its u32
+# length and its bytes, an optional a u8 0 (absent) or 1 and its value.
+_TREE_FIELDS = {name: _U32.pack(len(name.encode())) + name.encode() for name in family_keys.TREE_NAMES}
+_VALUE_EQUALS = bytes([PredicateKind.ValueEquals])
+_FIELD_KINDS = {
+    FieldEquals: bytes([PredicateKind.FieldEquals]),
+    Generation: bytes([PredicateKind.Generation]),
+    State: bytes([PredicateKind.State]),
+}
+_EXISTS = bytes([PredicateKind.Exists])
+_ABSENT = bytes([PredicateKind.Absent])
+_PUT = bytes([MutationKind.Put])
+_DELETE = bytes([MutationKind.Delete])
+_PRESENT = b"\x01"
+_NONE = b"\x00"
+_NONE3 = bytes(3)
+_NONE4 = bytes(4)
 
 
 def command_from_record(record: CommandRecord) -> MetadataCommand:
