@@ -1593,9 +1593,11 @@ def _where(index: int, predicate) -> str:
     return f"predicate {index} on {predicate.tree}"
 
 
-def _command_record(command: MetadataCommand, commit_version: int) -> CommandRecord:
+def _command_record(command: MetadataCommand, commit_version: int, *, rows: bool = True) -> CommandRecord:
+    """The command's logical outbox record; `rows=False`: without its predicates and mutations
+    (the header command_payload writes the rows after)."""
     predicates = []
-    for p in command.predicates:
+    for p in command.predicates if rows else ():
         if isinstance(p, Exists):
             predicates.append(PredicateRow(PredicateKind.Exists, p.tree, p.key, None, None, None, None))
         elif isinstance(p, Absent):
@@ -1615,7 +1617,7 @@ def _command_record(command: MetadataCommand, commit_version: int) -> CommandRec
         MutationRow(MutationKind.Put, m.tree, m.key, m.value)
         if isinstance(m, Put)
         else MutationRow(MutationKind.Delete, m.tree, m.key, None)
-        for m in command.mutations
+        for m in (command.mutations if rows else ())
     )
     return CommandRecord(
         schema_id=command.schema_id,
@@ -1642,23 +1644,7 @@ def command_payload(command: MetadataCommand, commit_version: int) -> bytes:
     The header is encoded by the record's own codec; a row of any other shape than the ones
     written here (a subclass of a predicate, a key or value not of type bytes, ...) leaves it to
     the codec. tests/test_engine_command.py holds the two to the same bytes."""
-    record = CommandRecord(
-        schema_id=command.schema_id,
-        root_id=command.root_id,
-        logical_shard_id=command.logical_shard_id,
-        placement_generation=command.placement_generation,
-        owner_epoch=command.owner_epoch,
-        request_id=command.request_id,
-        command_digest=command.command_digest,
-        read_version=command.read_version,
-        commit_version=commit_version,
-        fence_install=command.fence_install,
-        predicates=(),
-        mutations=(),
-        events=command.events,
-        result=command.result,
-    )
-    encoded = record.encode()
+    encoded = _command_record(command, commit_version, rows=False).encode()
     # version | header | u32 0 predicates | u32 0 mutations | events | result
     tail = _U32.pack(len(command.events)) + b"".join(_U32.pack(len(e)) + e for e in command.events)
     tail += _U32.pack(len(command.result)) + command.result
