@@ -47,6 +47,7 @@ from nokvfs.engine.command import (
 from nokvfs.engine.environment import GatedEnv, SyncingEnv
 from nokvfs.engine.meta import WITNESS_NAME, CommitWitness, check_meta_pages
 from nokvfs.engine.mvcc import ReadView
+from nokvfs.engine.owncommits import OwnCommits
 from nokvfs.engine.records import (
     OPTIONAL_SYSTEM_KEYS,
     SYS_CLOCK,
@@ -261,6 +262,7 @@ class Shard:
         self._lock = lock  # the shared ShardLock (nokvfs.engine.compact), released at close
         self._env = GatedEnv(env)
         self._opened = 0  # environments opened at this path by this instance (change_stamp)
+        self.own_commits = OwnCommits()  # what this process committed (caches that survive it)
         self._options: dict = {}  # how the environment was opened (a live compaction reopens it so)
         self._bind(dbs)
         self._alarm = IntegrityAlarm(path)
@@ -868,14 +870,21 @@ class Shard:
                 self._unflushed_running += 1
             try:
                 with self._env.begin(write=True, durable=False) as txn:
-                    return self._apply(txn, command)
+                    outcome = self._apply(txn, command)
+                    opened, txnid = self._opened, txn.id()
             finally:
                 with self._flushing:
                     self._unflushed_running -= 1
                     self._unflushed = True
+            if not outcome.replayed:
+                self.own_commits.record(opened, txnid, outcome.mutated)
+            return outcome
         with self._env.begin(write=True) as txn:
             outcome = self._apply(txn, command)
+            opened, txnid = self._opened, txn.id()
         if not outcome.replayed:
+            # Committed, and it wrote rows: LMDB advanced the transaction id to txnid.
+            self.own_commits.record(opened, txnid, outcome.mutated)
             self._witness_commit(outcome.recovery_lsn)
         return outcome
 
@@ -919,7 +928,9 @@ class Shard:
         self._alarm.refuse_writes()
         results: list = []
         last_lsn = None
+        mutated: list = []
         with collector.deferred(), self._env.begin(write=True) as txn:
+            opened, txnid = self._opened, txn.id()
             for item in items:
                 try:
                     command = item(self._write_view(txn)) if callable(item) else item
@@ -935,6 +946,9 @@ class Shard:
                 results.append(outcome)
                 if not outcome.replayed:
                     last_lsn = outcome.recovery_lsn
+                    mutated.extend(outcome.mutated)
+        if last_lsn is not None:  # a command was applied: the commit advanced the id to txnid
+            self.own_commits.record(opened, txnid, mutated)
         self._witness_commit(last_lsn)
         return results
 
@@ -1140,6 +1154,8 @@ class Shard:
             payload = LeaseClockRecord(unix_ms).encode()
             self._append_outbox(txn, tail.applied_lsn + 1, OutboxRecordKind.LeaseClockObservation, clock, payload, tail)
             self._put_system(txn, SYS_LEASE_CLOCK, LeaseClock(unix_ms))
+            opened, txnid = self._opened, txn.id()
+        self.own_commits.record(opened, txnid, ())  # no family row: a mount's kept values stand
         self._witness_commit(tail.applied_lsn + 1)
         return unix_ms
 
@@ -1182,6 +1198,9 @@ class Shard:
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
             outcome = self._prune(txn, owner_epoch, floor_version, start_key, limits=(max_rows, max_visits))
+            opened, txnid = self._opened, txn.id()
+        if outcome.recovery_lsn is not None:  # it wrote (its record): History rows only
+            self.own_commits.record(opened, txnid, ())
         self._witness_commit(outcome.recovery_lsn)
         return outcome
 
@@ -1286,6 +1305,9 @@ class Shard:
         self._alarm.refuse_writes()
         with self._env.begin(write=True) as txn:
             outcome = self._truncate(txn, owner_epoch, through_lsn, max_records)
+            opened, txnid = self._opened, txn.id()
+        if outcome.recovery_lsn is not None:  # it wrote: outbox rows only
+            self.own_commits.record(opened, txnid, ())
         self._witness_commit(outcome.recovery_lsn)
         return outcome
 
@@ -1402,6 +1424,11 @@ class Shard:
             outcome = self._prune_retained(
                 txn, owner_epoch, family, floor_version, horizon_ms, start_key, limits=(max_rows, max_visits)
             )
+            opened, txnid = self._opened, txn.id()
+        if outcome.recovery_lsn is not None:
+            # It wrote rows of `family` only: a run of own commits goes on unless that is a
+            # family some reader keeps values of (then the rows are not known: a new run).
+            self.own_commits.record(opened, txnid, (), unknown=retention.TREES[RetainedFamily(family)])
         self._witness_commit(outcome.recovery_lsn)
         return outcome
 
