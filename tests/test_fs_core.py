@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
+import sys
 
 import pyfuse3
 import pytest
@@ -26,6 +28,8 @@ from nokvfs.fs.retries import OpenRetries
 from nokvfs.fs.threads import Workers
 from nokvfs.fs.views import LiveView
 from nokvfs.workspace import datadir, namespace, snapshot, workbench
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -426,6 +430,44 @@ def test_a_create_right_after_a_lookup_that_found_nothing_reads_the_shard_once_a
     assert k.call("lookup", outputs, b"d", k.ctx).st_ino == 0
     k.call("mkdir", outputs, b"d", 0o755, k.ctx)  # this mount, nothing committed for it yet
     assert k.errno_of("create", outputs, b"d", 0o644, excl, k.ctx) == errno.EISDIR
+
+
+def test_an_open_after_this_mounts_own_commits_reads_the_shard_only_when_one_wrote_the_path(kernel, monkeypatch):
+    """A file this mount published is opened (and stat'd) without a shard read while the commits
+    since were this process's own and did not write its path (its own publication, others'
+    after it), and read again after one that did (a put of the path in this process) or after
+    any commit of another process, which is never taken for one of this process's."""
+    k = kernel
+    root = k.fs.tree.root
+    reads = []
+    entry = k.fs.tree.view.entry
+    monkeypatch.setattr(k.fs.tree.view, "entry", lambda v, inc, comps: reads.append(comps[-1]) or entry(v, inc, comps))
+    k.put("wb/outputs/mine", b"mine")
+    ino = k.ino("wb/outputs/mine")
+    k.put("wb/outputs/later", b"later")  # an own commit after it
+    namespace.put(root, "wb", "outputs/also-own", b"x")  # this process too
+    reads.clear()
+    assert k.cat("wb/outputs/mine") == b"mine"
+    k.call("getattr", ino, k.ctx)
+    assert "mine" not in reads
+
+    namespace.put(root, "wb", "outputs/mine", b"replaced here")  # an own commit of the path
+    assert k.errno_of("open", ino, os.O_RDONLY, k.ctx) == errno.ESTALE
+    assert k.cat("wb/outputs/mine") == b"replaced here"
+
+    ino = k.ino("wb/outputs/mine")
+    k.cat("wb/outputs/mine")
+    reads.clear()
+    code = (
+        "import sys; from nokvfs.workspace import datadir, namespace; "
+        "root = datadir.open_root(sys.argv[1], verify=False); "
+        "namespace.put(root, 'wb', 'outputs/mine', b'theirs'); root.close()"
+    )
+    subprocess.run([sys.executable, "-c", code, root.data_dir], check=True, cwd=REPO, timeout=60)
+    k.put("wb/outputs/after", b"own again")  # an own commit after theirs
+    assert k.errno_of("open", ino, os.O_RDONLY, k.ctx) == errno.ESTALE
+    assert "mine" in reads
+    assert k.cat("wb/outputs/mine") == b"theirs"
 
 
 def test_an_open_of_a_replaced_file_is_estale_so_the_kernel_looks_again(kernel):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.mount_fixtures import (  # noqa: F401
     REPO,
     WORKBENCH_LISTING,
@@ -246,3 +248,42 @@ def test_ls_while_another_process_adds_and_removes_names_lists_each_name_once(mo
     out, err = churn.communicate(timeout=60)
     assert churn.returncode == 0, err.decode()
     assert int(out.split()[-1]) > 20 and listings > 5
+
+
+@pytest.mark.parametrize("mode", [(), ("--write-back",)], ids=["durable", "write-back"])
+def test_a_file_this_mount_wrote_is_read_anew_right_after_another_process_replaces_it(tmp_path, mode):
+    """What the mount read of a path stays valid across its own later commits (nokvfs.engine
+    .owncommits: publications of other files through it), never across another process's. So
+    `cat` right after `nokvfs put` has returned shows the new bytes, although the mount was
+    publishing other files before and after that commit, and an open(2) of the file it had just
+    published read nothing from the shard."""
+    with mounted(str(tmp_path), extra_args=mode) as m:
+        outputs = m.path("wb", "outputs")
+        f = os.path.join(outputs, "f")
+        for round in range(4):
+            script = f"echo mine{round} > f && cat f > /dev/null && for i in 1 2 3; do echo x > o{round}$i; done"
+            subprocess.run(["bash", "-c", script], cwd=outputs, check=True)
+            subprocess.run(["sync", "f"], cwd=outputs, check=True)  # write-back: published before theirs
+            assert read(f) == f"mine{round}\n".encode()
+            cli(m, "put", "wb:outputs/f", "-", input=f"theirs{round}".encode())
+            if round % 2:
+                # An own commit right after theirs, before the change follower has seen it.
+                subprocess.run(["bash", "-c", f"echo y > p{round} && sync p{round}"], cwd=outputs, check=True)
+            assert read(f) == f"theirs{round}".encode()  # no waiting for the change follower
+
+
+def test_write_back_o_excl_refuses_a_name_another_process_published_while_the_publisher_ran(tmp_path):
+    """In write-back mode the publisher commits between the kernel's LOOKUP of a name and the
+    CREATE that follows it, beside another process's commit of that name: the create finds it
+    (`set -C` fails, their bytes stay), whoever committed last."""
+    with mounted(str(tmp_path), extra_args=("--write-back",)) as m:
+        outputs = m.path("wb", "outputs")
+        for round in range(3):
+            f = f"f{round}"
+            others = f"for i in $(seq 20); do echo x > w{round}_$i; done"
+            subprocess.run(["bash", "-c", others], cwd=outputs, check=True)
+            assert not os.path.exists(os.path.join(outputs, f))  # the lookup whose miss the create uses
+            cli(m, "put", f"wb:outputs/{f}", "-", input=b"theirs")
+            noclobber = subprocess.run(["bash", "-c", f"set -C; echo mine > {f}"], cwd=outputs, capture_output=True)
+            assert noclobber.returncode != 0 and b"cannot overwrite" in noclobber.stderr
+            assert read(os.path.join(outputs, f)) == b"theirs"

@@ -11,6 +11,7 @@ import shutil
 import stat
 import tempfile
 
+import pyfuse3
 import pytest
 import trio
 
@@ -28,6 +29,8 @@ from nokvfs.fs.views import LiveView
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.workspace import namespace, workbench
 from tests.workspace_helpers import opened_root
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 INC = bytes(range(16))
 
@@ -371,6 +374,53 @@ def test_a_write_back_acceptance_outliving_its_close_keeps_the_file_until_it_is_
     with root.read() as view:
         entry = listing.stat(view, root, "wb", "outputs/f").entry
     assert reading.read(root, entry) == b"LATERted"
+
+
+def test_files_the_write_back_publisher_published_are_opened_without_a_shard_read(root, monkeypatch):
+    """After the publisher's group commit, an open(2) of each file it published reads nothing
+    from the shard while no commit since wrote its path (the group's own, the next group's); a
+    commit of another process in between makes the open read again, and see the replacement."""
+    import subprocess
+    import sys
+
+    reads = []
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=10)
+        entry = fs.tree.view.entry
+        monkeypatch.setattr(
+            fs.tree.view, "entry", lambda v, inc, comps: reads.append(comps[-1]) or entry(v, inc, comps)
+        )
+        async with trio.open_nursery() as nursery:
+            workers.start(nursery)
+            inodes_ = {}
+            for name in ("a", "b", "c", "d"):
+                fh, attr = await fs.create(section.ino, name.encode(), 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+                await fs.write(fh, 0, name.encode() * 3)
+                await fs.flush(fh)
+                await fs.release(fh)
+                inodes_[name] = attr.st_ino
+                if name == "b":
+                    await publisher.drain()  # a, b in one group, c and d in the next
+            await publisher.drain()
+            reads.clear()
+            for ino in inodes_.values():
+                fh, _ = await fs.open(ino, os.O_RDONLY)
+                await fs.release(fh)
+            assert reads == []
+            code = (
+                "import sys; from nokvfs.workspace import datadir, namespace; "
+                "root = datadir.open_root(sys.argv[1], verify=False); "
+                "namespace.put(root, 'wb', 'outputs/a', b'theirs'); root.close()"
+            )
+            subprocess.run([sys.executable, "-c", code, root.data_dir], check=True, timeout=60, cwd=REPO)
+            with pytest.raises(pyfuse3.FUSEError) as refused:
+                await fs.open(inodes_["a"], os.O_RDONLY)
+            assert refused.value.errno == errno.ESTALE
+            assert "a" in reads
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
 
 
 def _log_and_a_hung_store(root, monkeypatch):
@@ -1170,8 +1220,9 @@ def _ino_of(fs, name: str) -> int:
 
 def test_a_directorys_attributes_are_read_again_once_any_process_has_committed(root, monkeypatch):
     """Tree.directory_attributes keeps a directory's stored attributes while nothing is committed
-    (a stat of the directory, or a create in it, reads no marker), and reads them again after a
-    commit of this process or of another one, so a chmod from anywhere shows at once."""
+    (a stat of the directory, or a create in it, reads no marker) or only commits of this process
+    that did not write the marker, and reads them again after one that did, or after any commit of
+    another process, so a chmod from anywhere shows at once."""
     import subprocess
     import sys
 
@@ -1192,7 +1243,11 @@ def test_a_directorys_attributes_are_read_again_once_any_process_has_committed(r
     assert tree.directory_attributes(node) is first and len(reads) == 1
     assert stat.S_IMODE(tree.attributes(node).st_mode) == 0o750 and len(reads) == 1
     namespace.put(root, "wb", "outputs/elsewhere", b"1")  # a commit of this process, elsewhere
-    assert tree.directory_attributes(node) == first and len(reads) == 2
+    assert tree.directory_attributes(node) is first and len(reads) == 1
+    namespace.put(root, "wb", "outputs/d/inside", b"1")  # in the directory, not its marker
+    assert tree.directory_attributes(node) is first and len(reads) == 1
+    namespace.set_directory_attributes(root, "wb", "outputs/d", mode=0o710)  # this process, the marker
+    assert tree.directory_attributes(node).mode & 0o7777 == 0o710 and len(reads) == 2
     script = (
         "from nokvfs.workspace import datadir, namespace\n"
         f"root = datadir.open_root({root.data_dir!r}, verify=False)\n"
@@ -1205,8 +1260,9 @@ def test_a_directorys_attributes_are_read_again_once_any_process_has_committed(r
 
 def test_a_live_entry_is_read_again_once_any_process_has_committed(root, monkeypatch):
     """Tree.current_entry keeps a path's entry while nothing is committed (open(2) and stat(2)
-    of an unchanged file read nothing), and reads it again after a commit of this process or of
-    another one (LMDB's last transaction id, read from the shared meta page)."""
+    of an unchanged file read nothing) or only commits of this process that did not write the
+    path, and reads it again after one that did, or after any commit of another process (LMDB's
+    last transaction id, read from the shared meta page, is not one this process recorded)."""
     import subprocess
     import sys
 
@@ -1224,8 +1280,12 @@ def test_a_live_entry_is_read_again_once_any_process_has_committed(root, monkeyp
     first = tree.current_entry(node)
     assert tree.current_entry(node) is first and tree.attributes(node).st_size == 1 and len(reads) == 1
     namespace.put(root, "wb", "outputs/other", b"2")  # a commit of this process, elsewhere
-    assert tree.current_entry(node) == first and len(reads) == 2
-    assert tree.current_entry(node) is not None and len(reads) == 2
+    assert tree.current_entry(node) is first and len(reads) == 1
+    namespace.put(root, "wb", "outputs/kept", b"333")  # this process, the path
+    mine = tree.current_entry(node)
+    assert len(reads) == 2 and mine.logical_size == 3
+    assert tree.current_entry(node) is mine and len(reads) == 2
+    first = mine
     script = (
         "from nokvfs.workspace import datadir, namespace\n"
         f"root = datadir.open_root({root.data_dir!r}, verify=False)\n"

@@ -43,6 +43,7 @@ from nokvfs.fs import overlay as overlays
 from nokvfs.fs import views as views_
 from nokvfs.fs.errors import refuse
 from nokvfs.fs.inodes import InodeTable, Kind, Node, facts_of
+from nokvfs.schema import keys
 from nokvfs.schema.enums import ChangeEventKind
 from nokvfs.schema.ids import creation_unix_ms
 from nokvfs.schema.names import check_workbench_id
@@ -61,6 +62,7 @@ def _ms_to_ns(ms: int) -> int:
     return ms * 1_000_000
 
 
+PATH_CURRENT = "path_current"  # the shard tree the values _read_kept keeps are read from
 ENTRIES_KEPT = 4096  # live values _read_kept keeps of each kind (all dropped at once beyond it)
 PAGE = 255  # children per engine page of a directory (a scan's and a listing's)
 PAGES_KEPT = 32  # pages `page_reader` keeps (the oldest dropped beyond it)
@@ -103,8 +105,9 @@ class Tree:
         self.mounted_ns = time.time_ns()
         self._workbench_times: dict[str, int] = {}
         self._root_mtime_ns = self.mounted_ns
-        # ino -> [shard change stamp, node, value, its facts or None] (_read_kept): the PathEntry
-        # of each file (current_entry; its facts for `learn`), a directory's stored attributes
+        # ino -> [shard change stamp, node, value, its facts or None, the PathCurrent key read]
+        # (_read_kept): the PathEntry of each file (current_entry; its facts for `learn`), a
+        # directory's stored attributes
         self._entries: dict = {}
         self._directories: dict = {}
         # (view, incarnation, components, start_after) -> Page (page_reader)
@@ -117,6 +120,11 @@ class Tree:
         self.replay_deferred = None  # set by the change handler: replays events held back above
         self._views = collections.OrderedDict()  # (identity, incarnation) -> read-only view
         self._missed = None  # (parent node, name, shard change stamp) of the last lookup that found nothing
+        # This process's own commits (publications, the write-back publisher's groups) move the
+        # shard's change stamp; a value kept above stays valid across those that did not write
+        # the rows it was read from (nokvfs.engine.owncommits).
+        self._own_commits = root.shard.own_commits
+        self._own_commits.watch((PATH_CURRENT,))
         self.refresh_workbenches()
 
     # --- nodes -----------------------------------------------------------------------------------
@@ -305,24 +313,48 @@ class Tree:
         # An open(2) or stat(2) of a file nobody changes then costs no read transaction, no
         # PathCurrent read and no attribute decoding (`learn`).
         view = self.view_of(node)
-        return self._read_kept(self._entries, node, view, lambda v: view.entry(v, node.incarnation, node.components))
+        return self._read_kept(
+            self._entries, node, view, lambda v: view.entry(v, node.incarnation, node.components), node.components
+        )
 
-    def _read_kept(self, kept: dict, node: Node, view, read):
+    def _read_kept(self, kept: dict, node: Node, view, read, components: tuple):
         """`read(v)` in a read of `view`, kept in `kept` for the node: a live view's value is
         read again only once something was committed since the last read of it (the stamp is
-        taken before the read: a commit racing the read makes the next call read again)."""
+        taken before the read: a commit racing the read makes the next call read again) that
+        was not this process's own, or was and wrote the PathCurrent row of `components` (the
+        one row `read` reads)."""
         stamp = None if view.immutable else self.root.shard.change_stamp()
         if stamp is not None:
             seen = kept.get(node.ino)
-            if seen is not None and seen[0] == stamp and seen[1] is node:
-                return seen[2]
+            if seen is not None and seen[1] is node:
+                if seen[0] == stamp:
+                    return seen[2]
+                if self._own_commits.unchanged(seen[0], stamp, PATH_CURRENT, seen[4]):
+                    seen[0] = stamp
+                    return seen[2]
         with view.read() as v:
             value = read(v)
         if stamp is not None:
-            if len(kept) >= ENTRIES_KEPT:
-                kept.clear()
-            kept[node.ino] = [stamp, node, value, None]
+            self._keep(kept, node, stamp, value, keys.path_current_key(self.root.root_id, node.incarnation, components))
         return value
+
+    @staticmethod
+    def _keep(kept: dict, node: Node, stamp, value, key: bytes) -> None:
+        if len(kept) >= ENTRIES_KEPT:
+            kept.clear()
+        kept[node.ino] = [stamp, node, value, None, key]
+
+    def keep_published(self, node: Node, entry, stamp) -> None:
+        """`entry`, which this process's commit that made change stamp `stamp` published at the
+        node's path, as current_entry would read it at that stamp: kept when that commit is the
+        last one of this process to write the path's row (a later one, or a commit of another
+        process, makes current_entry read again). An open(2) or stat(2) after the close that
+        published it then reads nothing."""
+        if stamp is None or node.detached or node.view != LIVE:
+            return
+        key = keys.path_current_key(self.root.root_id, node.incarnation, node.components)
+        if self._own_commits.wrote(stamp, PATH_CURRENT, key):
+            self._keep(self._entries, node, stamp, entry, key)
 
     def learn(self, node: Node, entry) -> None:
         """node.learn(entry), with the facts decoded once per entry `current_entry` kept."""
@@ -445,7 +477,10 @@ class Tree:
         getter = getattr(view, "directory_attributes", None)
         if getter is None:
             return None
-        return self._read_kept(self._directories, node, view, lambda v: getter(v, node.incarnation, node.components))
+        marker = node.components + (attributes.DIRECTORY_MARKER,)
+        return self._read_kept(
+            self._directories, node, view, lambda v: getter(v, node.incarnation, node.components), marker
+        )
 
     def directory_time(self, node: Node, floor: int) -> int:
         """The newest change time of the entries directly in a directory (cached on the node)."""
