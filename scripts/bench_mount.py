@@ -576,22 +576,30 @@ def main() -> int:
         payload = os.urandom(args.file_size)
         chunk = os.urandom(MiB)
 
+        def numbered(data: bytes, index: int) -> bytes:
+            # Each file and each MiB its own bytes (its index in the first 8): equal blocks would
+            # be one entry of a content-addressed block cache, which every later read would hit.
+            return index.to_bytes(8, "big")[: len(data)] + data[8:]
+
+        def mebibyte(index: int) -> bytes:
+            return numbered(chunk, index)
+
         def seq_mib(target):
             return args.s3_seq_mib if "-s3" in target.name else args.seq_mib
 
         def create_all(target):
-            for path in small_paths(target.base, args.files, args.dirs):
+            for index, path in enumerate(small_paths(target.base, args.files, args.dirs)):
                 with open(path, "wb") as f:
-                    f.write(payload)
+                    f.write(numbered(payload, index))
 
         def create_durably(target):
             # The default mode's guarantee by hand: the file's bytes and its directory entry on
             # disk before the next file (as a careful tool without nokvfs would do it).
-            for path in small_paths(os.path.join(target.base, "durable"), args.files, args.dirs):
+            for index, path in enumerate(small_paths(os.path.join(target.base, "durable"), args.files, args.dirs)):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
-                    os.write(fd, payload)
+                    os.write(fd, numbered(payload, index))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -649,16 +657,16 @@ def main() -> int:
 
         def seq_write(target):
             with open(os.path.join(target.base, "seq.bin"), "wb") as f:
-                for _ in range(seq_mib(target)):
-                    f.write(chunk)
+                for index in range(seq_mib(target)):
+                    f.write(mebibyte(index))
 
         def seq_write_durably(target):
             # What the default mode promises at close(2), by hand: the bytes on disk (one fsync at
             # the end, as `dd conv=fsync` does) and the new file's directory entry.
             path = os.path.join(target.base, "seq-durable.bin")
             with open(path, "wb") as f:
-                for _ in range(seq_mib(target)):
-                    f.write(chunk)
+                for index in range(seq_mib(target)):
+                    f.write(mebibyte(index))
                 f.flush()
                 os.fsync(f.fileno())
             directory = os.open(target.base, os.O_RDONLY | os.O_DIRECTORY)
