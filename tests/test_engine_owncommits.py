@@ -50,23 +50,9 @@ def test_a_commit_that_does_not_follow_the_last_one_starts_a_new_run():
     own.record(1, 9, [])  # a reopened environment
     assert not own.unchanged((0, 8), (1, 9), P, b"c")
     assert own.unchanged((1, 8), (1, 9), P, b"c")
-    assert own.rows_between((0, 5), (0, 8)) is None
-    assert own.rows_between((1, 8), (1, 9)) == []
 
 
-def test_rows_between_lists_what_each_commit_of_the_range_wrote():
-    own = owncommits.OwnCommits()
-    own.watch([P, "workspace_current"])
-    own.record(0, 1, [(P, b"a"), ("operation", b"o")])
-    own.record(0, 2, [("workspace_current", b"w")])
-    own.record(0, 3, [(P, b"b")])
-    assert own.rows_between((0, 1), (0, 3)) == [("workspace_current", b"w"), (P, b"b")]
-    assert own.rows_between((0, 0), (0, 1)) == [(P, b"a")]
-    assert own.rows_between((0, 3), (0, 3)) == []
-    assert own.rows_between((0, 2), (0, 4)) is None
-
-
-def test_the_log_and_the_rows_are_bounded(monkeypatch):
+def test_the_rows_are_bounded(monkeypatch):
     monkeypatch.setattr(owncommits, "ROWS_KEPT", 4)
     own = owncommits.OwnCommits()
     own.watch([P])
@@ -76,12 +62,6 @@ def test_the_log_and_the_rows_are_bounded(monkeypatch):
     own.record(0, 4, [(P, b"x"), (P, b"y")])  # 5 rows: a new run from commit 4
     assert not own.unchanged((0, 0), (0, 4), P, b"z")
     assert own.unchanged((0, 3), (0, 4), P, b"z")
-    small = owncommits.OwnCommits()
-    small.watch([P])
-    for txnid in range(1, owncommits.LOG_KEPT + 3):
-        small.record(0, txnid, [])
-    assert small.rows_between((0, 0), (0, 5)) is None  # older than the log
-    assert small.rows_between((0, 5), (0, 6)) == []
 
 
 def test_watching_another_tree_ends_the_run_that_did_not_record_it():
@@ -105,6 +85,9 @@ def test_the_thread_stamp_is_each_threads_last_commit_and_is_taken_once():
     assert seen == [None]
     assert own.take_thread_stamp() == (0, 1)
     assert own.take_thread_stamp() is None
+    own.record(0, 2, [])
+    assert own.committing(lambda x: x + 1, 1) == (2, None)  # commit 2 came before the call
+    assert own.committing(own.record, 0, 3, []) == (None, (0, 3))
 
 
 @pytest.fixture

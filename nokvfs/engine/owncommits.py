@@ -1,32 +1,30 @@
 """What this process committed to a shard, so that a reader's cache survives its own commits.
 
-A reader that keeps what it read (the mount's entries, directory attributes, lookups that found
-nothing) tags it with the shard's change stamp (`Shard.change_stamp`: the environment's
-generation and LMDB's last transaction id) and reads again once the stamp moves: a commit by any
-process may have changed the row. When every commit since was this process's own, the stamp's
-move says less than that: only the rows those commits wrote changed. `OwnCommits` records them.
+A reader that keeps what it read (the mount's file entries and directory attributes) tags it
+with the shard's change stamp (`Shard.change_stamp`: the environment's generation and LMDB's last
+transaction id) and reads again once the stamp moves: a commit by any process may have changed
+the row. When every commit since was this process's own, the stamp's move says less than that:
+only the rows those commits wrote changed. `OwnCommits` records them.
 
-It keeps one run of consecutive transaction ids, all committed through `Shard.apply` or
-`Shard.apply_group` here, with the rows of the watched trees each one wrote (the trees some
-reader asked for with `watch`). A transaction id that does not follow the run's last (another
-process's commit, a write this class is not told of, a reopened environment, or two of this
-process's commits recorded out of order) starts a new run, and a reader whose stamp is older
-than the run's start reads again. So the answer is never "unchanged" for a row a commit it was
-not told of may have written: that is the whole contract, and why recording is only done after
-a commit that advanced the id (LMDB does not advance it for a write transaction that changed
-nothing, and then another process's commit gets that id).
+It keeps one run of consecutive transaction ids, all committed by this process through the
+Shard's write methods (`apply`, `apply_group`, and the maintenance writes that record), with the
+rows of the watched trees each one wrote (the trees some reader asked for with `watch`). A
+transaction id that does not follow the run's last (another process's commit, a write this
+class is not told of, a reopened environment, or two of this process's commits recorded out of
+order) starts a new run, and a reader whose stamp is older than the run's start reads again. So
+the answer is never "unchanged" for a row a commit it was not told of may have written: that is
+the whole contract, and why recording is only done after a commit that advanced the id (LMDB
+does not advance it for a write transaction that changed nothing, and then another process's
+commit gets that id).
 
-Bounded: the run is dropped (a new one starts) when it holds ROWS_KEPT rows; the last
-LOG_KEPT transactions are kept with their rows for range questions (`rows_between`).
+Bounded: the run is dropped (a new one starts) when it holds ROWS_KEPT rows.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 
 ROWS_KEPT = 32_768
-LOG_KEPT = 1_024
 
 
 class OwnCommits:
@@ -37,7 +35,6 @@ class OwnCommits:
         self._start = 0  # first transaction id of the run (0: no run)
         self._last = 0  # last transaction id recorded in the run
         self._written: dict = {}  # (tree, key) -> last transaction id of the run that wrote it
-        self._log: collections.deque = collections.deque(maxlen=LOG_KEPT)  # (txnid, rows)
         self._local = threading.local()
 
     def watch(self, trees) -> None:
@@ -58,24 +55,30 @@ class OwnCommits:
                 self._reset()
                 self._opened, self._start, self._last = opened, txnid + 1, txnid
                 return
-            if opened != self._opened or txnid != self._last + 1 or not self._start:
-                self._reset()
-                self._opened, self._start = opened, txnid
             watched = self._watched
             kept = [row for row in rows if row[0] in watched]
-            if len(self._written) + len(kept) > ROWS_KEPT:
+            if (
+                opened != self._opened
+                or txnid != self._last + 1
+                or not self._start
+                or len(self._written) + len(kept) > ROWS_KEPT
+            ):
                 self._reset()
                 self._opened, self._start = opened, txnid
             written = self._written
             for row in kept:
                 written[row] = txnid
-            self._log.append((txnid, kept))
             self._last = txnid  # last: a reader that sees it finds the rows above recorded
 
     def _reset(self) -> None:
         self._opened, self._start, self._last = None, 0, 0
         self._written = {}
-        self._log.clear()
+
+    def committing(self, call, *args):
+        """(call(*args), the change stamp after the last commit the calling thread recorded
+        during it, or None): the stamp of a commit made by that call, never an earlier one."""
+        self._local.stamp = None
+        return call(*args), self.take_thread_stamp()
 
     def take_thread_stamp(self):
         """The change stamp after the last commit the calling thread recorded since it last
@@ -114,16 +117,3 @@ class OwnCommits:
                 and tree in self._watched
                 and self._written.get((tree, key)) == stamp[1]
             )
-
-    def rows_between(self, since, now) -> list | None:
-        """The watched rows written by the commits after stamp `since` up to stamp `now`, or
-        None when they were not all recorded here (or are older than the log)."""
-        if since is not None and since == now:
-            return []
-        with self._lock:
-            if not self._spans(since, now):
-                return None
-            log = self._log
-            if not log or log[0][0] > since[1] + 1:
-                return None
-            return [row for txnid, rows in log if since[1] < txnid <= now[1] for row in rows]

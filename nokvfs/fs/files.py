@@ -398,8 +398,7 @@ class Files:
         if published is not None:
             self.fetcher.keep_published(entry, published)
         self._publication_done(node, spool, entry, started, appending=appending, last_close=last_close)
-        if node.components == spool.components:
-            self.tree.keep_published(node, entry, stamp)
+        self.tree.keep_published(node, entry, stamp, spool.components)
 
     def _publish_blocking(self, spool: Spool, stored, appending: bool):
         """Publish the spool; (the PathEntry, a small file's bytes as published or None, and the
@@ -407,21 +406,26 @@ class Files:
         # The default mode's first stat after a write drops the file's pages (see the README's
         # Known limits): the bytes the next read asks for are kept, read under the spool's lock.
         published = None if appending else spool.whole_body(KEEP_PUBLISHED_MAX)
-        own_commits = self.root.shard.own_commits
-        own_commits.take_thread_stamp()  # only a commit of this publication counts
-        entry = spool.publish_blocking(stored)
-        return entry, published, own_commits.take_thread_stamp()
+        entry, stamp = self.root.shard.own_commits.committing(spool.publish_blocking, stored)
+        return entry, published, stamp
 
     async def publish_group(self, nodes: list, why: str, last_closes: list) -> list:
         """Publish the spools of several nodes with group commit (nokvfs.workspace.publish
         .run_group), in order; the caller holds each spool's lock and passes only spools a
         plain put publishes (dirty, not appended to). Per node: None, or the error its
         publication raised (already logged with its spool, as `_publish_locked` does)."""
+        from nokvfs.fs.writeback import publish_spools_blocking
+
         prepared = [(node, node.spool, *self._publication_starts(node, node.spool)) for node in nodes]
         stamp = None
         try:
+            # The stamp after the group's last commit: that of the last part's publications,
+            # which keep_published keeps; an earlier part's entries are read at their next open.
             results, stamp = await self.workers.run(
-                self._publish_group_blocking, [(spool, stored) for _, spool, stored, _ in prepared]
+                self.root.shard.own_commits.committing,
+                publish_spools_blocking,
+                self.root,
+                [(spool, stored) for _, spool, stored, _ in prepared],
             )
         except Exception as exc:  # noqa: BLE001 - the whole group failed (a damaged or full shard)
             results = [exc] * len(prepared)
@@ -433,8 +437,8 @@ class Files:
                 errors.append(self._publication_failed(node, spool, why, result, started))
             else:
                 self._publication_done(node, spool, result, started, appending=False, last_close=last_close)
-                if paths[spool.components] == 1 and node.components == spool.components:
-                    self.tree.keep_published(node, result, stamp)
+                if paths[spool.components] == 1:
+                    self.tree.keep_published(node, result, stamp, spool.components)
                 errors.append(None)
         if self.ship is not None and None in errors:
             # --sync: the group is done once the increment holding its last publication is in
@@ -445,17 +449,6 @@ class Files:
             except Exception as exc:  # noqa: BLE001 - reported per file (fsync)
                 errors = [exc if error is None else error for error in errors]
         return errors
-
-    def _publish_group_blocking(self, items: list):
-        """publish_spools_blocking, and the change stamp after the group's last commit (that of
-        the last part's publications, which keep_published keeps; an earlier part's entries
-        are read again at their next open)."""
-        from nokvfs.fs.writeback import publish_spools_blocking
-
-        own_commits = self.root.shard.own_commits
-        own_commits.take_thread_stamp()
-        results = publish_spools_blocking(self.root, items)
-        return results, own_commits.take_thread_stamp()
 
     def _publication_starts(self, node: Node, spool: Spool):
         """(the attributes the publication stores, when it started)"""

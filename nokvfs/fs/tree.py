@@ -344,15 +344,15 @@ class Tree:
             kept.clear()
         kept[node.ino] = [stamp, node, value, None, key]
 
-    def keep_published(self, node: Node, entry, stamp) -> None:
-        """`entry`, which this process's commit that made change stamp `stamp` published at the
-        node's path, as current_entry would read it at that stamp: kept when that commit is the
-        last one of this process to write the path's row (a later one, or a commit of another
-        process, makes current_entry read again). An open(2) or stat(2) after the close that
-        published it then reads nothing."""
-        if stamp is None or node.detached or node.view != LIVE:
+    def keep_published(self, node: Node, entry, stamp, components: tuple) -> None:
+        """`entry`, which this process's commit that made change stamp `stamp` published at
+        `components`, as current_entry would read it at that stamp: kept when the node is still
+        at that path and that commit is the last one of this process to write the path's row (a
+        later one, or a commit of another process, makes current_entry read again). An open(2)
+        or stat(2) after the close that published it then reads nothing."""
+        if stamp is None or node.detached or node.view != LIVE or node.components != components:
             return
-        key = keys.path_current_key(self.root.root_id, node.incarnation, node.components)
+        key = keys.path_current_key(self.root.root_id, node.incarnation, components)
         if self._own_commits.wrote(stamp, PATH_CURRENT, key):
             self._keep(self._entries, node, stamp, entry, key)
 
