@@ -451,6 +451,50 @@ async def _publishing(workers, publisher):
         yield nursery
 
 
+def test_the_write_back_publisher_leaves_a_file_written_after_its_acceptance_until_its_next_close(root):
+    """A close of one descriptor accepts a file another descriptor of it goes on writing (dd's
+    first close, a shell's `> F`): the publisher publishes the files accepted after it meanwhile,
+    but not its bytes (no close made them) until its writer closes, unless fsync(2) waits for it."""
+    from nokvfs.workspace import listing, reading
+
+    def published(name):
+        with root.read() as view:
+            try:
+                return reading.read(root, listing.stat(view, root, "wb", f"outputs/{name}").entry)
+            except E.NotFound:
+                return None
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=10)
+        async with _publishing(workers, publisher) as nursery:
+            fh, attr = await fs.create(section.ino, b"f", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+            await fs.flush(fh)  # accepted empty; fh stays open, as dd's moved descriptor
+            await fs.write(fh, 0, b"torn")
+            other, _ = await fs.create(section.ino, b"g", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+            await fs.write(other, 0, b"whole")
+            await fs.flush(other)
+            await fs.release(other)
+            with trio.fail_after(10):
+                while published("g") is None:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.3)
+            assert published("f") in (None, b"")
+            await fs.write(fh, 4, b" then whole")
+            await fs.fsync(fh)  # fsync waits for it: what is written now is published
+            assert published("f") == b"torn then whole"
+            await fs.write(fh, 15, b"!")
+            await fs.flush(fh)
+            await fs.release(fh)
+            with trio.fail_after(10):
+                while published("f") != b"torn then whole!":
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        return publisher
+
+    publisher = trio.run(scenario)
+    assert publisher.failed == 0
+
+
 async def _append_two(fs, section) -> int:
     """Open outputs/log with O_APPEND and write a second line: the handle. Its publication is an
     append, which is not a plain put: published alone."""

@@ -581,6 +581,79 @@ def test_dd_of_several_blocks_in_order_is_written_and_published(tmp_path):
         assert subprocess.run(["cmp", src, m.path("wb", "outputs", "big.bin")], timeout=60).returncode == 0
 
 
+def _revisions_with_blocks(data_dir: str) -> dict[str, int]:
+    """Each artifact revision in the local store: how many blocks it holds."""
+    found: dict[str, int] = {}
+    for block in glob.glob(os.path.join(data_dir, "**", "blocks", "*"), recursive=True):
+        revision = os.path.basename(os.path.dirname(os.path.dirname(block)))
+        found[revision] = found.get(revision, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("reader_fsync", [False, True], ids=["closed", "fsync-while-written"])
+def test_dd_still_writing_after_closing_its_first_descriptor_publishes_only_what_a_close_accepted(
+    tmp_path, reader_fsync
+):
+    """dd of=F (like a shell's `> F`) opens F, moves the descriptor to 1 and closes the first:
+    that close accepts the empty file. The publisher must not publish what dd writes after it
+    while dd still writes (a state no close made: a torn prefix in the file's history and its
+    blocks in the store, as CI saw under load); dd's last close publishes the whole file, once.
+    An fsync(2) through another descriptor meanwhile publishes at once what is written."""
+    base = str(tmp_path)
+    first, rest = os.urandom((1 << 20) + (64 << 10)), os.urandom((2 << 20) + 5)  # first: whole dd blocks
+    for name, data in (("first", first), ("rest", rest)):
+        with open(os.path.join(base, name), "wb") as f:
+            f.write(data)
+    # A publisher that waits 2 s after an acceptance: dd's first bytes reach the daemon before it
+    # looks at the accepted empty file.
+    with _daemon_environment(writeback.QUIET_ENV, "2"), mounted(base, extra_args=WB, block_size=1 << 20) as m:
+        target = m.path("wb", "outputs", "big.bin")
+        gate = os.path.join(base, "gate")
+        os.mkfifo(gate)
+        feed = f"{{ cat {base}/first; cat {gate}; cat {base}/rest; }}"
+        script = f"{feed} | dd of={target} bs=64k iflag=fullblock status=none"
+        dd = subprocess.Popen(["sh", "-c", script])
+        try:
+            deadline = time.monotonic() + 60
+            while (not os.path.exists(target) or os.stat(target).st_size < len(first)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert os.stat(target).st_size == len(first)
+            if reader_fsync:
+                fd = os.open(target, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                assert _published(m.data_dir, "outputs/big.bin") == first
+            else:
+                # The kernel caches dd's writes: sync(2) hands them to the daemon, then the
+                # publisher's quiet time ends while dd still waits for the rest.
+                subprocess.run(["sync"], check=True, timeout=60)
+                time.sleep(3)
+                shown = subprocess.run(
+                    [sys.executable, "-m", "nokvfs.cli.main", "--data-dir", m.data_dir, "get", "wb:outputs/big.bin"],
+                    capture_output=True,
+                    env=env(),
+                    cwd=REPO,
+                    timeout=60,
+                )
+                torn = shown.returncode == 0 and shown.stdout != b""
+                assert not torn, f"{len(shown.stdout)} bytes no close made were published"
+        finally:
+            with open(gate, "wb"):
+                pass  # dd reads the rest, writes it and closes
+            assert dd.wait(timeout=60) == 0
+        assert subprocess.run(["cmp", target, "-"], input=first + rest, timeout=60).returncode == 0
+        done = _cli("umount", m.mountpoint, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert _published(m.data_dir, "outputs/big.bin") == first + rest
+    revisions = _revisions_with_blocks(m.data_dir)
+    if reader_fsync:
+        assert sorted(revisions.values()) == [2, 4], revisions  # what fsync saw, then the whole file
+    else:
+        assert list(revisions.values()) == [4], revisions  # one revision with blocks: the whole file
+
+
 def _directories(base: str) -> list[str]:
     """Each directory below `base`: its relative path, mode, link count and mtime (ns)."""
     found = []

@@ -523,6 +523,8 @@ class Files:
         spool = node.spool
         if handle.writable and spool is not None:
             spool.writers = max(0, spool.writers - 1)
+            if self.writeback is not None:
+                self.writeback.writer_released(spool)
         try:
             if (
                 spool is not None

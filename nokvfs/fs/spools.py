@@ -309,6 +309,8 @@ class Spool:
         self.attributes = None  # attribute changes waiting for the next publication
         self.accepted_ns = None  # write-back: when its unpublished state was last accepted
         self.acceptances = 0  # write-back: how many times it was accepted (never reset)
+        self.modifications = 0  # writes and size changes (never reset)
+        self.accepted_modifications = 0  # write-back: `modifications` at its last acceptance
         self.writers = 0  # descriptors open for writing
         # The spool's lock: a Semaphore, which has no owner, so a publication's syscall can take
         # it and its work release it (Workers.bounded_holding).
@@ -668,6 +670,7 @@ class Spool:
         self._modified()
 
     def _modified(self) -> None:
+        self.modifications += 1
         self.mtime_ns = modified_ns(self.mtime_ns, self.mtime_shown)
         self.mtime_shown = False
 

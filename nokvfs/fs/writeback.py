@@ -21,7 +21,9 @@ way expectations, conflicts and attributes follow the same rules, and a file ref
 does not hold back the others. A publication that fails leaves the spool's bytes in place; once
 the file's last descriptor is gone the spool is kept with its sidecar and a log line says where
 (a conflict: something outside this mount changed the path). The published records of a group
-reach the journal with one sync.
+reach the journal with one sync. A file written after its acceptance through a descriptor still
+open for writing (the close of a duplicate accepted it: dd, a shell's `> F`) is passed over until
+that descriptor's close accepts it again (Publisher._deferred): its bytes then are no close's.
 
 fsync(2) on a file waits until the publisher has published it (and everything accepted before
 it) and reports that publication's error. rename(2) and unlink(2) of an accepted file still
@@ -37,6 +39,7 @@ kept as in the default mode.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import itertools
@@ -310,6 +313,8 @@ class Publisher:
         self._outcome: dict = {}  # spool -> the exception its last publication raised (None: published)
         self._wakeup = trio.Event()
         self._urgent = 0  # tasks waiting for a publication (fsync, drain)
+        self._wanted: collections.Counter = collections.Counter()  # spool -> tasks waiting for it
+        self._idle = False  # the publisher waits for an acceptance (nothing it may publish now)
         self._room = trio.Event()  # set when the backlog falls below MAX_BACKLOG
         self._last_accept = 0.0
         self._journal: Journal | None = None
@@ -374,6 +379,9 @@ class Publisher:
         # directory's times set after its files (tar x) stay newer than theirs.
         spool.accepted_ns = time.time_ns()
         spool.acceptances += 1
+        if spool in self._queue and self._deferred(spool):
+            self._wakeup.set()  # its publication may go on now
+        spool.accepted_modifications = spool.modifications
         try:
             if spool.path is not None:  # else attributes only, nothing in a file: the publication applies them
                 record = spool.pending_record(self.files.attributes_to_publish(node, spool))
@@ -392,10 +400,11 @@ class Publisher:
 
     def _wake_for_acceptance(self) -> None:
         """After an acceptance: wake the publisher only where it may wait without a deadline (the
-        queue was empty) or must stop waiting (half the backlog). Waiting for a quiet moment, it
-        looks at the time of the last acceptance when its deadline comes, so a burst of closes
-        does not wake it (a trio cancel scope and an Event each) once per file."""
-        if len(self._queue) <= 1 or len(self._queue) >= self.max_backlog // 2:
+        queue was empty, or holds only deferred files) or must stop waiting (half the backlog).
+        Waiting for a quiet moment, it looks at the time of the last acceptance when its deadline
+        comes, so a burst of closes does not wake it (a trio cancel scope and an Event each) once
+        per file."""
+        if self._idle or len(self._queue) <= 1 or len(self._queue) >= self.max_backlog // 2:
             self._wakeup.set()
 
     def _record_acceptance(self, spool, record: dict | None, tail: bytes = b"") -> None:
@@ -549,11 +558,15 @@ class Publisher:
         done = self._done.get(spool)
         if done is not None:
             self._urgent += 1
+            self._wanted[spool] += 1
             self._wakeup.set()
             try:
                 await done.wait()
             finally:
                 self._urgent -= 1
+                self._wanted[spool] -= 1
+                if not self._wanted[spool]:
+                    del self._wanted[spool]
 
     async def _settled_each(self, accepted: list) -> None:
         for item in accepted:
@@ -663,11 +676,39 @@ class Publisher:
 
     # --- publishing ----------------------------------------------------------------------------
 
+    def writer_released(self, spool) -> None:
+        """A descriptor open for writing went: a file the publisher deferred may be published."""
+        if spool in self._queue and spool.writers == 0 and spool.modifications != spool.accepted_modifications:
+            self._wakeup.set()
+
+    def _deferred(self, item) -> bool:
+        """A file written since its last acceptance through a descriptor still open for writing:
+        the close of a duplicate accepted it (dd of=F and a shell's `> F` open F, move the
+        descriptor and close the first), and it is still being written. Its bytes now are no
+        close's: publishing them would put a torn prefix in its history and its blocks in the
+        bucket. It keeps its place until that descriptor's close accepts it again, unless a call
+        waits for it (fsync, a directory rename), the backlog is full, or the daemon exits (drain)."""
+        return (
+            not isinstance(item, DirectoryChange)
+            and item.writers > 0
+            and item.modifications != item.accepted_modifications
+            and item not in self._wanted
+            and len(self._queue) < self.max_backlog
+        )
+
+    def _publishable(self, force: bool = False):
+        """The queue's items in order, without those deferred (all of them with `force`)."""
+        return ((item, node) for item, node in self._queue.items() if force or not self._deferred(item))
+
     async def run(self) -> None:
         """The publisher task: publish accepted spools in order, for as long as the mount lives."""
         while True:
-            if not self._queue:
-                await self._wakeup.wait()
+            if next(self._publishable(), None) is None:
+                self._idle = True  # waiting without a deadline: every acceptance wakes it
+                try:
+                    await self._wakeup.wait()
+                finally:
+                    self._idle = False
                 self._wakeup = trio.Event()
                 continue
             if not self._urgent and len(self._queue) < self.max_backlog // 2:
@@ -684,7 +725,7 @@ class Publisher:
         if self._queue:
             log.info("write-back: publishing %d accepted file(s) before the daemon exits", len(self._queue))
         while self._queue:
-            await self._publish_next()
+            await self._publish_next(force=True)
         if self._journal is not None and not self._outcome:
             try:
                 self._journal.remove()  # every acceptance published or kept (with its sidecar)
@@ -692,12 +733,15 @@ class Publisher:
                 log.warning("write-back journal %s: %s", self._journal.path, exc)
             self._journal = None
 
-    async def _publish_next(self) -> None:
-        """Publish the head of the queue: the longest run (at most GROUP_MAX) of files a plain
-        put publishes as one group (group commit: nokvfs.workspace.publish.run_group), or the
-        head alone (an append, attributes only) through the default mode's publication."""
+    async def _publish_next(self, force: bool = False) -> None:
+        """Publish the head of the queue (deferred files left out, unless `force`): the longest
+        run (at most GROUP_MAX) of files a plain put publishes as one group (group commit:
+        nokvfs.workspace.publish.run_group), or the head alone (an append, attributes only)
+        through the default mode's publication."""
         files = self.files
-        head = list(itertools.islice(self._queue.items(), GROUP_MAX))
+        head = list(itertools.islice(self._publishable(force), GROUP_MAX))
+        if not head:
+            return
         if isinstance(head[0][0], DirectoryChange):
             await self._store_directories([key for key, _ in itertools.takewhile(_is_directory, head)])
             return
