@@ -145,6 +145,30 @@ def test_every_command_help_lists_the_global_options(words, levels):
         assert option in text, (words, option)
 
 
+@pytest.mark.parametrize("words,levels", LEAVES, ids=[" ".join(w) for w, _ in LEAVES])
+def test_the_parser_built_for_one_command_parses_and_helps_as_the_whole_one(words, levels):
+    """`nokvfs CMD ...` builds only CMD's parser (main passes argv to build_parser): it must
+    answer every argv naming CMD exactly as the whole parser does."""
+    command = [arg for level in levels for arg in level]
+    for argv in (command, GLOBALS + command, command + GLOBALS, ["--data-dir=/d", "--debug"] + command):
+        one = build_parser(argv=argv)
+        assert {w[0] for w in dict(command_parsers(one))} == {words[0]}  # only CMD was built
+        assert vars(one.parse_args(argv)) == parse(argv)
+    helps = dict(command_parsers(build_parser(argv=command)))
+    assert helps[words].format_help() == dict(command_parsers(build_parser()))[words].format_help()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["lss"], ["--data", "/d", "ls"], ["-h"], ["--help", "ls"], ["--", "ls"], [], ["--data-dir"]],
+    ids=["unknown", "abbreviated", "-h", "--help", "--", "nothing", "no value"],
+)
+def test_an_argv_naming_no_known_command_gets_the_whole_parser(argv):
+    """Help, an unknown command (argparse lists the choices), an abbreviated global option."""
+    whole = {w for w in dict(command_parsers(build_parser()))}
+    assert {w for w in dict(command_parsers(build_parser(argv=argv)))} == whole
+
+
 def test_a_command_cannot_give_a_global_option_another_meaning():
     class Clashing:
         @staticmethod

@@ -242,7 +242,11 @@ def command_parsers(parser, path=()):
                 yield from command_parsers(sub, path + (name,))
 
 
-def build_parser(modules=None) -> ArgumentParser:
+def build_parser(modules=None, argv=None) -> ArgumentParser:
+    """The whole command line's parser; given `argv`, only the parser of the command it names
+    (every command's parser is some 1,100 argparse calls, 80 ms of each `nokvfs` run on this
+    machine kind), or the whole one when it names none this build knows (for argparse's help and
+    its "invalid choice" message)."""
     parser = ArgumentParser(
         prog="nokvfs",
         description="Workbenches of versioned artifacts on a NoKV metadata shard and an object store.",
@@ -250,8 +254,17 @@ def build_parser(modules=None) -> ArgumentParser:
     )
     add_global_options(parser, defaults=_global_defaults())
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", required=True)
-    for module in load_command_modules() if modules is None else modules:
-        module.register(subparsers)
+    modules = load_command_modules() if modules is None else modules
+    word = None if argv is None else _command_word(parser, argv)
+    if word is not None:
+        only = _OneCommand(subparsers, word)
+        for module in modules:
+            module.register(only)
+        if not only.found:
+            return build_parser(modules)
+    else:
+        for module in modules:
+            module.register(subparsers)
     for words, sub in command_parsers(parser):
         clash = sorted(set(sub._option_string_actions) & set(parser._option_string_actions) - {"-h", "--help"})
         if clash:  # a command may not give a global option another meaning
@@ -260,11 +273,55 @@ def build_parser(modules=None) -> ArgumentParser:
     return parser
 
 
+def _command_word(parser, argv) -> str | None:
+    """The command `argv` names after the global options, or None where that takes argparse to
+    tell (help, an abbreviated or unknown option, `--`)."""
+    options = parser._option_string_actions
+    words = iter(argv)
+    for word in words:
+        if not word.startswith("-"):
+            return word
+        name, equals, _ = word.partition("=")
+        action = options.get(name)
+        if action is None or name in ("-h", "--help"):
+            return None
+        if action.nargs != 0 and not equals:
+            next(words, None)  # its value
+    return None
+
+
+class _OneCommand:
+    """Stands in for the subparsers action while the command modules register: the command
+    named `word` is added for real, every other one to nothing."""
+
+    def __init__(self, subparsers, word: str):
+        self.subparsers, self.word, self.found = subparsers, word, False
+
+    def add_parser(self, name, **kwargs):
+        if self.word == name or self.word in kwargs.get("aliases", ()):
+            self.found = True
+            return self.subparsers.add_parser(name, **kwargs)
+        return _IGNORED
+
+
+class _Ignored:
+    """Takes any call and attribute, and does nothing: a command's parser not built."""
+
+    def __getattr__(self, name):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+
+_IGNORED = _Ignored()
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     try:
-        parser = build_parser()
+        parser = build_parser(argv=argv)
         args = parser.parse_args(argv)
         debug = args.debug
         code = args.func(args)
