@@ -244,7 +244,7 @@ def command_parsers(parser, path=()):
 
 def build_parser(modules=None, argv=None) -> ArgumentParser:
     """The whole command line's parser; given `argv`, only the parser of the command it names
-    (every command's parser is some 1,100 argparse calls, 80 ms of each `nokvfs` run on this
+    (all of them together are some 1,100 argparse calls, 80 ms of each `nokvfs` run on this
     machine kind), or the whole one when it names none this build knows (for argparse's help and
     its "invalid choice" message)."""
     parser = ArgumentParser(
