@@ -193,13 +193,15 @@ def test_work_that_outlives_its_syscall_keeps_the_lock_until_it_ends():
 
 
 def test_a_syscall_waits_as_long_as_its_work_progresses_and_gives_up_when_it_stops():
-    """The deadline counts time without progress: a publication that stores a block every 40 ms
-    for 0.4 s finishes under a 0.15 s deadline, and so does a write queued behind it on the same
+    """The deadline counts time without progress: a publication that stores a block every 0.1 s
+    for 1 s finishes under a 0.5 s deadline, and so does a write queued behind it on the same
     lock; one that stops progressing halfway fails at the deadline after its last step, and a
-    write behind it gives up too (SyscallTimeout), leaving the lock to the work."""
+    write behind it gives up too (SyscallTimeout), leaving the lock to the work. (With 40 ms
+    steps and a 0.15 s deadline, one step on a loaded CI machine's test worker took longer.)"""
+    pause, deadline = 0.1, 0.5
 
     async def scenario():
-        workers = Workers(syscall_timeout=0.15)
+        workers = Workers(syscall_timeout=deadline)
         lock = trio.Semaphore(1)
         steps = {"done": 0}
         stall = trio.Event()
@@ -208,7 +210,7 @@ def test_a_syscall_waits_as_long_as_its_work_progresses_and_gives_up_when_it_sto
             for step in range(count):
                 if step == stop_at:
                     await stall.wait()
-                await trio.sleep(0.04)
+                await trio.sleep(pause)
                 steps["done"] += 1
             return "published"
 
@@ -229,8 +231,8 @@ def test_a_syscall_waits_as_long_as_its_work_progresses_and_gives_up_when_it_sto
             nursery.start_soon(closing)
             await trio.sleep(0.01)
             assert await workers.bounded_holding("write", lock, write, inline=True, progress=progress) == "written"
-            assert trio.current_time() - started >= 0.4  # it waited for the whole publication
-            with trio.fail_after(1):
+            assert trio.current_time() - started >= 10 * pause  # it waited for the whole publication
+            with trio.fail_after(10):
                 while "close" not in results:
                     await trio.sleep(0.01)
             assert results["close"] == "published"
@@ -241,7 +243,7 @@ def test_a_syscall_waits_as_long_as_its_work_progresses_and_gives_up_when_it_sto
             with pytest.raises(E.SyscallTimeout, match="no progress"):
                 await workers.bounded_holding("close", lock, publication, 6, 3, progress=progress)
             waited = trio.current_time() - started
-            assert 0.12 + 0.15 <= waited < 0.12 + 0.15 + 1.0, waited
+            assert 3 * pause + deadline <= waited < 3 * pause + deadline + 5.0, waited
             with pytest.raises(E.SyscallTimeout, match="made no progress"):
                 await workers.bounded_holding("write", lock, write, inline=True, progress=progress)
             assert lock.value == 0
