@@ -312,8 +312,7 @@ class Publisher:
         self._done: dict = {}  # spool -> trio.Event set once its queued publication ran
         self._outcome: dict = {}  # spool -> the exception its last publication raised (None: published)
         self._wakeup = trio.Event()
-        self._urgent = 0  # tasks waiting for a publication (fsync, drain)
-        self._wanted: collections.Counter = collections.Counter()  # spool -> tasks waiting for it
+        self._wanted: collections.Counter = collections.Counter()  # item -> tasks waiting for it (fsync, rename)
         self._idle = False  # the publisher waits for an acceptance (nothing it may publish now)
         self._room = trio.Event()  # set when the backlog falls below MAX_BACKLOG
         self._last_accept = 0.0
@@ -379,9 +378,7 @@ class Publisher:
         # directory's times set after its files (tar x) stay newer than theirs.
         spool.accepted_ns = time.time_ns()
         spool.acceptances += 1
-        if spool in self._queue and self._deferred(spool):
-            self._wakeup.set()  # its publication may go on now
-        spool.accepted_modifications = spool.modifications
+        spool.accepted_modifications = spool.modifications  # a deferred file may go on (_wake_for_acceptance)
         try:
             if spool.path is not None:  # else attributes only, nothing in a file: the publication applies them
                 record = spool.pending_record(self.files.attributes_to_publish(node, spool))
@@ -557,13 +554,11 @@ class Publisher:
         stays with the file (fsync, the kept spool)."""
         done = self._done.get(spool)
         if done is not None:
-            self._urgent += 1
             self._wanted[spool] += 1
             self._wakeup.set()
             try:
                 await done.wait()
             finally:
-                self._urgent -= 1
                 self._wanted[spool] -= 1
                 if not self._wanted[spool]:
                     del self._wanted[spool]
@@ -677,8 +672,8 @@ class Publisher:
     # --- publishing ----------------------------------------------------------------------------
 
     def writer_released(self, spool) -> None:
-        """A descriptor open for writing went: a file the publisher deferred may be published."""
-        if spool in self._queue and spool.writers == 0 and spool.modifications != spool.accepted_modifications:
+        """A descriptor open for writing went: a file the idle publisher deferred may be published."""
+        if self._idle and spool in self._queue:
             self._wakeup.set()
 
     def _deferred(self, item) -> bool:
@@ -711,7 +706,7 @@ class Publisher:
                     self._idle = False
                 self._wakeup = trio.Event()
                 continue
-            if not self._urgent and len(self._queue) < self.max_backlog // 2:
+            if not self._wanted and len(self._queue) < self.max_backlog // 2:
                 idle = trio.current_time() - self._last_accept
                 if idle < self.quiet:
                     with trio.move_on_after(self.quiet - idle):
