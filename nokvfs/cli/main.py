@@ -256,15 +256,11 @@ def build_parser(modules=None, argv=None) -> ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     modules = load_command_modules() if modules is None else modules
     word = None if argv is None else _command_word(parser, argv)
-    if word is not None:
-        only = _OneCommand(subparsers, word)
-        for module in modules:
-            module.register(only)
-        if not only.found:
-            return build_parser(modules)
-    else:
-        for module in modules:
-            module.register(subparsers)
+    target = subparsers if word is None else _OneCommand(subparsers, word)
+    for module in modules:
+        module.register(target)
+    if word is not None and not target.found:
+        return build_parser(modules)
     for words, sub in command_parsers(parser):
         clash = sorted(set(sub._option_string_actions) & set(parser._option_string_actions) - {"-h", "--help"})
         if clash:  # a command may not give a global option another meaning
