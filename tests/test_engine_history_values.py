@@ -150,13 +150,30 @@ def test_a_row_stored_deflated_without_a_tail_is_kept_as_it_is():
     assert history.decode_value(kept) == value
     rows._INFLATED.clear()
     assert history.decode_value(kept) == value  # inflated, not only remembered
-    # Anything else is deflated (or kept raw) as before: a raw row, a row with a raw tail, no row.
+    # Anything else is deflated (or kept raw) as before: a raw row, no row.
     raw_row = rows.seal("path_current", MANIFEST_KEY, value)
-    revision = rows.seal("artifact_revision", MANIFEST_KEY, value)
-    assert revision[0] == 2 and revision[13] == 33
-    for other in (raw_row, revision, None):
+    for other in (raw_row, None):
         assert history.encode_value(value, other) == history.encode_value(value)
     assert history.encode_value(None, stored) == HistoryValue(None).encode()
+
+
+def test_a_row_stored_deflated_with_a_raw_tail_is_kept_as_it_is_tail_included():
+    # An ArtifactRevision row keeps its last 33 bytes raw (rows.DEFLATED_TREES): since 2026-12-07
+    # its History value is its body too (GC and every reference change rewrite such rows).
+    value = b"\x02" + LONG
+    stored = rows.seal("artifact_revision", MANIFEST_KEY, value)
+    assert stored[0] == 2 and stored[13] == 33
+    kept = history.encode_value(value, stored)
+    # Golden: u8 version 3 | u32 len(body) | the row's body (u32 len(value) | u8 33 | zlib stream
+    # of the value but its last 33 bytes | those 33 bytes, raw).
+    assert kept == b"\x03" + len(stored[9:]).to_bytes(4, "big") + stored[9:]
+    assert kept[5:10].hex() == f"{len(value):08x}21" and kept[10:12] == b"\x58\xa4"
+    assert kept.endswith(value[-33:])
+    assert len(kept) <= len(history.encode_value(value)) + 40
+    rows._INFLATED.clear()
+    assert history.decode_value(kept) == value
+    # A row sealed before 2026-12-07 kept it deflated anew: both are read.
+    assert history.decode_value(history.encode_value(value)) == value
 
 
 def test_a_damaged_row_history_value_fails_closed():
@@ -176,19 +193,41 @@ def test_a_damaged_row_history_value_fails_closed():
             history.decode_value(RowHistoryValue(bad).encode())
 
 
-def test_reads_at_every_version_through_row_history_values_after_reopen(shard_env):
-    key = shard_env.root_id + b"\x0a" * 16 + b"m" * 8
+def test_a_damaged_row_history_value_with_a_tail_fails_closed():
+    from nokvfs.engine.records import RowHistoryValue
+
+    value = b"\x02" + LONG
+    body = RowHistoryValue.decode(history.encode_value(value, rows.seal("artifact_revision", MANIFEST_KEY, value))).body
+    rows._INFLATED.clear()
+    for bad in (
+        body[:4] + bytes([len(body)]) + body[5:],  # a tail longer than the body
+        body[:4] + b"\x22" + body[5:],  # the tail one byte longer: the stream ends early
+        body[:4] + b"\x00" + body[5:],  # no tail: the stream is followed by raw bytes
+        (len(value) + 1).to_bytes(4, "big") + body[4:],  # another length
+    ):
+        with pytest.raises(CorruptRecord):
+            history.decode_value(RowHistoryValue(bad).encode())
+
+
+@pytest.mark.parametrize(
+    "tree, key_tail",
+    [("artifact_manifest", b"\x0a" * 16 + b"m" * 8), ("artifact_revision", b"\x0a" * 16)],
+    ids=["manifest", "revision"],
+)
+def test_reads_at_every_version_through_row_history_values_after_reopen(shard_env, tree, key_tail):
+    # artifact_revision: rows stored with a raw tail, whose bodies History keeps tail included.
+    key = shard_env.root_id + key_tail
     values = [b"\x02" + LONG, b"\x02" + LONG[::-1], None, b"\x02" + LONG[50:] + b"tail"]
     versions = {}
     for value in values:
-        mutation = Put("artifact_manifest", key, value) if value else Delete("artifact_manifest", key)
+        mutation = Put(tree, key, value) if value else Delete(tree, key)
         versions[shard_env.apply(mutations=[mutation]).commit_version] = value
     shard = shard_env.reopen(verify=True)  # the state digest recomputes over the kept bodies
     rows._INFLATED.clear()
-    tag = keys.FAMILY_BY_NAME["artifact_manifest"].tag
+    tag = keys.FAMILY_BY_NAME[tree].tag
     with shard._env.begin() as txn:
         stored = [v for k, v in stored_rows(txn, shard, "history") if k[0] == tag and k[5:-8] == key]
     assert sorted(v[0] for v in stored) == [1, 1, 3, 3]  # two tombstones (the creations), two kept rows
     for version, value in versions.items():
         with shard.read(version) as view:
-            assert view.get("artifact_manifest", key) == value
+            assert view.get(tree, key) == value

@@ -43,10 +43,11 @@ MAX_VISITED_ROWS = 32768
 
 def encode_value(previous: bytes | None, stored: bytes | None = None) -> bytes:
     """The stored History value holding `previous` (None: a tombstone). `stored`: the verified
-    row `previous` was read from; a row deflated without a raw tail is kept as it is
-    (RowHistoryValue: deflating it again would cost a tenth of a command's row write and give
-    the same size). Otherwise deflated with the preset dictionary when that is smaller
-    (DeflatedHistoryValue), else a HistoryValue."""
+    row `previous` was read from; a row stored deflated is kept as it is, raw tail included
+    (RowHistoryValue: deflating it again would cost a tenth of a command's row write; the same
+    size, or for an ArtifactRevision row, whose 33-byte tail stays raw, about 20 bytes more).
+    Otherwise deflated with the preset dictionary when that is smaller (DeflatedHistoryValue),
+    else a HistoryValue."""
     if previous is not None:
         body = None if stored is None else rows.deflated_body(stored)
         if body is not None:

@@ -164,10 +164,11 @@ class DeflatedHistoryValue:
 
 @record(version=3)
 class RowHistoryValue:
-    """A HistoryValue whose previous value was a row stored deflated without a raw tail (row
-    envelope version 2, nokvfs.engine.rows): `body` is that row's body as stored -- u32 value
-    length | u8 tail length (0) | zlib stream (8 KiB window) primed with DICTIONARY_1 -- kept as
-    it is rather than inflated and deflated again."""
+    """A HistoryValue whose previous value was a row stored deflated (row envelope version 2,
+    nokvfs.engine.rows): `body` is that row's body as stored -- u32 value length | u8 tail
+    length | zlib stream (8 KiB window) primed with DICTIONARY_1 of the value but its tail | the
+    tail, raw -- kept as it is rather than inflated and deflated again. (Until 2026-12-07 only
+    rows without a raw tail were kept so; the same reader reads both.)"""
 
     body: Bytes
 

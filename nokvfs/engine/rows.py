@@ -152,9 +152,9 @@ def inflate_body(body: bytes) -> bytes:
 
 
 def deflated_body(stored: bytes) -> bytes | None:
-    """The body of `stored` (a row already verified) if it is deflated without a raw tail: what
-    a History value may keep as it is (nokvfs.engine.history), else None."""
-    if stored[0] != DEFLATED_ENVELOPE_VERSION or stored[ENVELOPE_BYTES + _DEFLATED_HEAD.size - 1] != 0:
+    """The body of `stored` (a row already verified) if it is deflated, raw tail included: what a
+    History value may keep as it is (nokvfs.engine.history), else None."""
+    if stored[0] != DEFLATED_ENVELOPE_VERSION:
         return None
     return stored[ENVELOPE_BYTES:]
 
