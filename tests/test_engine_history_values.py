@@ -176,34 +176,24 @@ def test_a_row_stored_deflated_with_a_raw_tail_is_kept_as_it_is_tail_included():
     assert history.decode_value(history.encode_value(value)) == value
 
 
-def test_a_damaged_row_history_value_fails_closed():
+@pytest.mark.parametrize("tree", ["artifact_manifest", "artifact_revision"], ids=["no-tail", "tail"])
+def test_a_damaged_row_history_value_fails_closed(tree):
+    # artifact_revision rows keep a 33-byte raw tail in the body History keeps (since 2026-12-07).
     from nokvfs.engine.records import RowHistoryValue
 
     value = b"\x02" + LONG
-    body = RowHistoryValue.decode(history.encode_value(value, rows.seal("artifact_manifest", MANIFEST_KEY, value))).body
+    body = RowHistoryValue.decode(history.encode_value(value, rows.seal(tree, MANIFEST_KEY, value))).body
+    tail = body[4]
     rows._INFLATED.clear()
     for bad in (
-        body[:-1],  # truncated stream
+        body[:-1],  # truncated
         body + b"\x00",  # trailing bytes
         (len(value) + 1).to_bytes(4, "big") + body[4:],  # another length
-        body[:4] + b"\x05" + body[5:],  # a raw tail the stream then lacks
-        body[:3],  # shorter than its length
-    ):
-        with pytest.raises(CorruptRecord):
-            history.decode_value(RowHistoryValue(bad).encode())
-
-
-def test_a_damaged_row_history_value_with_a_tail_fails_closed():
-    from nokvfs.engine.records import RowHistoryValue
-
-    value = b"\x02" + LONG
-    body = RowHistoryValue.decode(history.encode_value(value, rows.seal("artifact_revision", MANIFEST_KEY, value))).body
-    rows._INFLATED.clear()
-    for bad in (
+        body[:4] + bytes([tail + 5]) + body[5:],  # a raw tail the stream then lacks
+        body[:4] + bytes([tail + 1]) + body[5:],  # the tail one byte longer: the stream ends early
         body[:4] + bytes([len(body)]) + body[5:],  # a tail longer than the body
-        body[:4] + b"\x22" + body[5:],  # the tail one byte longer: the stream ends early
-        body[:4] + b"\x00" + body[5:],  # no tail: the stream is followed by raw bytes
-        (len(value) + 1).to_bytes(4, "big") + body[4:],  # another length
+        *([body[:4] + b"\x00" + body[5:]] if tail else []),  # no tail: the stream is followed by raw bytes
+        body[:3],  # shorter than its length
     ):
         with pytest.raises(CorruptRecord):
             history.decode_value(RowHistoryValue(bad).encode())
