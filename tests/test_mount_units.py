@@ -497,6 +497,50 @@ def test_the_write_back_publisher_leaves_a_file_written_after_its_acceptance_unt
     assert publisher.failed == 0
 
 
+def test_the_unmount_drain_removes_the_journal_only_after_the_publisher_task_s_turn_ends(root, monkeypatch):
+    """At unmount the drain runs beside the publisher task, whose turn ends by resetting the
+    journal in a worker thread: the drain waits for that turn before it removes (and closes) the
+    journal, so the reset never works on a closed (or reused) descriptor. Seen failing in CI."""
+    import threading
+    import time
+
+    from nokvfs.fs import writeback
+
+    resetting, resets = threading.Event(), []
+    reset = writeback.Journal.reset
+
+    def slow_reset(self):  # a flush of the journal the drain would otherwise overtake
+        resetting.set()
+        time.sleep(0.3)
+        try:
+            reset(self)
+        except OSError as exc:
+            resets.append(exc)
+            raise
+        resets.append(None)
+
+    monkeypatch.setattr(writeback.Journal, "reset", slow_reset)
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=10)
+        async with _publishing(workers, publisher) as nursery:
+            fh, _ = await fs.create(section.ino, b"f", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+            await fs.write(fh, 0, b"accepted")
+            await fs.flush(fh)
+            await fs.release(fh)
+            journal = publisher._journal.path
+            with trio.fail_after(10):
+                while not resetting.is_set():
+                    await trio.sleep(0.01)
+            await publisher.drain()
+            nursery.cancel_scope.cancel()
+        return publisher, journal
+
+    publisher, journal = trio.run(scenario)
+    assert resets == [None] and publisher.published == 1
+    assert not os.path.exists(journal)
+
+
 async def _append_two(fs, section) -> int:
     """Open outputs/log with O_APPEND and write a second line: the handle. Its publication is an
     append, which is not a plain put: published alone."""

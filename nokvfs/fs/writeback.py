@@ -318,6 +318,9 @@ class Publisher:
         self._last_accept = 0.0
         self._journal: Journal | None = None
         self._journal_lock = trio.Lock()
+        # One publication turn at a time: the publisher task's and the unmount's drain run side by
+        # side, and a turn ends by settling its files and resetting the journal after dequeuing.
+        self._turn = trio.Lock()
         self._accepting = 0  # acceptances between their journal record and the queue
         self._journal_names: dict = {}  # spool -> its file name in the last acceptance record
         # (incarnation, components) -> its DirectoryChange, queued or being stored; shared with
@@ -721,18 +724,25 @@ class Publisher:
             log.info("write-back: publishing %d accepted file(s) before the daemon exits", len(self._queue))
         while self._queue:
             await self._publish_next(force=True)
-        if self._journal is not None and not self._outcome:
-            try:
-                self._journal.remove()  # every acceptance published or kept (with its sidecar)
-            except OSError as exc:
-                log.warning("write-back journal %s: %s", self._journal.path, exc)
-            self._journal = None
+        # The publisher task's turn may still be settling what it dequeued, or resetting the
+        # journal in a worker thread: the journal goes once that turn has ended.
+        async with self._turn, self._journal_lock:
+            if self._journal is not None and not self._outcome:
+                try:
+                    self._journal.remove()  # every acceptance published or kept (with its sidecar)
+                except OSError as exc:
+                    log.warning("write-back journal %s: %s", self._journal.path, exc)
+                self._journal = None
 
     async def _publish_next(self, force: bool = False) -> None:
         """Publish the head of the queue (deferred files left out, unless `force`): the longest
         run (at most GROUP_MAX) of files a plain put publishes as one group (group commit:
         nokvfs.workspace.publish.run_group), or the head alone (an append, attributes only)
-        through the default mode's publication."""
+        through the default mode's publication. One turn at a time (`_turn`)."""
+        async with self._turn:
+            await self._take_turn(force)
+
+    async def _take_turn(self, force: bool) -> None:
         files = self.files
         head = list(itertools.islice(self._publishable(force), GROUP_MAX))
         if not head:
