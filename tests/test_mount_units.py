@@ -802,6 +802,83 @@ def test_fsync_behind_publications_that_all_fail_gives_up_after_one_deadline(roo
     assert 0.4 <= waited < 1.5, waited
 
 
+def test_a_write_back_spool_sends_its_bytes_to_the_disk_as_it_grows(root, monkeypatch):
+    """A write-back close fdatasyncs a big file's spool: its bytes are sent to the disk while it
+    is written (sync_file_range, one request per WINDOW of growth, each on a duplicate of the
+    spool's descriptor), so that fsync has little left. Requests follow the file as it grows,
+    restart below a truncate, and never cover a byte not written; a memory spool and a default
+    mount's spool (never synced) make none. The bytes are published whole all the same."""
+    from nokvfs.fs import writebehind
+    from nokvfs.workspace import listing, reading
+
+    mib = 1 << 20
+    requests = []
+    real = writebehind.start_writeback
+
+    def recording(fd, offset, length):
+        requests.append((os.fstat(fd).st_ino, offset, length))
+        real(fd, offset, length)  # the real call: it must be accepted on this file system
+
+    monkeypatch.setattr(writebehind, "start_writeback", recording)
+    monkeypatch.setattr(writebehind, "WINDOW", 4 * mib)
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+
+    async def write_file(fs, section, name: bytes, mib_count: int, truncate_at: int | None = None):
+        fh, _ = await fs.create(section.ino, name, 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+        spool = fs.handles.get(fh).node.spool
+        for i in range(mib_count):
+            await fs.write(fh, i * mib, chunk)
+        if truncate_at is not None:
+            await fs.files.truncate(fs.handles.get(fh).node, truncate_at, fs.handles.get(fh))
+            for i in range(mib_count):
+                await fs.write(fh, truncate_at + i * mib, chunk)
+        assert writebehind.wait_idle()
+        inode = os.fstat(spool.fd).st_ino if spool.fd >= 0 else None
+        await fs.flush(fh)
+        await fs.release(fh)
+        return inode
+
+    async def scenario():
+        fs, workers, publisher, section = write_back_filesystem(root, syscall_timeout=10)
+        async with _publishing(workers, publisher) as nursery:
+            big = await write_file(fs, section, b"big", 10)
+            mine = [(offset, length) for inode, offset, length in requests if inode == big]
+            assert mine == [(0, 4 * mib), (4 * mib, 4 * mib)]  # 10 MiB: two windows sent, 2 MiB left
+            requests.clear()
+            cut = await write_file(fs, section, b"cut", 9, truncate_at=3 * mib)
+            mine = [(offset, length) for inode, offset, length in requests if inode == cut]
+            # 9 MiB: 0-8 MiB sent; truncated to 3 MiB, then 9 MiB more from there (to 12 MiB).
+            assert mine == [(0, 4 * mib), (4 * mib, 4 * mib), (3 * mib, 4 * mib), (7 * mib, 4 * mib)]
+            requests.clear()
+            with monkeypatch.context() as patch:  # a memory spool as big as one may be: none
+                patch.setattr(writebehind, "WINDOW", 64 * 1024)
+                fh, _ = await fs.create(section.ino, b"tiny", 0o100644, os.O_WRONLY | os.O_CREAT, 0, 0)
+                for i in range(spools.MEMORY_SPOOL_MAX // 4096):
+                    await fs.write(fh, i * 4096, chunk[:4096])
+                assert fs.handles.get(fh).node.spool.in_memory
+                await fs.flush(fh)
+                await fs.release(fh)
+            assert requests == []
+            await publisher.drain()
+            # A default mount's spool is never synced: it sends nothing.
+            default = FileSystem(root, LiveView(root), workers, RecordingInvalidator(), BlockFetcher(root, workers))
+            outputs = default.tree.lookup(default.tree.lookup(default.tree.inodes.root, "wb"), "outputs")
+            default.tree.inodes.remember(outputs)
+            await write_file(default, outputs, b"default", 10)
+            assert requests == []
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    with root.read() as view:
+        for name, expected in (
+            ("big", chunk * 10),
+            ("cut", chunk * 12),
+            ("tiny", chunk[:4096] * 64),
+            ("default", chunk * 10),
+        ):
+            assert reading.read(root, listing.stat(view, root, "wb", f"outputs/{name}").entry) == expected
+
+
 def test_random_reads_fetch_only_their_blocks_and_sequential_reads_prefetch(root):
     body = random.Random(5).randbytes(40 * 64 * 1024 + 17)  # 41 blocks
     entry = namespace.put(root, "wb", "input/blob", body)

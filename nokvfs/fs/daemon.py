@@ -310,7 +310,7 @@ def serve(options: MountOptions, *, ready=None) -> int:
     import pyfuse3
     import trio
 
-    from nokvfs.fs import spools, writeback
+    from nokvfs.fs import spools, writeback, writebehind
     from nokvfs.fs.filesystem import FileSystem
     from nokvfs.fs.freshness import ChangeFollower, Invalidator
     from nokvfs.fs.maintenance import Maintenance
@@ -464,13 +464,16 @@ def serve(options: MountOptions, *, ready=None) -> int:
             pyfuse3.close(unmount=True)
         log.info(
             "unmounted %s (blocks: %d fetched on demand, %d prefetched, %d memory hits, %d staged while "
-            "written of which %d linked at publication; %d change events followed)",
+            "written of which %d linked at publication; %d MiB of spools written behind, %d requests "
+            "skipped; %d change events followed)",
             mountpoint,
             fetcher.fetched,
             fetcher.prefetched,
             fetcher.hits,
             prestage.COUNTS["staged"],
             prestage.COUNTS["linked"],
+            writebehind.COUNTS["bytes"] >> 20,
+            writebehind.COUNTS["skipped"],
             follower.events_seen,
         )
         return 0

@@ -162,6 +162,7 @@ class Files:
             base=base,
             owner=self._owner,
             stage=self.writeback is None,
+            write_behind=self.writeback is not None,  # synced when its close is accepted
         )
 
     async def create(self, fh: int, parent: Node, name: str, flags: int, mode: int, uid: int, gid: int) -> FileHandle:

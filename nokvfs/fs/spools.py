@@ -59,6 +59,7 @@ import trio
 
 from nokvfs import filemodes
 from nokvfs.errors import InvalidInput, NotFound, StoreError, StoreFull
+from nokvfs.fs import writebehind
 from nokvfs.schema.ids import new_id16
 from nokvfs.workspace import append as appends
 from nokvfs.workspace import body as bodies
@@ -285,7 +286,16 @@ class Spool:
     """The shared write state of one file in one mount (see the module docstring)."""
 
     def __init__(
-        self, root, *, workbench_id: str, incarnation: bytes, components: tuple, base, owner: dict, stage: bool = True
+        self,
+        root,
+        *,
+        workbench_id: str,
+        incarnation: bytes,
+        components: tuple,
+        base,
+        owner: dict,
+        stage: bool = True,
+        write_behind: bool = False,
     ):
         self.root = root
         self.workbench_id = workbench_id
@@ -326,6 +336,9 @@ class Spool:
             on_change=self._forget_staged,
             on_block=None if self.prestager is None else self._stage_block,
         )
+        # A spool synced when its close is accepted (write-back) sends its bytes to the disk as it
+        # grows, so that sync has little left to wait for (nokvfs.fs.writebehind).
+        self.behind = writebehind.WriteBehind() if write_behind else None
         self._owner = owner
         self.created_unix_ms = time.time_ns() // 1_000_000
         self.fd = -1  # no spool file (yet, or any more: see the module docstring)
@@ -354,6 +367,8 @@ class Spool:
         self.fd, self.path, self.in_memory = fd, path, memory is not None
         self._charge(start)
         self.hashes.reset()
+        if self.behind is not None:
+            self.behind.reset()
         self.describe_state(LIVE, new=True)
 
     def _charge(self, size: int) -> None:
@@ -571,6 +586,8 @@ class Spool:
             self.hashes.forget()
             raise _storage_error(f"truncate the spool {self.path}", exc) from None
         self._charge(size)
+        if self.behind is not None:
+            self.behind.shrunk(size)
         self.hashes.truncated(size)
         self.filled = True
         self.size = size
@@ -662,6 +679,8 @@ class Spool:
             self.hashes.changed(at, end)  # some of it may have landed
             raise _storage_error(f"write the spool {self.path}", exc) from None
         self._charge(max(self._charged, end))
+        if self.behind is not None and not self.in_memory:
+            self.behind.grown(self.fd, end)
         self.hashes.wrote(at, data)
         self.size = max(self.size, offset + len(data))
         self.written = True
@@ -692,6 +711,8 @@ class Spool:
         self._need_file()
         os.ftruncate(self.fd, 0)
         self._charge(0)
+        if self.behind is not None:
+            self.behind.reset()
         self.hashes.reset()
         self.filled, self.size, self.append_only = True, 0, False
         self.written = self.truncated_only = True
