@@ -113,9 +113,17 @@ class Mount:
 
 
 def wait_mounted(mountpoint: str, proc: subprocess.Popen, log_path: str) -> None:
+    """Until the daemon's mount is live at `mountpoint`. statfs is asked first: a mountpoint a
+    killed daemon left answers lstat from the kernel's cached root attributes, so `ismount` first
+    could see that dead mount and a statfs right after it the bare directory the new daemon has
+    just uncovered (it clears the dead mount before mounting), which once let a test go on before
+    anything was mounted. A statfs that succeeds means no dead mount is there any more; a nokvfs
+    mount seen after it is the new daemon's."""
+    from nokvfs.fs.mountinfo import mount_fstype
+
     deadline = time.monotonic() + MOUNT_TIMEOUT
     while time.monotonic() < deadline:
-        if os.path.ismount(mountpoint) and not _stale(mountpoint):
+        if not _stale(mountpoint) and os.path.ismount(mountpoint) and mount_fstype(mountpoint) == "fuse.nokvfs":
             return
         if proc.poll() is not None:
             break
